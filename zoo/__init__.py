@@ -1,0 +1,19 @@
+"""depthzoo: a model zoo whose models expose their depth structure for latency-aware depth pruning.
+
+``import zoo`` needs only PyTorch and timm: Hydra and W&B belong to the entry points and the logger.
+"""
+
+from . import mobilenetv2, resnetv2, tresnet  # noqa: F401 - importing registers the families
+from ._registry import create_model, get_entry, is_model, list_models, model_info, register_model
+from .checkpoint import load, read_checkpoint_meta, save_checkpoint
+from .depth import DepthUnit, apply_plan, depth_units, remove_units
+from .errors import PlanError, UnknownModelError, WeightsError, ZooError
+from .fuse import fuse
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DepthUnit", "PlanError", "UnknownModelError", "WeightsError", "ZooError", "apply_plan", "create_model",
+    "depth_units", "fuse", "get_entry", "is_model", "list_models", "load", "model_info", "read_checkpoint_meta",
+    "register_model", "remove_units", "save_checkpoint",
+]

@@ -1,0 +1,139 @@
+"""Model registry: one name per architecture, the same names as timm where timm has the model."""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import UnknownModelError
+
+_logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A registered architecture: its builder and its default (pretrained) configuration."""
+
+    name: str
+    family: str
+    builder: Callable[..., nn.Module]
+    default_cfg: dict[str, Any] = field(default_factory=dict)
+
+
+_REGISTRY: dict[str, ModelEntry] = {}
+
+
+def register_model(family: str, **default_cfg: Any) -> Callable:
+    """Decorator registering a builder function under its own name.
+
+    `default_cfg` holds timm-style metadata: input_size, mean, std, num_classes, hf_hub_id,
+    interpolation, crop_pct, first_conv, classifier.
+    """
+
+    def wrap(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        _REGISTRY[fn.__name__] = ModelEntry(fn.__name__, family, fn, dict(default_cfg))
+        return fn
+
+    return wrap
+
+
+def list_models(pattern: str = "*") -> list[str]:
+    """Sorted registered names matching a shell-style pattern, e.g. ``"mobilenetv2_*"``."""
+    return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
+
+
+def is_model(name: str) -> bool:
+    return name in _REGISTRY
+
+
+def get_entry(name: str) -> ModelEntry:
+    """The registry entry for `name`; an unknown name raises with the closest registered names."""
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=5, cutoff=0.4)
+        hint = f" Closest names: {', '.join(close)}." if close else ""
+        raise UnknownModelError(
+            f"Unknown model {name!r}.{hint} `zoo.list_models()` (or `python -m zoo list`) lists all "
+            f"{len(_REGISTRY)} registered models."
+        )
+    return _REGISTRY[name]
+
+
+def build_model(name: str, **kwargs: Any) -> nn.Module:
+    """Build the architecture with random weights and attach its name, overrides and default_cfg."""
+    entry = get_entry(name)
+    model = entry.builder(**kwargs)
+    cfg = dict(entry.default_cfg)
+    cfg["architecture"] = name
+    if "num_classes" in kwargs:
+        cfg["num_classes"] = kwargs["num_classes"]
+    model.default_cfg = cfg
+    model.pretrained_cfg = cfg
+    model.zoo_name = name
+    model.zoo_overrides = {k: v for k, v in kwargs.items() if k != "num_classes"}
+    return model
+
+
+def create_model(
+    name: str,
+    pretrained: bool | str | Path = False,
+    num_classes: int | None = None,
+    **overrides: Any,
+) -> nn.Module:
+    """Create a zoo model by name, optionally with weights.
+
+    `pretrained`: False (random init), True (the default published tag through the HF cache or a
+    download), a HF hub id such as ``"timm/mobilenetv2_100.ra_in1k"``, or a local file
+    (``.safetensors``, a ``.pth``/``.pt``/``.bin`` state dict, or a checkpoint written by this project).
+    A different `num_classes` than the weights' re-initialises the classifier. A project checkpoint keeps
+    its own head and overrides unless new ones are given.
+    """
+    from . import pretrained as _pretrained  # local import keeps the registry importable on its own
+
+    entry = get_entry(name)
+    source = _pretrained.resolve_source(entry, pretrained) if pretrained is not False else None
+    meta = source.meta if source is not None else None
+    if meta is not None:
+        if meta.get("model") != name:
+            raise _pretrained.WeightsError(
+                f"Checkpoint {source.path} was written for model {meta.get('model')!r}, not {name!r}. "
+                f"Load it with zoo.create_model({meta.get('model')!r}, pretrained=...) or zoo.load(path)."
+            )
+        overrides = {**meta.get("overrides", {}), **overrides}
+        if num_classes is None:
+            num_classes = meta.get("num_classes")
+    if num_classes is None:
+        num_classes = entry.default_cfg.get("num_classes")
+    kwargs = dict(overrides)
+    if num_classes is not None:
+        kwargs["num_classes"] = num_classes
+    model = build_model(name, **kwargs)
+    if meta is not None and meta.get("plan"):
+        from .depth import apply_plan
+
+        model = apply_plan(model, meta["plan"])
+    if source is not None:
+        _pretrained.load_into(model, source)
+    return model
+
+
+def model_info(name: str) -> dict[str, Any]:
+    """Family, default input size, parameter count and default pretrained tag of a registered model."""
+    entry = get_entry(name)
+    with torch.device("meta"):
+        model = entry.builder(num_classes=entry.default_cfg.get("num_classes", 1000))
+    return {
+        "name": name,
+        "family": entry.family,
+        "input_size": tuple(entry.default_cfg.get("input_size", ())),
+        "params": sum(p.numel() for p in model.parameters()),
+        "pretrained_tag": entry.default_cfg.get("hf_hub_id"),
+        "num_classes": entry.default_cfg.get("num_classes"),
+    }

@@ -1,0 +1,98 @@
+"""The project's checkpoint format: weights as safetensors with the model's name, overrides and plan
+in the file's metadata, written atomically (temp file + fsync + rename)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+META_KEY = "depthzoo"
+FORMAT_VERSION = 1
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp_path)` then rename the temp file over `path`: readers never see a partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        write(tmp_path)
+        with open(tmp_path, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp_path, path)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+    return path
+
+
+def unique_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict with tied tensors stored once (safetensors refuses shared storage)."""
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in model.state_dict().items():
+        ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if tensor.numel() and ident in seen:
+            continue
+        seen.add(ident)
+        out[key] = tensor.detach().contiguous().cpu()
+    return out
+
+
+def checkpoint_meta(model: nn.Module, **extra: Any) -> dict[str, Any]:
+    """What a checkpoint needs to rebuild `model`: name, overrides, classes, plan; plus `extra`."""
+    name = getattr(model, "zoo_name", None)
+    if name is None:
+        raise ValueError("Only models made by zoo.create_model can be checkpointed (no `zoo_name`).")
+    return {
+        "format": FORMAT_VERSION,
+        "model": name,
+        "overrides": dict(getattr(model, "zoo_overrides", {})),
+        "num_classes": getattr(model, "num_classes", None),
+        "plan": getattr(model, "zoo_plan", None),
+        **extra,
+    }
+
+
+def save_checkpoint(model: nn.Module, path: str | Path, **extra: Any) -> Path:
+    """Write `model`'s weights and metadata to a ``.safetensors`` file atomically.
+
+    `extra` (JSON-serialisable: epoch, step, metrics, config, ...) is stored in the metadata.
+    """
+    meta = json.dumps(checkpoint_meta(model, **extra), default=str)
+    tensors = unique_state_dict(model)
+    return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata={META_KEY: meta}))
+
+
+def read_checkpoint_meta(path: str | Path) -> dict[str, Any] | None:
+    """The depthzoo metadata of a ``.safetensors`` file, or None for a plain (e.g. timm) weight file."""
+    with safe_open(str(path), framework="pt") as f:
+        raw = (f.metadata() or {}).get(META_KEY)
+    return json.loads(raw) if raw else None
+
+
+def load(path: str | Path, **kwargs: Any) -> nn.Module:
+    """Rebuild the model recorded in a project checkpoint (name, overrides, plan) and load its weights."""
+    from ._registry import create_model
+    from .errors import WeightsError
+
+    try:
+        meta = read_checkpoint_meta(path)
+    except Exception as exc:  # noqa: BLE001 - any read failure is reported the same way
+        raise WeightsError(f"Cannot read checkpoint {path}: {exc}. Expected a depthzoo .safetensors file.") from exc
+    if not meta or "model" not in meta:
+        raise WeightsError(
+            f"{path} has no depthzoo metadata, so the model name is unknown. Use "
+            "zoo.create_model(name, pretrained=path) with the architecture's name instead."
+        )
+    return create_model(meta["model"], pretrained=path, **kwargs)

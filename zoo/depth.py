@@ -1,0 +1,174 @@
+"""Depth units: the one mechanism through which every family exposes what depth pruning may remove.
+
+A model lists its units with ``depth_unit_specs()`` (static facts: module path, kind, stage, index,
+whether removal keeps shapes valid, whether the convolutions around an activation can be merged).
+:func:`depth_units` adds what depends on the input (shapes, stride, a signature for sharing latency
+measurements) with one hooked forward pass. Removing a unit always means the same thing: the module at
+its path is replaced by ``nn.Identity``. For a residual unit (kind ``block``, ``retention``, ``ffn``) that
+leaves the shortcut; for an activation (kind ``act``) it linearises the unit, after which the
+convolutions on either side can be merged into one (see the prune surgery).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import PlanError
+
+UNIT_KINDS = ("block", "act", "retention", "ffn")
+
+
+@dataclass(frozen=True)
+class DepthUnit:
+    """One removable-or-not piece of a network's depth.
+
+    name: module path inside the model (``blocks.3.1``, ``blocks.3.1.bn1.act``, ``blocks.2.ffn``).
+    kind: ``block`` (residual block), ``act`` (activation between BN-folded convs), ``retention``/``ffn``
+        (residual sub-layers of a RetNet block).
+    removable: replacing the unit by identity keeps every shape valid (residual with identity shortcut,
+        or an activation).
+    mergeable: (acts) both neighbouring convs fold their BatchNorm, so with the activation gone they merge
+        exactly into one conv; False across GroupNorm/LayerNorm or a non-linear module such as SE.
+    merge: (acts) module paths of the conv+norm before and after the activation.
+    in_shape/out_shape: per-sample shapes for the input size given to :func:`depth_units`.
+    """
+
+    name: str
+    kind: str
+    stage: int
+    index: int
+    removable: bool
+    mergeable: bool = False
+    merge: tuple[str, ...] = ()
+    in_shape: tuple[int, ...] | None = None
+    out_shape: tuple[int, ...] | None = None
+    stride: int = 1
+    params: int = 0
+    signature: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class DepthMixin:
+    """What every zoo model shares: an example input and access to its depth units."""
+
+    def depth_unit_specs(self) -> list[DepthUnit]:  # pragma: no cover - every family overrides
+        raise NotImplementedError
+
+    def example_input(self, batch_size: int = 1, input_size: Sequence[int] | None = None) -> torch.Tensor:
+        """A zero input of the model's default (or the given) per-sample size, on the model's device."""
+        size = tuple(input_size or self.default_cfg["input_size"])
+        device = next(self.parameters()).device
+        return torch.zeros(batch_size, *size, device=device)
+
+    def depth_units(self, input_size: Sequence[int] | None = None) -> list[DepthUnit]:
+        return depth_units(self, input_size)
+
+
+def module_signature(module: nn.Module, in_shape: Sequence[int]) -> str:
+    """A short hash of a module's architecture and input shape: equal blocks share latency entries."""
+    text = f"{type(module).__qualname__}|{module!r}|{tuple(in_shape)}"
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if torch.is_tensor(value):
+        return value
+    if isinstance(value, (tuple, list)) and value and torch.is_tensor(value[0]):
+        return value[0]
+    return None
+
+
+@torch.no_grad()
+def depth_units(model: nn.Module, input_size: Sequence[int] | None = None) -> list[DepthUnit]:
+    """The model's depth units with shapes, stride, parameter count and signature filled in.
+
+    Runs one forward of a batch-1 zero input (``model.example_input``); works on the ``meta`` device.
+    Units whose module was already removed (identity) are skipped.
+    """
+    specs = [u for u in model.depth_unit_specs() if not isinstance(model.get_submodule(u.name), nn.Identity)]
+    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    handles = []
+    for unit in specs:
+        def hook(mod, args, output, name=unit.name):
+            x, y = _first_tensor(args), _first_tensor(output)
+            if x is not None and y is not None and name not in shapes:
+                shapes[name] = (tuple(x.shape[1:]), tuple(y.shape[1:]))
+
+        handles.append(model.get_submodule(unit.name).register_forward_hook(hook))
+    was_training = model.training
+    try:
+        model.eval()
+        model(model.example_input(1, input_size))
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    units = []
+    for unit in specs:
+        in_shape, out_shape = shapes[unit.name]
+        module = model.get_submodule(unit.name)
+        stride = in_shape[-1] // out_shape[-1] if len(in_shape) == 3 else 1
+        units.append(
+            replace(
+                unit,
+                in_shape=in_shape,
+                out_shape=out_shape,
+                stride=stride,
+                params=sum(p.numel() for p in module.parameters()),
+                signature=module_signature(module, in_shape),
+            )
+        )
+    return units
+
+
+def _check_names(model: nn.Module, names: Iterable[str]) -> dict[str, DepthUnit]:
+    by_name = {u.name: u for u in model.depth_unit_specs()}
+    bad = [n for n in names if n not in by_name]
+    if bad:
+        removable = [u.name for u in by_name.values() if u.removable]
+        raise PlanError(
+            f"Unit(s) {', '.join(map(repr, bad[:5]))} are not depth units of {getattr(model, 'zoo_name', 'this model')}. "
+            f"Removable units are: {', '.join(removable[:12])}{' ...' if len(removable) > 12 else ''} "
+            f"(see zoo.depth_units(model))."
+        )
+    fixed = [n for n in names if not by_name[n].removable]
+    if fixed:
+        raise PlanError(
+            f"Unit(s) {', '.join(map(repr, fixed[:5]))} cannot be removed: their removal would change shapes "
+            f"(a block with a downsampling or projection shortcut). Only units with removable=True can be."
+        )
+    return by_name
+
+
+def remove_units(model: nn.Module, names: Iterable[str], inplace: bool = False) -> nn.Module:
+    """Replace the named units by identity (residual units: keep the shortcut; activations: linearise)."""
+    names = list(names)
+    _check_names(model, names)
+    if not inplace:
+        model = copy.deepcopy(model)
+    for name in names:
+        model.set_submodule(name, nn.Identity())
+    return model
+
+
+def apply_plan(model: nn.Module, plan: dict[str, Any]) -> nn.Module:
+    """Apply a plain-data plan ``{"remove": [unit names], ...}`` and record it on the model.
+
+    The prune package extends plans with merges; this base form removes/linearises units.
+    """
+    if "merge" in plan and plan["merge"]:
+        from .surgery import apply_plan as apply_with_merges  # available once surgery exists
+
+        return apply_with_merges(model, plan)
+    pruned = remove_units(model, plan.get("remove", []), inplace=True)
+    pruned.zoo_plan = dict(plan)
+    return pruned

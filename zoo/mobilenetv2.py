@@ -1,0 +1,179 @@
+"""MobileNetV2 (Sandler et al., 2018), state-dict compatible with timm's ``mobilenetv2_*`` models.
+
+Depth units: every inverted-residual block with an identity shortcut (``block``), and the two
+activations inside each block, which sit between BatchNorm-folded convolutions (``act``): removing both
+collapses the block into one dense conv, as in DepthShrinker and Kim et al.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from timm.layers import BatchNormAct2d, SelectAdaptivePool2d, create_conv2d, make_divisible
+from torch import nn
+
+from ._registry import register_model
+from .depth import DepthMixin, DepthUnit
+
+# (expansion, out_channels, repeats, stride) per stage after the depthwise-separable first block.
+MBV2_STAGES = ((6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
+
+
+def _norm_act(channels: int, apply_act: bool = True) -> BatchNormAct2d:
+    return BatchNormAct2d(channels, act_layer=nn.ReLU6, apply_act=apply_act)
+
+
+class DepthwiseSeparable(nn.Module):
+    """First block: 3x3 depthwise conv, BN+ReLU6, 1x1 linear projection, BN."""
+
+    def __init__(self, in_chs: int, out_chs: int, stride: int = 1):
+        super().__init__()
+        self.has_skip = stride == 1 and in_chs == out_chs
+        self.conv_dw = create_conv2d(in_chs, in_chs, 3, stride=stride, depthwise=True)
+        self.bn1 = _norm_act(in_chs)
+        self.conv_pw = create_conv2d(in_chs, out_chs, 1)
+        self.bn2 = _norm_act(out_chs, apply_act=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.bn2(self.conv_pw(self.bn1(self.conv_dw(x))))
+        return out + x if self.has_skip else out
+
+
+class InvertedResidual(nn.Module):
+    """1x1 expansion, 3x3 depthwise, 1x1 linear projection; identity shortcut when shapes allow."""
+
+    def __init__(self, in_chs: int, out_chs: int, stride: int, exp_ratio: float):
+        super().__init__()
+        mid_chs = make_divisible(in_chs * exp_ratio)
+        self.has_skip = stride == 1 and in_chs == out_chs
+        self.conv_pw = create_conv2d(in_chs, mid_chs, 1)
+        self.bn1 = _norm_act(mid_chs)
+        self.conv_dw = create_conv2d(mid_chs, mid_chs, 3, stride=stride, depthwise=True)
+        self.bn2 = _norm_act(mid_chs)
+        self.conv_pwl = create_conv2d(mid_chs, out_chs, 1)
+        self.bn3 = _norm_act(out_chs, apply_act=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.bn1(self.conv_pw(x))
+        out = self.bn2(self.conv_dw(out))
+        out = self.bn3(self.conv_pwl(out))
+        return out + x if self.has_skip else out
+
+
+class MobileNetV2(DepthMixin, nn.Module):
+    """MobileNetV2 with a width multiplier; module names follow timm's EfficientNet builder."""
+
+    def __init__(self, width_mult: float = 1.0, num_classes: int = 1000, in_chans: int = 3,
+                 drop_rate: float = 0.0, global_pool: str = "avg"):
+        super().__init__()
+        round_chs = partial(make_divisible, divisor=8, round_limit=0.9)
+        self.num_classes = num_classes
+        self.drop_rate = drop_rate
+        stem_chs = round_chs(32 * width_mult)
+        self.conv_stem = create_conv2d(in_chans, stem_chs, 3, stride=2)
+        self.bn1 = _norm_act(stem_chs)
+        chs = round_chs(16 * width_mult)
+        stages: list[nn.Sequential] = [nn.Sequential(DepthwiseSeparable(stem_chs, chs))]
+        for exp, out, repeats, stride in MBV2_STAGES:
+            out_chs = round_chs(out * width_mult)
+            blocks = []
+            for i in range(repeats):
+                blocks.append(InvertedResidual(chs, out_chs, stride if i == 0 else 1, exp))
+                chs = out_chs
+            stages.append(nn.Sequential(*blocks))
+        self.blocks = nn.Sequential(*stages)
+        self.num_features = self.head_hidden_size = max(1280, round_chs(1280 * width_mult))
+        self.conv_head = create_conv2d(chs, self.num_features, 1)
+        self.bn2 = _norm_act(self.num_features)
+        self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
+        self.classifier = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.Linear):
+                nn.init.uniform_(m.weight, -1.0 / m.in_features**0.5, 1.0 / m.in_features**0.5)
+                nn.init.zeros_(m.bias)
+
+    def get_classifier(self) -> nn.Module:
+        return self.classifier
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        self.num_classes = num_classes
+        if global_pool is not None:
+            self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
+        device = self.conv_head.weight.device
+        self.classifier = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.bn1(self.conv_stem(x))
+        x = self.blocks(x)
+        return self.bn2(self.conv_head(x))
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.global_pool(x)
+        if self.drop_rate > 0.0:
+            x = nn.functional.dropout(x, p=self.drop_rate, training=self.training)
+        return x if pre_logits else self.classifier(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def depth_unit_specs(self) -> list[DepthUnit]:
+        units = []
+        for s, stage in enumerate(self.blocks):
+            for i, block in enumerate(stage):
+                name = f"blocks.{s}.{i}"
+                if isinstance(block, nn.Identity):
+                    continue
+                if isinstance(block, InvertedResidual):
+                    pairs = (("conv_pw", "bn1", "conv_dw", "bn2"), ("conv_dw", "bn2", "conv_pwl", "bn3"))
+                else:
+                    pairs = (("conv_dw", "bn1", "conv_pw", "bn2"),)
+                for conv_a, bn_a, conv_b, bn_b in pairs:
+                    units.append(DepthUnit(
+                        name=f"{name}.{bn_a}.act", kind="act", stage=s, index=i, removable=True, mergeable=True,
+                        merge=(f"{name}.{conv_a}", f"{name}.{bn_a}", f"{name}.{conv_b}", f"{name}.{bn_b}"),
+                    ))
+                units.append(DepthUnit(name=name, kind="block", stage=s, index=i, removable=block.has_skip))
+        return units
+
+
+def _cfg(**kwargs) -> dict:
+    return {
+        "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": (7, 7), "crop_pct": 0.875,
+        "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
+        "first_conv": "conv_stem", "classifier": "classifier", **kwargs,
+    }
+
+
+def _create(width_mult: float, **kwargs) -> MobileNetV2:
+    return MobileNetV2(width_mult=width_mult, **kwargs)
+
+
+@register_model("mobilenetv2", **_cfg())
+def mobilenetv2_035(**kwargs) -> MobileNetV2:
+    return _create(0.35, **kwargs)
+
+
+@register_model("mobilenetv2", **_cfg(hf_hub_id="timm/mobilenetv2_050.lamb_in1k"))
+def mobilenetv2_050(**kwargs) -> MobileNetV2:
+    return _create(0.5, **kwargs)
+
+
+@register_model("mobilenetv2", **_cfg())
+def mobilenetv2_075(**kwargs) -> MobileNetV2:
+    return _create(0.75, **kwargs)
+
+
+@register_model("mobilenetv2", **_cfg(hf_hub_id="timm/mobilenetv2_100.ra_in1k"))
+def mobilenetv2_100(**kwargs) -> MobileNetV2:
+    return _create(1.0, **kwargs)
+
+
+@register_model("mobilenetv2", **_cfg(hf_hub_id="timm/mobilenetv2_140.ra_in1k"))
+def mobilenetv2_140(**kwargs) -> MobileNetV2:
+    return _create(1.4, **kwargs)

@@ -1,0 +1,173 @@
+"""TResNet (Ridnik et al., 2020), state-dict compatible with timm's ``tresnet_m/l/xl``.
+
+SpaceToDepth stem, anti-aliased (blur-pool) downsampling, BasicBlocks in stages 1-2 and Bottlenecks in
+3-4, SE in stages 1-3, BatchNorm + leaky ReLU, zero-initialised last BN of each block.
+
+Depth units: blocks with an identity shortcut (``block``), and the activations between two convs
+that fold their BatchNorm with nothing non-linear in between (``act``): conv1's in every block, and
+conv2's in stage-4 bottlenecks (no SE there) when it does not downsample.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from functools import partial
+
+import torch
+from timm.layers import BlurPool2d, ClassifierHead, ConvNormAct, SEModule, SpaceToDepth
+from torch import nn
+
+from ._registry import register_model
+from .depth import DepthMixin, DepthUnit
+
+_leaky = partial(nn.LeakyReLU, negative_slope=1e-3)
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None,
+                 use_se: bool = True):
+        super().__init__()
+        self.downsample = downsample
+        self.conv1 = ConvNormAct(inplanes, planes, 3, stride=stride, act_layer=_leaky, aa_layer=BlurPool2d)
+        self.conv2 = ConvNormAct(planes, planes, 3, stride=1, apply_act=False)
+        self.se = SEModule(planes, rd_channels=max(planes // 4, 64)) if use_se else None
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x if self.downsample is None else self.downsample(x)
+        out = self.conv2(self.conv1(x))
+        if self.se is not None:
+            out = self.se(out)
+        return self.act(out + shortcut)
+
+    def mergeable_acts(self) -> list[tuple[str, str, str]]:
+        """(act conv, next conv) pairs with only the activation between their BatchNorm-folded convs."""
+        return [("conv1", "conv2")] if isinstance(self.conv1.aa, nn.Identity) else []
+
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: nn.Module | None = None,
+                 use_se: bool = True):
+        super().__init__()
+        self.downsample = downsample
+        self.conv1 = ConvNormAct(inplanes, planes, 1, act_layer=_leaky)
+        self.conv2 = ConvNormAct(planes, planes, 3, stride=stride, act_layer=_leaky, aa_layer=BlurPool2d)
+        self.se = SEModule(planes, rd_channels=max(planes * self.expansion // 8, 64)) if use_se else None
+        self.conv3 = ConvNormAct(planes, planes * self.expansion, 1, apply_act=False)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x if self.downsample is None else self.downsample(x)
+        out = self.conv2(self.conv1(x))
+        if self.se is not None:
+            out = self.se(out)
+        out = self.conv3(out)
+        return self.act(out + shortcut)
+
+    def mergeable_acts(self) -> list[tuple[str, str]]:
+        pairs = [("conv1", "conv2")]
+        if self.se is None and isinstance(self.conv2.aa, nn.Identity):
+            pairs.append(("conv2", "conv3"))
+        return pairs
+
+
+class TResNet(DepthMixin, nn.Module):
+    def __init__(self, layers: tuple[int, ...], width_factor: float = 1.0, num_classes: int = 1000,
+                 in_chans: int = 3, drop_rate: float = 0.0, global_pool: str = "fast"):
+        super().__init__()
+        self.num_classes = num_classes
+        self.drop_rate = drop_rate
+        self.inplanes = planes = int(64 * width_factor)
+        stem = ConvNormAct(in_chans * 16, planes, 3, act_layer=nn.LeakyReLU)
+        stage_defs = ((BasicBlock, planes, 1, True), (BasicBlock, planes * 2, 2, True),
+                      (Bottleneck, planes * 4, 2, True), (Bottleneck, planes * 8, 2, False))
+        stages = [self._make_stage(block, p, n, stride, se) for (block, p, stride, se), n in zip(stage_defs, layers)]
+        self.body = nn.Sequential(OrderedDict([
+            ("s2d", SpaceToDepth()), ("conv1", stem),
+            ("layer1", stages[0]), ("layer2", stages[1]), ("layer3", stages[2]), ("layer4", stages[3]),
+        ]))
+        self.num_features = self.head_hidden_size = planes * 8 * Bottleneck.expansion
+        self.head = ClassifierHead(self.num_features, num_classes, pool_type=global_pool, drop_rate=drop_rate)
+        self._init_weights()
+
+    def _make_stage(self, block: type, planes: int, depth: int, stride: int, use_se: bool) -> nn.Sequential:
+        downsample = None
+        if stride != 1 or self.inplanes != planes * block.expansion:
+            pool = [nn.AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False)] if stride == 2 else []
+            downsample = nn.Sequential(*pool, ConvNormAct(self.inplanes, planes * block.expansion, 1, apply_act=False))
+        blocks = []
+        for i in range(depth):
+            blocks.append(block(self.inplanes, planes, stride if i == 0 else 1, downsample if i == 0 else None, use_se))
+            self.inplanes = planes * block.expansion
+        return nn.Sequential(*blocks)
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="leaky_relu")
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0, 0.01)
+        for m in self.modules():
+            if isinstance(m, BasicBlock):
+                nn.init.zeros_(m.conv2.bn.weight)
+            elif isinstance(m, Bottleneck):
+                nn.init.zeros_(m.conv3.bn.weight)
+
+    def get_classifier(self) -> nn.Module:
+        return self.head.fc
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        self.num_classes = num_classes
+        self.head.reset(num_classes, pool_type=global_pool)
+        self.head.to(self.body.conv1.conv.weight.device)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return self.head(x, pre_logits=pre_logits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def depth_unit_specs(self) -> list[DepthUnit]:
+        units = []
+        for s in range(4):
+            for i, block in enumerate(self.body.get_submodule(f"layer{s + 1}")):
+                if isinstance(block, nn.Identity):
+                    continue
+                name = f"body.layer{s + 1}.{i}"
+                for a, b in block.mergeable_acts():
+                    units.append(DepthUnit(
+                        name=f"{name}.{a}.bn.act", kind="act", stage=s, index=i, removable=True, mergeable=True,
+                        merge=(f"{name}.{a}.conv", f"{name}.{a}.bn", f"{name}.{b}.conv", f"{name}.{b}.bn"),
+                    ))
+                units.append(DepthUnit(name=name, kind="block", stage=s, index=i, removable=block.downsample is None))
+        return units
+
+
+def _cfg(**kwargs) -> dict:
+    return {
+        "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": (7, 7), "crop_pct": 0.875,
+        "interpolation": "bilinear", "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0),
+        "first_conv": "body.conv1.conv", "classifier": "head.fc", **kwargs,
+    }
+
+
+@register_model("tresnet", **_cfg(hf_hub_id="timm/tresnet_m.miil_in21k_ft_in1k"))
+def tresnet_m(**kwargs) -> TResNet:
+    return TResNet(layers=(3, 4, 11, 3), **kwargs)
+
+
+@register_model("tresnet", **_cfg(hf_hub_id="timm/tresnet_l.miil_in1k"))
+def tresnet_l(**kwargs) -> TResNet:
+    return TResNet(layers=(4, 5, 18, 3), width_factor=1.2, **kwargs)
+
+
+@register_model("tresnet", **_cfg(hf_hub_id="timm/tresnet_xl.miil_in1k"))
+def tresnet_xl(**kwargs) -> TResNet:
+    return TResNet(layers=(4, 5, 24, 3), width_factor=1.3, **kwargs)
