@@ -136,7 +136,8 @@ def _check_names(model: nn.Module, names: Iterable[str]) -> dict[str, DepthUnit]
     if bad:
         removable = [u.name for u in by_name.values() if u.removable]
         raise PlanError(
-            f"Unit(s) {', '.join(map(repr, bad[:5]))} are not depth units of {getattr(model, 'zoo_name', 'this model')}. "
+            f"Unit(s) {', '.join(map(repr, bad[:5]))} are not depth units of "
+            f"{getattr(model, 'zoo_name', 'this model')}. "
             f"Removable units are: {', '.join(removable[:12])}{' ...' if len(removable) > 12 else ''} "
             f"(see zoo.depth_units(model))."
         )

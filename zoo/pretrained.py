@@ -76,8 +76,9 @@ def _download_from_hub(hub_id: str) -> Path:
         except Exception as exc:  # noqa: BLE001 - hub errors vary by version; all end the same way
             errors.append(f"{filename}: {type(exc).__name__}")
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    mode = " with HF_HUB_OFFLINE=1" if offline else ""
     raise WeightsError(
-        f"Could not get weights for hub id {hub_id!r} ({'; '.join(errors)}){' with HF_HUB_OFFLINE=1' if offline else ''}. "
+        f"Could not get weights for hub id {hub_id!r} ({'; '.join(errors)}){mode}. "
         f"They are neither in the local Hugging Face cache nor downloadable now. Download them where there is "
         f"network (e.g. `huggingface-cli download {hub_id}`) or pass a local file: "
         f"zoo.create_model(name, pretrained='path/to/model.safetensors')."
