@@ -127,8 +127,9 @@ def create_model(
 def model_info(name: str) -> dict[str, Any]:
     """Family, default input size, parameter count and default pretrained tag of a registered model."""
     entry = get_entry(name)
+    kwargs = {"num_classes": entry.default_cfg["num_classes"]} if entry.default_cfg.get("num_classes") else {}
     with torch.device("meta"):
-        model = entry.builder(num_classes=entry.default_cfg.get("num_classes", 1000))
+        model = entry.builder(**kwargs)
     return {
         "name": name,
         "family": entry.family,
