@@ -161,15 +161,8 @@ def remove_units(model: nn.Module, names: Iterable[str], inplace: bool = False) 
     return model
 
 
-def apply_plan(model: nn.Module, plan: dict[str, Any]) -> nn.Module:
-    """Apply a plain-data plan ``{"remove": [unit names], ...}`` and record it on the model.
+def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True) -> nn.Module:
+    """Apply a plain-data plan ``{"remove": [unit names], "merge": bool}``; see :mod:`zoo.surgery`."""
+    from .surgery import apply_plan as _apply
 
-    The prune package extends plans with merges; this base form removes/linearises units.
-    """
-    if "merge" in plan and plan["merge"]:
-        from .surgery import apply_plan as apply_with_merges  # available once surgery exists
-
-        return apply_with_merges(model, plan)
-    pruned = remove_units(model, plan.get("remove", []), inplace=True)
-    pruned.zoo_plan = dict(plan)
-    return pruned
+    return _apply(model, plan, inplace=inplace)

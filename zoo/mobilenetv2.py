@@ -15,6 +15,7 @@ from torch import nn
 
 from ._registry import register_model
 from .depth import DepthMixin, DepthUnit
+from .surgery import Chain, ConvOp
 
 # (expansion, out_channels, repeats, stride) per stage after the depthwise-separable first block.
 MBV2_STAGES = ((6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
@@ -39,6 +40,10 @@ class DepthwiseSeparable(nn.Module):
         out = self.bn2(self.conv_pw(self.bn1(self.conv_dw(x))))
         return out + x if self.has_skip else out
 
+    def chain(self) -> Chain:
+        ops = [ConvOp(self.conv_dw, self.bn1, self.bn1.act, "bn1.act"), ConvOp(self.conv_pw, self.bn2)]
+        return Chain(ops, nn.Identity() if self.has_skip else None)
+
 
 class InvertedResidual(nn.Module):
     """1x1 expansion, 3x3 depthwise, 1x1 linear projection; identity shortcut when shapes allow."""
@@ -59,6 +64,11 @@ class InvertedResidual(nn.Module):
         out = self.bn2(self.conv_dw(out))
         out = self.bn3(self.conv_pwl(out))
         return out + x if self.has_skip else out
+
+    def chain(self) -> Chain:
+        ops = [ConvOp(self.conv_pw, self.bn1, self.bn1.act, "bn1.act"),
+               ConvOp(self.conv_dw, self.bn2, self.bn2.act, "bn2.act"), ConvOp(self.conv_pwl, self.bn3)]
+        return Chain(ops, nn.Identity() if self.has_skip else None)
 
 
 class MobileNetV2(DepthMixin, nn.Module):

@@ -19,8 +19,16 @@ from torch import nn
 
 from ._registry import register_model
 from .depth import DepthMixin, DepthUnit
+from .surgery import Chain, ConvOp
 
 _leaky = partial(nn.LeakyReLU, negative_slope=1e-3)
+
+
+def _op(layer: ConvNormAct, name: str, *after: nn.Module | None) -> ConvOp:
+    """A ConvNormAct as a chain op: its act (if any) is the unit ``<name>.bn.act``; blur-pool/SE follow it."""
+    act = layer.bn.act if not isinstance(layer.bn.act, nn.Identity) else None
+    extra = [m for m in (layer.aa, *after) if m is not None and not isinstance(m, nn.Identity)]
+    return ConvOp(layer.conv, layer.bn, act, f"{name}.bn.act" if act is not None else None, extra)
 
 
 class BasicBlock(nn.Module):
@@ -45,6 +53,10 @@ class BasicBlock(nn.Module):
     def mergeable_acts(self) -> list[tuple[str, str, str]]:
         """(act conv, next conv) pairs with only the activation between their BatchNorm-folded convs."""
         return [("conv1", "conv2")] if isinstance(self.conv1.aa, nn.Identity) else []
+
+    def chain(self) -> Chain:
+        ops = [_op(self.conv1, "conv1"), _op(self.conv2, "conv2", self.se)]
+        return Chain(ops, self.downsample if self.downsample is not None else nn.Identity(), self.act)
 
 
 class Bottleneck(nn.Module):
@@ -73,6 +85,10 @@ class Bottleneck(nn.Module):
         if self.se is None and isinstance(self.conv2.aa, nn.Identity):
             pairs.append(("conv2", "conv3"))
         return pairs
+
+    def chain(self) -> Chain:
+        ops = [_op(self.conv1, "conv1"), _op(self.conv2, "conv2", self.se), _op(self.conv3, "conv3")]
+        return Chain(ops, self.downsample if self.downsample is not None else nn.Identity(), self.act)
 
 
 class TResNet(DepthMixin, nn.Module):
