@@ -3,7 +3,7 @@
 ``import zoo`` needs only PyTorch and timm: Hydra and W&B belong to the entry points and the logger.
 """
 
-from . import mobilenetv2, resnetv2, tresnet  # noqa: F401 - importing registers the families
+from . import mobilenetv2, resnetv2, retnet, tresnet  # noqa: F401 - importing registers the families
 from ._registry import create_model, get_entry, is_model, list_models, model_info, register_model
 from .checkpoint import load, read_checkpoint_meta, save_checkpoint
 from .depth import DepthUnit, apply_plan, depth_units, remove_units

@@ -1,0 +1,50 @@
+"""``python -m zoo list [pattern]``: a table of every registered model; ``python -m zoo info NAME``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import list_models, model_info
+from .errors import ZooError
+
+
+def _format_params(count: int) -> str:
+    return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
+
+
+def print_table(pattern: str = "*") -> None:
+    """Print name, family, parameters, input size and default pretrained tag of matching models."""
+    rows = [model_info(name) for name in list_models(pattern)]
+    header = f"{'model':<22} {'family':<12} {'params':>9}  {'input':<14} pretrained"
+    print(header)
+    print("-" * len(header))
+    for info in rows:
+        size = "x".join(str(s) for s in info["input_size"])
+        print(f"{info['name']:<22} {info['family']:<12} {_format_params(info['params']):>9}  {size:<14} "
+              f"{info['pretrained_tag'] or '-'}")
+    print(f"{len(rows)} models")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m zoo", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    list_cmd = sub.add_parser("list", help="table of registered models")
+    list_cmd.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'mobilenetv2_*'")
+    info_cmd = sub.add_parser("info", help="one model's details as JSON")
+    info_cmd.add_argument("name")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "list":
+            print_table(args.pattern)
+        else:
+            print(json.dumps(model_info(args.name), indent=2))
+    except ZooError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,522 @@
+"""RetNet (Sun et al., 2023): a decoder-only language model built from multi-scale retention.
+
+Each block is pre-norm: ``x + retention(rmsnorm(x))`` then ``x + ffn(rmsnorm(x))`` (SwiGLU FFN). Retention
+per head h, with decay gamma_h, rotary-rotated q and k, and k scaled by d_k^-0.5, computes
+
+    o_n = sum_{m <= n} gamma_h^(n-m) (q_n . k_m) v_m
+
+in one of three forms that give the same o_n:
+
+* ``parallel``:  O = (Q K^T * D) V with D[n, m] = gamma^(n-m) for n >= m, else 0;
+* ``recurrent``: S_n = gamma S_(n-1) + k_n^T v_n, o_n = q_n S_n (constant memory per token);
+* ``chunkwise``: the parallel form inside chunks of B tokens plus a state carried across chunks
+  (decayed by gamma^B), so memory is O(T B) instead of O(T^2).
+
+How the normalisation makes the three forms agree by construction: nothing scale-dependent happens before
+the per-head normalisation. The reference implementation divides D by its row sums and the scores by their
+clamped absolute row sums; those divisors differ between the forms (a chunk sees other rows than the full
+sequence) and cancel only in a norm without eps, which is why its chunkwise form drifts. Here o_n is the
+plain sum above in every form, with no row normalisation and no chunk-dependent scaling, so the per-head
+RMS norm ``o / sqrt(mean(o^2) + eps)`` (eps > 0, no affine) receives the same numbers in all three forms and
+returns the same numbers: eps is part of one function applied once, not a correction that has to cancel.
+The forms differ only by floating-point summation order (about 1e-6 relative in fp32).
+
+Numerical range: every decay factor is a power gamma^n <= 1 (built as exp(n log gamma) with masked
+entries set to exp(-inf) = 0), so nothing is ever divided and no weight exceeds 1. What grows is the sum of
+up to ~1/(1 - gamma) terms q.k v, which can pass fp16's 65504 on long sequences (the known overflow of
+other implementations). The retention core (rotation, decays, state, per-head norm) therefore runs with
+autocast disabled in at least fp32; projections and FFN follow autocast. The recurrent state is fp32
+(fp64 for an fp64 model) whatever the autocast dtype.
+
+Depth units: each block's ``retention`` and ``ffn`` sub-layer holds its own residual add, so either can be
+replaced by ``nn.Identity`` (zoo.remove_units); a removed retention sub-layer has no recurrent state.
+
+Sizes: ``retnet_tiny``/``retnet_small``/``retnet_base`` use a byte vocabulary (256) and train on a CPU;
+``retnet_1_3b``/``retnet_2_7b``/``retnet_6_7b`` follow the paper (layers, width, heads; d_k = d/H, values
+2d, FFN 2d). With the gated FFN (three matrices) and a GPT-2 vocabulary their parameter counts come out
+above the nominal ones (1.6B, 3.2B, 7.9B untied). Optional fast path: flash-linear-attention's kernels are
+used for the chunkwise and recurrent forms of CUDA fp32 tensors when ``fla`` is importable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._registry import register_model
+from .depth import DepthMixin, DepthUnit
+from .errors import ZooError
+
+MODES = ("parallel", "recurrent", "chunkwise")
+DECAYS = ("torchscale", "linspace")
+
+
+class RetNetInputError(ZooError):
+    """Input a RetNet cannot take: bad token ids, mode, chunk size or recurrent state."""
+
+
+@dataclass
+class RetNetState:
+    """Recurrent state of a RetNet after some tokens.
+
+    layers: one ``[batch, heads, d_k, d_v]`` tensor per block (fp32, or fp64 for an fp64 model); None where
+        the block's retention sub-layer was removed.
+    offset: number of tokens seen, i.e. the rotary position of the next token.
+    """
+
+    layers: list[torch.Tensor | None]
+    offset: int
+
+    def detach(self) -> RetNetState:
+        return RetNetState([None if s is None else s.detach() for s in self.layers], self.offset)
+
+    def nbytes(self) -> int:
+        """Memory held by the state, in bytes."""
+        return sum(s.numel() * s.element_size() for s in self.layers if s is not None)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Retention maths: pure functions on [batch, heads, time, dim] tensors.
+
+
+def decay_logs(heads: int, variant: str = "torchscale") -> list[float]:
+    """log(gamma_h) per head: ``torchscale`` gamma_h = 1 - 2^(-5-h); ``linspace`` the paper's experiments."""
+    if variant == "torchscale":
+        return [math.log1p(-(2.0 ** (-5 - h))) for h in range(heads)]
+    if heads == 1:
+        return [math.log1p(-1 / 32)]
+    lo, hi = math.log(1 / 32), math.log(1 / 512)
+    return [math.log1p(-math.exp(lo + (hi - lo) * h / (heads - 1))) for h in range(heads)]
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+    """Rotary position rotation of interleaved pairs (x0, x1), (x2, x3), ...; angles in fp64 (no length limit)."""
+    half = x.shape[-1] // 2
+    inv_freq = theta ** -torch.linspace(0, 1, half, dtype=torch.float64, device=x.device)
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+
+def decay_matrix(log_gamma: torch.Tensor, n: int) -> torch.Tensor:
+    """D[h, i, j] = gamma_h^(i-j) for i >= j, else 0: shape [heads, n, n]."""
+    idx = torch.arange(n, device=log_gamma.device)
+    distance = idx[:, None] - idx[None, :]
+    exponent = distance.to(log_gamma.dtype) * log_gamma[:, None, None]
+    return exponent.masked_fill(distance < 0, float("-inf")).exp()
+
+
+def retention_block(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gamma: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Retention over one block of n tokens that follows `state`: the parallel form plus the state's share.
+
+    q, k: [B, H, n, d_k]; v: [B, H, n, d_v]; state: [B, H, d_k, d_v]. Returns (out [B, H, n, d_v], new state).
+    """
+    n = q.shape[2]
+    steps = torch.arange(n, device=q.device, dtype=log_gamma.dtype)
+    inside = ((q @ k.transpose(-1, -2)) * decay_matrix(log_gamma, n)) @ v
+    query_decay = ((steps[None, :] + 1) * log_gamma[:, None]).exp()  # gamma^(i+1): age of the state at row i
+    from_state = (q @ state) * query_decay[..., None]
+    key_decay = ((n - 1 - steps[None, :]) * log_gamma[:, None]).exp()  # gamma^(n-1-j): age of key j at the end
+    new_state = state * (n * log_gamma).exp()[:, None, None] + (k * key_decay[..., None]).transpose(-1, -2) @ v
+    return inside + from_state, new_state
+
+
+def retention_chunkwise(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gamma: torch.Tensor, state: torch.Tensor, chunk_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunkwise form: :func:`retention_block` on consecutive chunks, the state carried between them."""
+    outs = []
+    for start in range(0, q.shape[2], chunk_size):
+        part = slice(start, start + chunk_size)
+        out, state = retention_block(q[:, :, part], k[:, :, part], v[:, :, part], log_gamma, state)
+        outs.append(out)
+    return torch.cat(outs, dim=2), state
+
+
+def retention_recurrent(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gamma: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrent form, one token at a time: S = gamma S + k^T v, o = q S."""
+    gamma = log_gamma.exp()[:, None, None]
+    outs = []
+    for t in range(q.shape[2]):
+        state = gamma * state + k[:, :, t, :, None] * v[:, :, t, None, :]
+        outs.append(q[:, :, t, None, :] @ state)
+    return torch.cat(outs, dim=2), state
+
+
+@functools.cache
+def _fla_kernels() -> Any | None:
+    """flash-linear-attention's simple-GLA ops (retention with any fixed per-head decay), or None."""
+    try:
+        from fla.ops import simple_gla
+    except Exception:  # noqa: BLE001 - missing or broken install: use the PyTorch path
+        return None
+    return simple_gla
+
+
+def retention_fla(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gamma: torch.Tensor, state: torch.Tensor, recurrent: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunkwise or recurrent retention with flash-linear-attention's Triton kernels (CUDA only)."""
+    kernels = _fla_kernels()
+    kernel = kernels.fused_recurrent_simple_gla if recurrent else kernels.chunk_simple_gla
+    out, new_state = kernel(
+        q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(),
+        g_gamma=log_gamma.float(), scale=1.0, initial_state=state.contiguous(), output_final_state=True,
+    )
+    return out.transpose(1, 2), new_state
+
+
+def _no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    if torch.amp.autocast_mode.is_autocast_available(device.type):
+        return torch.autocast(device_type=device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Modules.
+
+
+class RMSNorm(nn.Module):
+    """RMS normalisation with a learned scale, computed in at least fp32."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.weight).to(x.dtype)
+
+
+class MultiScaleRetention(nn.Module):
+    """Residual retention sub-layer: x + out_proj(silu(W_g h) * headnorm(retention(h))), h = rmsnorm(x)."""
+
+    def __init__(self, dim: int, heads: int, value_dim: int, decay: str, norm_eps: float, rope_theta: float,
+                 use_fla: bool = True):
+        super().__init__()
+        self.heads, self.key_dim, self.value_dim = heads, dim // heads, value_dim // heads
+        self.log_decays = decay_logs(heads, decay)
+        self.norm_eps, self.rope_theta, self.use_fla = norm_eps, rope_theta, use_fla
+        self.norm = RMSNorm(dim, norm_eps)
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, dim, bias=False)
+        self.v_proj = nn.Linear(dim, value_dim, bias=False)
+        self.g_proj = nn.Linear(dim, value_dim, bias=False)
+        self.out_proj = nn.Linear(value_dim, dim, bias=False)
+
+    def state_shape(self, batch_size: int) -> tuple[int, int, int, int]:
+        return (batch_size, self.heads, self.key_dim, self.value_dim)
+
+    def forward(self, x: torch.Tensor, mode: str = "parallel", chunk_size: int = 64,
+                state: torch.Tensor | None = None, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (x + retention output, the recurrent state after these tokens)."""
+        batch, length, _ = x.shape
+        h = self.norm(x)
+        q = self.q_proj(h).view(batch, length, self.heads, self.key_dim).transpose(1, 2)
+        k = self.k_proj(h).view(batch, length, self.heads, self.key_dim).transpose(1, 2)
+        v = self.v_proj(h).view(batch, length, self.heads, self.value_dim).transpose(1, 2)
+        out, new_state = self.retain(q, k, v, mode, chunk_size, state, offset)
+        gate = F.silu(self.g_proj(h))
+        out = out.transpose(1, 2).reshape(batch, length, -1).to(gate.dtype)
+        return x + self.out_proj(gate * out), new_state
+
+    def retain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, chunk_size: int,
+               state: torch.Tensor | None, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head normalised retention of [B, H, T, d] q, k, v, in fp32 or wider with autocast off."""
+        core = torch.promote_types(q.dtype, torch.float32)
+        with _no_autocast(q.device):
+            q, k, v = q.to(core), k.to(core), v.to(core)
+            positions = torch.arange(offset, offset + q.shape[2], device=q.device)
+            q = rotate(q, positions, self.rope_theta)
+            k = rotate(k, positions, self.rope_theta) * self.key_dim**-0.5
+            log_gamma = torch.tensor(self.log_decays, dtype=core, device=q.device)
+            if state is None:
+                state = q.new_zeros(self.state_shape(q.shape[0]))
+            state = state.to(core)
+            if self.use_fla and q.is_cuda and core == torch.float32 and mode != "parallel" and _fla_kernels():
+                out, state = retention_fla(q, k, v, log_gamma, state, recurrent=mode == "recurrent")
+            elif mode == "parallel":
+                out, state = retention_block(q, k, v, log_gamma, state)
+            elif mode == "chunkwise":
+                out, state = retention_chunkwise(q, k, v, log_gamma, state, chunk_size)
+            else:
+                out, state = retention_recurrent(q, k, v, log_gamma, state)
+            out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.norm_eps)
+        return out, state
+
+
+class GatedFFN(nn.Module):
+    """Residual SwiGLU sub-layer: x + W_down(silu(W_gate h) * W_up h), h = rmsnorm(x)."""
+
+    def __init__(self, dim: int, hidden_dim: int, norm_eps: float):
+        super().__init__()
+        self.norm = RMSNorm(dim, norm_eps)
+        self.gate_proj = nn.Linear(dim, hidden_dim, bias=False)
+        self.up_proj = nn.Linear(dim, hidden_dim, bias=False)
+        self.down_proj = nn.Linear(hidden_dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class RetNetBlock(nn.Module):
+    """One RetNet layer: a retention sub-layer then an FFN sub-layer; either may be an ``nn.Identity``."""
+
+    def __init__(self, dim: int, heads: int, value_dim: int, ffn_dim: int, decay: str, norm_eps: float,
+                 rope_theta: float, use_fla: bool):
+        super().__init__()
+        self.retention = MultiScaleRetention(dim, heads, value_dim, decay, norm_eps, rope_theta, use_fla)
+        self.ffn = GatedFFN(dim, ffn_dim, norm_eps)
+
+    def forward(self, x: torch.Tensor, mode: str, chunk_size: int, state: torch.Tensor | None,
+                offset: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        new_state = None
+        if not isinstance(self.retention, nn.Identity):
+            x, new_state = self.retention(x, mode=mode, chunk_size=chunk_size, state=state, offset=offset)
+        return self.ffn(x), new_state
+
+
+class RetNet(DepthMixin, nn.Module):
+    """Decoder-only RetNet language model: embedding, pre-norm retention/FFN blocks, final norm, LM head."""
+
+    def __init__(self, vocab_size: int = 256, dim: int = 256, depth: int = 6, heads: int = 4,
+                 ffn_dim: int | None = None, value_factor: float = 2.0, tie_embeddings: bool = False,
+                 decay: str = "torchscale", norm_eps: float = 1e-6, chunk_size: int = 64,
+                 rope_theta: float = 10000.0, use_fla: bool = True):
+        super().__init__()
+        value_dim = int(dim * value_factor)
+        if vocab_size < 1 or depth < 1 or heads < 1:
+            raise ValueError(f"vocab_size, depth and heads must be >= 1, got {vocab_size}, {depth}, {heads}.")
+        if dim % heads or (dim // heads) % 2 or value_dim % heads:
+            raise ValueError(
+                f"dim={dim} and value dim={value_dim} must be divisible by heads={heads}, with an even key "
+                f"head dim (rotary rotates pairs); got key head dim {dim / heads}."
+            )
+        if decay not in DECAYS:
+            raise ValueError(f"Unknown decay {decay!r}; allowed are {', '.join(DECAYS)}.")
+        _check_chunk_size(chunk_size)
+        self.vocab_size, self.dim, self.depth, self.heads = vocab_size, dim, depth, heads
+        self.ffn_dim = ffn_dim or 2 * dim
+        self.value_dim, self.chunk_size, self.tie_embeddings = value_dim, chunk_size, tie_embeddings
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.blocks = nn.ModuleList(
+            RetNetBlock(dim, heads, value_dim, self.ffn_dim, decay, norm_eps, rope_theta, use_fla)
+            for _ in range(depth)
+        )
+        self.norm = RMSNorm(dim, norm_eps)
+        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        self._init_weights()
+        if tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def _init_weights(self) -> None:
+        """GPT-2 style: N(0, 0.02), residual output projections scaled by 1/sqrt(2 depth)."""
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                continue
+            std = 0.02 / math.sqrt(2 * self.depth) if name.endswith(("out_proj.weight", "down_proj.weight")) else 0.02
+            nn.init.normal_(p, std=std)
+
+    # -- zoo conventions ---------------------------------------------------------------------------------
+
+    def example_input(self, batch_size: int = 1, input_size: Sequence[int] | None = None) -> torch.Tensor:
+        """Zero token ids of shape [batch, T] on the model's device (T from input_size or default_cfg)."""
+        length = (input_size or self.default_cfg["input_size"])[0]
+        return torch.zeros(batch_size, length, dtype=torch.long, device=self.embed.weight.device)
+
+    def depth_unit_specs(self) -> list[DepthUnit]:
+        units = []
+        for i, block in enumerate(self.blocks):
+            for kind in ("retention", "ffn"):
+                if not isinstance(getattr(block, kind), nn.Identity):
+                    units.append(DepthUnit(name=f"blocks.{i}.{kind}", kind=kind, stage=0, index=i, removable=True))
+        return units
+
+    # -- forward -----------------------------------------------------------------------------------------
+
+    def forward(self, input_ids: torch.Tensor, mode: str = "parallel", chunk_size: int | None = None,
+                state: RetNetState | None = None, return_state: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, RetNetState]:
+        """Logits [B, T, vocab] of token ids [B, T], optionally continuing from / returning a recurrent state.
+
+        mode: ``parallel`` (O(T^2) memory), ``chunkwise`` (chunks of `chunk_size`, default the model's) or
+        ``recurrent`` (token by token). All three give the same logits and the same final state.
+        """
+        self._check_ids(input_ids)
+        if mode not in MODES:
+            raise RetNetInputError(f"Unknown mode {mode!r}; allowed are {', '.join(map(repr, MODES))}.")
+        chunk_size = self.chunk_size if chunk_size is None else _check_chunk_size(chunk_size)
+        layer_states, offset = self._check_state(state, input_ids.shape[0])
+        x = self.embed(input_ids)
+        new_states = []
+        for block, layer_state in zip(self.blocks, layer_states):
+            x, new_state = block(x, mode, chunk_size, layer_state, offset)
+            new_states.append(new_state)
+        logits = self.lm_head(self.norm(x))
+        if return_state:
+            return logits, RetNetState(new_states, offset + input_ids.shape[1])
+        return logits
+
+    def init_state(self, batch_size: int = 1) -> RetNetState:
+        """The empty state (zeros), in fp32 or the model's wider dtype."""
+        dtype = torch.promote_types(self.embed.weight.dtype, torch.float32)
+        layers = [
+            None if isinstance(b.retention, nn.Identity)
+            else torch.zeros(b.retention.state_shape(batch_size), dtype=dtype, device=self.embed.weight.device)
+            for b in self.blocks
+        ]
+        return RetNetState(layers, 0)
+
+    def _check_ids(self, input_ids: torch.Tensor) -> None:
+        if not torch.is_tensor(input_ids) or input_ids.dtype.is_floating_point or input_ids.dtype.is_complex \
+                or input_ids.dtype == torch.bool:
+            kind = input_ids.dtype if torch.is_tensor(input_ids) else type(input_ids).__name__
+            raise RetNetInputError(f"input_ids must be an integer tensor of token ids, got {kind}.")
+        if input_ids.dim() != 2 or input_ids.numel() == 0:
+            raise RetNetInputError(
+                f"input_ids must have shape [batch, length] with batch >= 1 and length >= 1, got "
+                f"{tuple(input_ids.shape)}. Add a batch dimension with input_ids[None] for a single sequence."
+            )
+        if input_ids.device.type != "meta":
+            low, high = int(input_ids.min()), int(input_ids.max())
+            if low < 0 or high >= self.vocab_size:
+                raise RetNetInputError(
+                    f"Token ids must lie in [0, {self.vocab_size - 1}] (vocab_size={self.vocab_size}), got ids in "
+                    f"[{low}, {high}]. Tokenise with the model's vocabulary or build it with vocab_size=..."
+                )
+
+    def _check_state(self, state: RetNetState | None, batch_size: int) -> tuple[list[torch.Tensor | None], int]:
+        """The per-block states and the position offset; a state of another model or batch is refused."""
+        if state is None:
+            return [None] * self.depth, 0
+        if not isinstance(state, RetNetState):
+            raise RetNetInputError(f"state must be a RetNetState returned by this model, got {type(state).__name__}.")
+        expected = [None if isinstance(b.retention, nn.Identity) else b.retention.state_shape(batch_size)
+                    for b in self.blocks]
+        found = [None if s is None else tuple(s.shape) for s in state.layers]
+        if found != expected:
+            raise RetNetInputError(
+                f"The state does not fit this model and batch: it holds per-block shapes {_shapes_text(found)} "
+                f"but this model ({getattr(self, 'zoo_name', 'RetNet')}, {self.depth} blocks, batch {batch_size}) "
+                f"needs {_shapes_text(expected)} (None = retention removed). A state can only continue the "
+                f"model (size and pruning plan) and batch size that produced it."
+            )
+        return list(state.layers), state.offset
+
+    # -- generation --------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, do_sample: bool = False, prefill: str = "chunkwise",
+                 chunk_size: int | None = None) -> torch.Tensor:
+        """Prompt [B, T] followed by `max_new_tokens` generated tokens: one parallel/chunkwise prefill pass,
+        then recurrent steps with constant memory. Greedy unless `do_sample` (temperature, then top-k)."""
+        if prefill not in ("parallel", "chunkwise"):
+            raise RetNetInputError(f"prefill must be 'parallel' or 'chunkwise', got {prefill!r}.")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise RetNetInputError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}.")
+        if do_sample and not temperature > 0:
+            raise RetNetInputError(f"temperature must be > 0 when sampling, got {temperature}.")
+        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+            raise RetNetInputError(f"top_k must be None or an integer >= 1, got {top_k!r}.")
+        tokens = [input_ids]
+        logits, state = self(input_ids, mode=prefill, chunk_size=chunk_size, return_state=True)
+        for step in range(max_new_tokens):
+            next_token = _pick_token(logits[:, -1].float(), temperature, top_k, do_sample)
+            tokens.append(next_token)
+            if step + 1 < max_new_tokens:
+                logits, state = self(next_token, mode="recurrent", state=state, return_state=True)
+        return torch.cat(tokens, dim=1)
+
+
+def _pick_token(logits: torch.Tensor, temperature: float, top_k: int | None, do_sample: bool) -> torch.Tensor:
+    """Next token ids [B, 1] from last-position logits [B, V]."""
+    if not do_sample:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), num_samples=1)
+
+
+def _check_chunk_size(chunk_size: Any) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise RetNetInputError(f"chunk_size must be an integer >= 1 (tokens per chunk), got {chunk_size!r}.")
+    return chunk_size
+
+
+def _shapes_text(shapes: list[tuple[int, ...] | None]) -> str:
+    distinct = sorted({str(s) for s in shapes})
+    return f"[{len(shapes)} blocks: {', '.join(distinct)}]"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Registered sizes.
+
+GPT2_VOCAB = 50257
+
+RETNET_SIZES: dict[str, dict[str, Any]] = {
+    "retnet_tiny": dict(dim=64, depth=2, heads=2, vocab_size=256, chunk_size=16, context=64),
+    "retnet_small": dict(dim=256, depth=6, heads=4, vocab_size=256, chunk_size=64, context=256),
+    "retnet_base": dict(dim=512, depth=12, heads=4, vocab_size=256, chunk_size=128, context=512),
+    "retnet_1_3b": dict(dim=2048, depth=24, heads=8, vocab_size=GPT2_VOCAB, chunk_size=512, context=2048),
+    "retnet_2_7b": dict(dim=2560, depth=32, heads=10, vocab_size=GPT2_VOCAB, chunk_size=512, context=2048),
+    "retnet_6_7b": dict(dim=4096, depth=32, heads=16, vocab_size=GPT2_VOCAB, chunk_size=512, context=2048),
+}
+
+
+def _cfg(name: str) -> dict[str, Any]:
+    size = RETNET_SIZES[name]
+    return {"input_size": (size["context"],), "vocab_size": size["vocab_size"], "chunk_size": size["chunk_size"]}
+
+
+def _create(name: str, **kwargs: Any) -> RetNet:
+    arch = {k: v for k, v in RETNET_SIZES[name].items() if k != "context"}
+    return RetNet(**{**arch, **kwargs})
+
+
+@register_model("retnet", **_cfg("retnet_tiny"))
+def retnet_tiny(**kwargs: Any) -> RetNet:
+    return _create("retnet_tiny", **kwargs)
+
+
+@register_model("retnet", **_cfg("retnet_small"))
+def retnet_small(**kwargs: Any) -> RetNet:
+    return _create("retnet_small", **kwargs)
+
+
+@register_model("retnet", **_cfg("retnet_base"))
+def retnet_base(**kwargs: Any) -> RetNet:
+    return _create("retnet_base", **kwargs)
+
+
+@register_model("retnet", **_cfg("retnet_1_3b"))
+def retnet_1_3b(**kwargs: Any) -> RetNet:
+    return _create("retnet_1_3b", **kwargs)
+
+
+@register_model("retnet", **_cfg("retnet_2_7b"))
+def retnet_2_7b(**kwargs: Any) -> RetNet:
+    return _create("retnet_2_7b", **kwargs)
+
+
+@register_model("retnet", **_cfg("retnet_6_7b"))
+def retnet_6_7b(**kwargs: Any) -> RetNet:
+    return _create("retnet_6_7b", **kwargs)

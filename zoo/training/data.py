@@ -1,0 +1,347 @@
+"""Data sets and loaders built from a data config alone (:func:`build_loaders`).
+
+Image data sets (classification): ``digits`` (scikit-learn's 8x8 digits upsampled to RGB, fixed split, no
+download), ``cifar10``/``cifar100`` (torchvision, ``root`` + ``download``), ``imagefolder`` (``root/train``
+and ``root/val``), ``synthetic`` (random tensors). Text data sets (byte-level language modelling, vocab 256):
+``bytes`` (an embedded corpus: docstrings of a fixed list of standard-library modules, read from their
+sources with :mod:`ast`) and ``text`` (local files).
+
+Determinism: the training sampler draws a permutation from ``(seed, epoch)`` and yields ``(epoch, index)``;
+random transforms run under an RNG seeded from ``(seed, epoch, index)``. So the data order and augmentation
+do not depend on worker count or on where a run was resumed.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import math
+import random
+import sysconfig
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from .config import IMAGE_DATASETS, TEXT_DATASETS, task_of
+from .errors import DataError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+BYTE_VOCAB = 256
+CORPUS_MODULES = (
+    "argparse", "ast", "asyncio/events", "base64", "bisect", "calendar", "collections/__init__", "configparser",
+    "contextlib", "copy", "csv", "dataclasses", "datetime", "decimal", "difflib", "email/message", "enum",
+    "fractions", "functools", "heapq", "http/client", "inspect", "ipaddress", "json/__init__", "logging/__init__",
+    "mailbox", "pathlib", "pickle", "pprint", "random", "shutil", "socket", "statistics", "string", "subprocess",
+    "tarfile", "tempfile", "textwrap", "threading", "typing", "unittest/case", "urllib/parse", "uuid", "zipfile",
+)
+
+
+@dataclass
+class DataBundle:
+    """What a training run needs from the data: loaders, the task and the label space."""
+
+    train: DataLoader
+    val: DataLoader
+    task: str
+    num_classes: int
+    input_size: tuple[int, ...]
+    sampler: EpochSampler
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class EpochSampler(Sampler):
+    """Seeded per-epoch order, sharded over ranks, that can start part-way through an epoch.
+
+    Yields ``(epoch, index)`` pairs; every rank gets ``len(dataset) // world`` indices.
+    """
+
+    def __init__(self, size: int, seed: int, shuffle: bool = True, rank: int = 0, world: int = 1):
+        self.size, self.seed, self.shuffle, self.rank, self.world = size, seed, shuffle, rank, world
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Use the order of `epoch` and skip this rank's first `start` samples (a resumed epoch)."""
+        self.epoch, self.start = epoch, start
+
+    def order(self) -> list[int]:
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            order = torch.randperm(self.size, generator=gen).tolist()
+        else:
+            order = list(range(self.size))
+        per_rank = self.size // self.world
+        return order[self.rank::self.world][:per_rank]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        for index in self.order()[self.start:]:
+            yield self.epoch, index
+
+    def __len__(self) -> int:
+        return self.size // self.world - self.start
+
+
+class ShardSampler(Sampler):
+    """Evaluation order: every sample exactly once over all ranks (rank r takes r, r+world, ...)."""
+
+    def __init__(self, size: int, rank: int = 0, world: int = 1):
+        self.indices = list(range(rank, size, world))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class EpochSeeded(Dataset):
+    """Wraps a data set so that item ``(epoch, index)`` is drawn under an RNG seeded from both."""
+
+    def __init__(self, dataset: Dataset, seed: int, random_items: bool = True):
+        self.dataset, self.seed, self.random_items = dataset, seed, random_items
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        if not self.random_items:
+            return self.dataset[index]
+        item_seed = (self.seed * 1_000_003 + epoch) * 10_000_019 + index
+        py_state = random.getstate()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(item_seed)
+            random.seed(item_seed)
+            try:
+                return self.dataset[index]
+            finally:
+                random.setstate(py_state)
+
+
+class TensorPairs(Dataset):
+    """In-memory ``(input, target)`` tensors."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
+        self.inputs, self.targets = inputs, targets
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inputs[index], self.targets[index]
+
+
+class RandomWindows(Dataset):
+    """`count` windows of ``seq_len + 1`` tokens at random offsets: ``(tokens[:-1], tokens[1:])``."""
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int, count: int):
+        if len(tokens) <= seq_len + 1:
+            raise DataError(f"The text has {len(tokens)} bytes, too few for data.seq_len={seq_len}.")
+        self.tokens, self.seq_len, self.count = tokens, seq_len, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = int(torch.randint(0, len(self.tokens) - self.seq_len - 1, ()))
+        window = self.tokens[start:start + self.seq_len + 1].long()
+        return window[:-1], window[1:]
+
+
+class FixedWindows(RandomWindows):
+    """Consecutive non-overlapping windows (evaluation)."""
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int, limit: int | None = None):
+        count = (len(tokens) - 1) // seq_len
+        super().__init__(tokens, seq_len, min(count, limit) if limit else count)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        window = self.tokens[index * self.seq_len:(index + 1) * self.seq_len + 1].long()
+        return window[:-1], window[1:]
+
+
+# ----------------------------------------------------------------------------------------------- images
+def _digits(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
+    """scikit-learn digits as normalised ``3 x S x S`` tensors, stratified fixed split (random_state=0)."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    size = cfg.image_size or 32
+    images = torch.nn.functional.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+    labels = torch.tensor(digits.target, dtype=torch.long)
+    train_idx, val_idx = train_test_split(
+        list(range(len(labels))), test_size=cfg.val_fraction, random_state=0, stratify=digits.target
+    )
+    train_idx, val_idx = torch.tensor(train_idx), torch.tensor(val_idx)
+    mean, std = images[train_idx].mean().item(), images[train_idx].std().item()
+    images = ((images - mean) / std).expand(-1, 3, -1, -1).contiguous()
+    info = {"mean": mean, "std": std, "train_size": len(train_idx), "val_size": len(val_idx)}
+    return (TensorPairs(images[train_idx], labels[train_idx]), TensorPairs(images[val_idx], labels[val_idx]), 10,
+            info)
+
+
+def _synthetic(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
+    size = cfg.image_size or 32
+    gen = torch.Generator().manual_seed(seed)
+    n_val = max(cfg.num_samples // 4, 1)
+    images = torch.randn(cfg.num_samples + n_val, 3, size, size, generator=gen)
+    labels = torch.randint(0, cfg.num_classes, (cfg.num_samples + n_val,), generator=gen)
+    train = TensorPairs(images[:cfg.num_samples], labels[:cfg.num_samples])
+    return train, TensorPairs(images[cfg.num_samples:], labels[cfg.num_samples:]), cfg.num_classes, {}
+
+
+def _transforms(cfg: Any, model_cfg: dict | None) -> tuple[Any, Any]:
+    """timm train/eval transforms at ``data.image_size`` with the model's mean/std/interpolation."""
+    from timm.data import create_transform, resolve_data_config
+
+    resolved = resolve_data_config(pretrained_cfg=dict(model_cfg or {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}))
+    size = cfg.image_size or resolved["input_size"][-1]
+    common = {"input_size": (3, size, size), "mean": resolved["mean"], "std": resolved["std"],
+              "interpolation": resolved["interpolation"]}
+    train_tf = create_transform(is_training=True, hflip=cfg.hflip, scale=tuple(cfg.scale), **common)
+    eval_tf = create_transform(is_training=False, crop_pct=resolved["crop_pct"] if size > 64 else 1.0, **common)
+    return train_tf, eval_tf
+
+
+def _cifar(cfg: Any, seed: int, model_cfg: dict | None) -> tuple[Dataset, Dataset, int, dict]:
+    from torchvision import datasets
+
+    cls, classes = (datasets.CIFAR10, 10) if cfg.name == "cifar10" else (datasets.CIFAR100, 100)
+    if not cfg.root:
+        raise DataError(f"data={cfg.name} needs data.root (a folder holding or receiving the data set).")
+    train_tf, eval_tf = _transforms(cfg, model_cfg)
+    try:
+        train = cls(cfg.root, train=True, download=cfg.download, transform=train_tf)
+        val = cls(cfg.root, train=False, download=cfg.download, transform=eval_tf)
+    except RuntimeError as exc:
+        hint = "" if cfg.download else " Set data.download=true (needs network) or point data.root at a copy."
+        raise DataError(f"{cfg.name} not found or corrupted under data.root={cfg.root}: {exc}.{hint}") from exc
+    return train, val, classes, {"root": str(cfg.root)}
+
+
+def _imagefolder(cfg: Any, seed: int, model_cfg: dict | None) -> tuple[Dataset, Dataset, int, dict]:
+    from torchvision import datasets
+
+    root = Path(cfg.root or "")
+    missing = [str(root / split) for split in ("train", "val") if not (root / split).is_dir()]
+    if not cfg.root or missing:
+        raise DataError(f"data=imagefolder needs data.root with train/ and val/ folders of class sub-folders; "
+                        f"missing: {', '.join(missing) or 'data.root'}.")
+    train_tf, eval_tf = _transforms(cfg, model_cfg)
+    try:
+        train = datasets.ImageFolder(str(root / "train"), transform=train_tf)
+        val = datasets.ImageFolder(str(root / "val"), transform=eval_tf)
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise DataError(f"Cannot read image folders under {root}: {exc}") from exc
+    if train.classes != val.classes:
+        raise DataError(f"{root}/train and {root}/val have different classes: {train.classes} vs {val.classes}.")
+    return train, val, len(train.classes), {"classes": train.classes}
+
+
+# ------------------------------------------------------------------------------------------------- text
+def stdlib_corpus() -> bytes:
+    """The embedded ``bytes`` corpus: module, class and function docstrings of :data:`CORPUS_MODULES`.
+
+    Read from the interpreter's own standard-library sources (never imported, never downloaded), in a fixed
+    order, so it is the same on every run of a given Python version.
+    """
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    parts: list[str] = []
+    for module in CORPUS_MODULES:
+        path = stdlib / f"{module}.py"
+        if not path.is_file():
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef,
+                                                                        ast.AsyncFunctionDef))]
+        parts.extend(doc for n in nodes if (doc := ast.get_docstring(n)))
+    if not parts:
+        raise DataError(f"No standard-library sources found under {stdlib} to build the bytes corpus.")
+    return "\n\n".join(parts).encode("utf-8")
+
+
+def read_text_files(patterns: Sequence[str]) -> bytes:
+    """The bytes of every file matching `patterns` (paths or globs), sorted, joined by newlines."""
+    if not patterns:
+        raise DataError("data=text needs data.files: a list of text files or glob patterns.")
+    paths: list[Path] = []
+    for pattern in patterns:
+        found = sorted(Path(p) for p in glob.glob(str(Path(pattern).expanduser()), recursive=True))
+        if not found:
+            raise DataError(f"data.files entry {pattern!r} matches no file.")
+        paths.extend(p for p in found if p.is_file())
+    blob = b"\n".join(p.read_bytes() for p in paths)
+    if not blob:
+        raise DataError(f"The text files {', '.join(map(str, paths))} are empty.")
+    return blob
+
+
+def unigram_entropy(tokens: torch.Tensor, vocab: int = BYTE_VOCAB) -> float:
+    """Entropy (nats) of the token frequency distribution: what a model without context can reach."""
+    counts = torch.bincount(tokens.long(), minlength=vocab).double()
+    probs = counts[counts > 0] / counts.sum()
+    return float(-(probs * probs.log()).sum())
+
+
+def _text(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
+    blob = stdlib_corpus() if cfg.name == "bytes" else read_text_files(list(cfg.files))
+    tokens = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    split = int(len(tokens) * (1.0 - cfg.val_fraction))
+    train_tokens, val_tokens = tokens[:split], tokens[split:]
+    count = cfg.train_samples or max((len(train_tokens) - 1) // cfg.seq_len, 1)
+    info = {"corpus_bytes": len(tokens), "unigram_entropy": unigram_entropy(tokens),
+            "train_unigram_entropy": unigram_entropy(train_tokens)}
+    return (RandomWindows(train_tokens, cfg.seq_len, count), FixedWindows(val_tokens, cfg.seq_len, cfg.val_samples),
+            BYTE_VOCAB, info)
+
+
+# ---------------------------------------------------------------------------------------------- loaders
+def build_datasets(cfg: Any, seed: int = 0, model_cfg: dict | None = None) -> tuple[Dataset, Dataset, int, dict]:
+    """``(train, val, num_classes_or_vocab, info)`` for a data config; `model_cfg` gives mean/std for timm."""
+    name = cfg.name
+    if name == "digits":
+        return _digits(cfg, seed)
+    if name == "synthetic":
+        return _synthetic(cfg, seed)
+    if name in ("cifar10", "cifar100"):
+        return _cifar(cfg, seed, model_cfg)
+    if name == "imagefolder":
+        return _imagefolder(cfg, seed, model_cfg)
+    if name in TEXT_DATASETS:
+        return _text(cfg, seed)
+    raise DataError(f"Unknown data set {name!r}; available: {', '.join(IMAGE_DATASETS + TEXT_DATASETS)}.")
+
+
+def build_loaders(cfg: Any, seed: int = 0, model_cfg: dict | None = None, rank: int = 0, world: int = 1,
+                  pin_memory: bool = False) -> DataBundle:
+    """Training and validation loaders for the data config `cfg` (the ``data`` group).
+
+    The train loader drops the last incomplete batch and is ordered by an :class:`EpochSampler` (call
+    ``bundle.sampler.set_epoch``); the validation loader visits every sample once over all ranks.
+    """
+    train, val, num_classes, info = build_datasets(cfg, seed, model_cfg)
+    random_items = cfg.name not in ("digits", "synthetic")
+    sampler = EpochSampler(len(train), seed, shuffle=True, rank=rank, world=world)
+    workers = {"num_workers": cfg.num_workers, "persistent_workers": cfg.num_workers > 0, "pin_memory": pin_memory}
+    train_loader = DataLoader(EpochSeeded(train, seed, random_items), batch_size=cfg.batch_size, sampler=sampler,
+                              drop_last=True, **workers)
+    val_loader = DataLoader(val, batch_size=cfg.eval_batch_size or cfg.batch_size,
+                            sampler=ShardSampler(len(val), rank, world), **workers)
+    if len(train_loader) == 0:
+        raise DataError(f"data={cfg.name} has {len(train)} training samples per rank, fewer than one batch of "
+                        f"data.batch_size={cfg.batch_size}.")
+    task = task_of(cfg.name)
+    sample = val[0][0]
+    input_size = tuple(sample.shape)
+    info.update(train_samples=len(train), val_samples=len(val))
+    return DataBundle(train_loader, val_loader, task, num_classes, input_size, sampler, info)
+
+
+def batches_per_epoch(bundle: DataBundle) -> int:
+    return math.floor(len(bundle.sampler.order()) / bundle.train.batch_size)

@@ -1,0 +1,96 @@
+"""torchrun support: process-group setup (gloo on CPU, nccl on CUDA), a start time shared by all ranks
+(one output directory), and metric reduction. Everything is a no-op in a single process."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+_START_TIME: datetime | None = None
+
+
+def launched_by_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def setup(device_type: str | None = None) -> DistInfo:
+    """Join the torchrun process group once (idempotent); returns this process's rank and world size."""
+    if not launched_by_torchrun():
+        return DistInfo()
+    if not dist.is_initialized():
+        use_cuda = (device_type or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if use_cuda:
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return info()
+
+
+def info() -> DistInfo:
+    if not (dist.is_available() and dist.is_initialized()):
+        return DistInfo()
+    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def shared_start_time() -> datetime:
+    """Rank 0's start time, broadcast once, so that ``${dz_now:...}`` names one run directory for all ranks."""
+    global _START_TIME
+    if _START_TIME is None:
+        stamp = [datetime.now()]
+        if info().enabled:
+            dist.broadcast_object_list(stamp, src=0)
+        _START_TIME = stamp[0]
+    return _START_TIME
+
+
+def register_resolvers() -> None:
+    """Register the ``dz_now`` OmegaConf resolver (like Hydra's ``now`` but equal on every rank)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("dz_now"):
+        OmegaConf.register_new_resolver("dz_now", lambda fmt: shared_start_time().strftime(fmt))
+
+
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over ranks (in place on a copy); identity in a single process."""
+    if info().enabled:
+        values = values.clone()
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True when `flag` is set on any rank (used to stop all ranks together)."""
+    if not info().enabled:
+        return flag
+    return bool(all_reduce_sum(torch.tensor([float(flag)], device=device)).item() > 0)
+
+
+def barrier() -> None:
+    if info().enabled:
+        dist.barrier()
+
+
+def cleanup() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
