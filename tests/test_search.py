@@ -1,0 +1,65 @@
+"""Search: the DP is optimal (against brute force), baselines respect the budget, it is fast."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from zoo.search import BudgetError, Choice, brute_force_search, dp_search, greedy_search, random_search
+
+
+def random_instance(rng: random.Random, segments: int, integer: bool) -> list[list[Choice]]:
+    options = []
+    for s in range(segments):
+        base = rng.randint(5, 20) if integer else rng.uniform(5, 20)
+        seg = [Choice(frozenset(), float(base), 0.0)]
+        for v in range(rng.randint(0, 4)):
+            cost = rng.randint(0, int(base)) if integer else rng.uniform(0, base)
+            seg.append(Choice(frozenset({f"s{s}.v{v}"}), float(cost), rng.uniform(0, 3)))
+        options.append(seg)
+    return options
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_dp_matches_brute_force_on_integer_costs(seed):
+    rng = random.Random(seed)
+    options = random_instance(rng, rng.randint(1, 6), integer=True)
+    total = sum(seg[0].latency for seg in options)
+    fastest = sum(min(c.latency for c in seg) for seg in options)
+    budget = float(rng.randint(int(fastest), int(total)))
+    exact = brute_force_search(options, budget)
+    dp = dp_search(options, budget, bins=int(budget) if budget >= 1 else 1)
+    assert dp.latency <= budget
+    assert dp.damage == pytest.approx(exact.damage, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_dp_is_feasible_and_near_optimal_on_float_costs(seed):
+    rng = random.Random(100 + seed)
+    options = random_instance(rng, 6, integer=False)
+    total = sum(seg[0].latency for seg in options)
+    fastest = sum(min(c.latency for c in seg) for seg in options)
+    budget = rng.uniform(fastest, total)
+    exact = brute_force_search(options, budget)
+    dp = dp_search(options, budget, bins=2000)
+    assert dp.latency <= budget + 1e-9
+    assert dp.damage >= exact.damage - 1e-9  # rounding costs up can only cost optimality, never feasibility
+    for baseline in (greedy_search(options, budget), random_search(options, budget, seed=seed)):
+        assert baseline.latency <= budget + 1e-9 and baseline.damage >= exact.damage - 1e-9
+
+
+def test_unreachable_budget_says_what_is_achievable():
+    options = [[Choice(frozenset(), 10.0, 0.0), Choice(frozenset({"a"}), 4.0, 1.0)]] * 2
+    with pytest.raises(BudgetError, match="still takes 8 ms"):
+        dp_search(options, 5.0)
+
+
+def test_solves_a_hundred_segments_well_under_a_second():
+    options = random_instance(random.Random(0), 100, integer=False)
+    total = sum(seg[0].latency for seg in options)
+    start = time.perf_counter()
+    result = dp_search(options, total / 1.5, bins=1000)
+    assert time.perf_counter() - start < 1.0
+    assert result.latency <= total / 1.5

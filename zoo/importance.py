@@ -1,0 +1,148 @@
+"""Importance of each segment variant, measured one variant at a time on a calibration split.
+
+Scores (``damage``: how much a variant hurts when applied alone; the search minimises its sum):
+
+* ``loss`` (default): increase of the calibration loss;
+* ``similarity``: label-free, ``1 - cosine similarity`` of the network's outputs before and after;
+* ``finetune``: as published (Kim et al., LayerMerge), the calibration loss after a few fine-tuning steps
+  with the variant applied; expensive, off by default.
+
+Results are cached per (weights, score, calibration data, variant set) as JSON, written atomically.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from filelock import FileLock
+from torch import nn
+
+from .checkpoint import atomic_write
+from .errors import ZooError
+from .surgery import Segment, apply_plan
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+SCORES = ("loss", "similarity", "finetune")
+
+
+def task_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy for classification ``[B, C]`` or language modelling ``[B, T, V]`` logits."""
+    if logits.ndim == 3:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    return F.cross_entropy(logits.float(), targets)
+
+
+@torch.no_grad()
+def calibration_loss(model: nn.Module, batches: Sequence[Batch]) -> float:
+    """Mean task loss of `model` (eval mode) over the calibration batches."""
+    model.eval()
+    total, count = 0.0, 0
+    for inputs, targets in batches:
+        total += task_loss(model(inputs), targets).item() * len(inputs)
+        count += len(inputs)
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def _outputs(model: nn.Module, batches: Sequence[Batch]) -> list[torch.Tensor]:
+    model.eval()
+    return [model(inputs).float().flatten(1) for inputs, _ in batches]
+
+
+def _similarity_damage(reference: list[torch.Tensor], model: nn.Module, batches: Sequence[Batch]) -> float:
+    outs = _outputs(model, batches)
+    sims = [F.cosine_similarity(a, b, dim=1).mean().item() for a, b in zip(reference, outs)]
+    return 1.0 - sum(sims) / len(sims)
+
+
+def _finetuned_loss(model: nn.Module, train_batches: Sequence[Batch], batches: Sequence[Batch],
+                    steps: int, lr: float) -> float:
+    """Calibration loss after `steps` SGD steps on `train_batches` (the variant linearised, unmerged)."""
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for step in range(steps):
+        inputs, targets = train_batches[step % len(train_batches)]
+        loss = task_loss(model(inputs), targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return calibration_loss(model, batches)
+
+
+def _variant_model(model: nn.Module, removed: frozenset[str], merge: bool) -> nn.Module:
+    return apply_plan(copy.deepcopy(model), {"remove": sorted(removed), "merge": merge})
+
+
+def score_variants(
+    model: nn.Module,
+    segments: Sequence[Segment],
+    batches: Sequence[Batch],
+    score: str = "loss",
+    train_batches: Sequence[Batch] | None = None,
+    finetune_steps: int = 20,
+    finetune_lr: float = 0.01,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[dict[frozenset[str], float]]:
+    """Damage of every variant of every segment (0 for the unchanged variant), aligned with `segments`."""
+    if score not in SCORES:
+        raise ZooError(f"Unknown importance score {score!r}; allowed: {', '.join(SCORES)}.")
+    if score == "finetune" and not train_batches:
+        raise ZooError("The 'finetune' importance score needs training batches.")
+    base_loss = calibration_loss(model, batches)
+    reference = _outputs(model, batches) if score == "similarity" else None
+    total = sum(len(seg.variants()) - 1 for seg in segments)
+    done = 0
+    result = []
+    for seg in segments:
+        damages = {frozenset(): 0.0}
+        for removed in seg.variants():
+            if not removed:
+                continue
+            variant = _variant_model(model, removed, merge=score != "finetune")
+            if score == "loss":
+                damages[removed] = calibration_loss(variant, batches) - base_loss
+            elif score == "similarity":
+                damages[removed] = _similarity_damage(reference, variant, batches)
+            else:
+                damages[removed] = _finetuned_loss(variant, train_batches, batches, finetune_steps,
+                                                   finetune_lr) - base_loss
+            done += 1
+            if progress is not None:
+                progress(done, total)
+        result.append(damages)
+    return result
+
+
+def weights_digest(model: nn.Module) -> str:
+    """A hash of the model's weights and architecture: the importance cache key's first part."""
+    digest = hashlib.sha1(repr(model).encode())
+    for key, tensor in model.state_dict().items():
+        digest.update(key.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:20]
+
+
+def cached_scores(cache_dir: str | Path, key: dict, compute: Callable[[], list[dict[frozenset[str], float]]]
+                  ) -> tuple[list[dict[frozenset[str], float]], bool]:
+    """Scores from the cache file for `key`, or computed (under a file lock, so concurrent jobs compute once)."""
+    name = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    path = Path(cache_dir) / f"importance-{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        if path.is_file():
+            try:
+                stored = json.loads(path.read_text())
+                return [{frozenset(k.split("|")) if k else frozenset(): v for k, v in seg.items()}
+                        for seg in stored["scores"]], True
+            except (ValueError, KeyError, AttributeError):
+                pass  # corrupt: recompute and overwrite
+        scores = compute()
+        payload = {"key": key, "scores": [{"|".join(sorted(k)): v for k, v in seg.items()} for seg in scores]}
+        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=1)))
+    return scores, False
