@@ -140,3 +140,28 @@ def test_all_variant_combinations_of_one_block_are_exact():
             linear = surgery.rebuild_block(block, set(removed), merge=False).eval()
             with torch.no_grad():
                 assert max_rel_diff(linear(x), merged(x)) <= 1e-4
+
+
+def test_progressive_linearisation_then_finalize_equals_merged_plan():
+    model = randomise_norm_stats(zoo.create_model("mobilenetv2_050", num_classes=4)).eval()
+    acts = [u.name for u in zoo.depth_units(model, (3, 32, 32)) if u.kind == "act"][2:8]
+    plan = {"remove": acts, "merge": False}
+    fading = zoo.apply_plan(model, plan, inplace=False, blend=True).eval()
+    blends = [m for m in fading.modules() if isinstance(m, surgery.LinearisingAct)]
+    assert len(blends) == len(acts)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        at_zero = fading(x)
+        surgery.set_linearisation(fading, 1.0)
+        at_one = fading(x)
+    assert not torch.allclose(at_zero, at_one)
+    surgery.set_linearisation(fading, 0.5)
+    run = next(m for m in fading.modules() if isinstance(m, surgery.LinearRun))
+    with pytest.raises(zoo.PlanError, match="not yet fully linear"):
+        run.merged()
+    final = surgery.finalize_merges(fading).eval()
+    merged = zoo.apply_plan(model, {"remove": acts}, inplace=False).eval()
+    assert final.zoo_plan["merge"] is True
+    assert list(final.state_dict()) == list(merged.state_dict())
+    with torch.no_grad():
+        assert max_rel_diff(at_one, final(x)) <= 1e-5 and max_rel_diff(merged(x), final(x)) <= 1e-5

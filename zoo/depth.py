@@ -161,8 +161,8 @@ def remove_units(model: nn.Module, names: Iterable[str], inplace: bool = False) 
     return model
 
 
-def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True) -> nn.Module:
+def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, **kwargs: Any) -> nn.Module:
     """Apply a plain-data plan ``{"remove": [unit names], "merge": bool}``; see :mod:`zoo.surgery`."""
     from .surgery import apply_plan as _apply
 
-    return _apply(model, plan, inplace=inplace)
+    return _apply(model, plan, inplace=inplace, **kwargs)

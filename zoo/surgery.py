@@ -11,10 +11,13 @@ are no longer separated by anything non-linear are merged into one conv:
 * when a whole residual block collapses into one stride-1 conv with an identity shortcut, the shortcut is
   folded into the kernel by adding 1 to the centre tap of each channel.
 
-With ``merge: false`` the block keeps its separate (BN-folded, padding-moved) convs: the linearised
-network, numerically equal to the merged one. A block whose activations are removed becomes a
-:class:`ChainBlock`. Merges never cross a block boundary, so the latency of a plan is a sum of
-per-segment terms (see :func:`segments`). GroupNorm (BiT) cannot be folded, so BiT has no act units.
+With ``merge: false`` the block keeps its separate (BN-folded, padding-moved) convs as a
+:class:`LinearRun`: the linearised network, numerically equal to the merged one. For progressive
+linearisation the removed activations can stay inside the run, fading towards identity while fine-tuning
+(:func:`set_linearisation`), and :func:`finalize_merges` merges once they are linear. A block whose
+activations are removed becomes a :class:`ChainBlock`. Merges never cross a block boundary, so the
+latency of a plan is a sum of per-segment terms (see :func:`segments`). GroupNorm (BiT) cannot be
+folded, so BiT has no act units.
 """
 
 from __future__ import annotations
@@ -125,58 +128,111 @@ def compose_convs(a: nn.Conv2d, b: nn.Conv2d) -> nn.Conv2d:
     return merged
 
 
-def _merge_run(convs: list[nn.Conv2d], merge: bool) -> nn.Module:
-    """A run of convs with nothing non-linear between them: one merged conv, or the padding-moved chain."""
-    if len(convs) == 1:
-        return convs[0]
-    merged = convs[0]
-    for conv in convs[1:]:
-        merged = compose_convs(merged, conv)
-    if merge:
-        return merged
-    valid = []
-    for conv in convs:
-        conv = copy.deepcopy(conv)
-        conv.padding = (0, 0)
-        valid.append(conv)
-    return nn.Sequential(nn.ZeroPad2d(merged.padding[0]), *valid)
+class LinearisingAct(nn.Module):
+    """``alpha * x + (1 - alpha) * act(x)``: an activation blended towards identity while fine-tuning."""
+
+    def __init__(self, act: nn.Module, alpha: float = 0.0):
+        super().__init__()
+        self.act = act
+        self.alpha = alpha
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.alpha >= 1.0:
+            return x
+        return self.alpha * x + (1.0 - self.alpha) * self.act(x)
+
+
+class LinearRun(nn.Module):
+    """Convs with only removed (or fading) activations between them, padding moved to the front.
+
+    Numerically equal to its merged conv once every blend is fully linear; :meth:`merged` builds that conv.
+    """
+
+    def __init__(self, convs: list[nn.Conv2d], blends: list[nn.Module]):
+        super().__init__()
+        reference = convs[0]
+        for conv in convs[1:]:
+            reference = compose_convs(reference, conv)
+        self.pad = nn.ZeroPad2d(reference.padding[0])
+        self.convs = nn.ModuleList()
+        for conv in convs:
+            conv = copy.deepcopy(conv)
+            conv.padding = (0, 0)
+            self.convs.append(conv)
+        self.blends = nn.ModuleList(blends)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.convs[0](self.pad(x))
+        for blend, conv in zip(self.blends, self.convs[1:]):
+            x = conv(blend(x))
+        return x
+
+    def merged(self) -> nn.Conv2d:
+        if any(isinstance(b, LinearisingAct) and b.alpha < 1.0 for b in self.blends):
+            raise PlanError("Cannot merge a run whose activations are not yet fully linear (alpha < 1).")
+        conv = self.convs[0]
+        for nxt in self.convs[1:]:
+            conv = compose_convs(conv, nxt)
+        conv.padding = (self.pad.padding[0],) * 2
+        return conv
+
+
+def _can_fold_identity(conv: nn.Module, shortcut: nn.Module | None) -> bool:
+    return (isinstance(conv, nn.Conv2d) and isinstance(shortcut, nn.Identity) and conv.stride == (1, 1)
+            and conv.in_channels == conv.out_channels and conv.kernel_size[0] % 2 == 1
+            and conv.padding[0] == conv.kernel_size[0] // 2)
 
 
 @torch.no_grad()
 def _fold_identity(conv: nn.Conv2d) -> None:
     """Add the identity shortcut to a stride-1, same-size conv: +1 on each channel's centre tap."""
-    c, k = conv.kernel_size[0] // 2, conv.weight.shape[1]
+    c, depthwise = conv.kernel_size[0] // 2, conv.weight.shape[1] == 1 and conv.in_channels > 1
     for ch in range(conv.out_channels):
-        conv.weight[ch, 0 if k == 1 else ch, c, c] += 1.0
+        conv.weight[ch, 0 if depthwise else ch, c, c] += 1.0
 
 
-def rebuild_block(block: nn.Module, removed_acts: set[str], merge: bool = True) -> ChainBlock:
-    """The block with the given activations (paths relative to the block) removed and its convs merged."""
+def merge_chain_block(block: ChainBlock) -> ChainBlock:
+    """Replace each LinearRun of a rebuilt block by its merged conv; fold an identity shortcut if possible."""
+    layers = [m.merged() if isinstance(m, LinearRun) else m for m in block.layers]
+    shortcut = block.shortcut
+    if len(layers) == 1 and _can_fold_identity(layers[0], shortcut):
+        _fold_identity(layers[0])
+        shortcut = None
+    return ChainBlock(nn.Sequential(*layers), shortcut, block.post_act)
+
+
+def rebuild_block(block: nn.Module, removed_acts: set[str], merge: bool = True, blend: bool = False) -> ChainBlock:
+    """The block with the given activations (paths relative to the block) removed and its convs merged.
+
+    ``merge=False`` keeps each run of convs as a :class:`LinearRun` (the linearised network); with
+    ``blend=True`` the removed activations stay inside it as :class:`LinearisingAct` (alpha 0) so that
+    fine-tuning can fade them out before :func:`merge_chain_block` merges the run.
+    """
     chain: Chain = block.chain()
-    runs: list[list[nn.Conv2d]] = [[]]
+    runs: list[tuple[list[nn.Conv2d], list[nn.Module]]] = [([], [])]
     tails: list[list[nn.Module]] = []
     for op in chain.ops:
-        runs[-1].append(_fused(op))
-        act = None if op.act_unit in removed_acts else op.act
+        convs, blends = runs[-1]
+        convs.append(_fused(op))
+        removed = op.act_unit in removed_acts
+        act = None if removed else op.act
         if act is not None or op.after:
             tails.append([m for m in (act, *op.after) if m is not None])
-            runs.append([])
-    if not runs[-1]:
+            runs.append(([], []))
+        elif op.act is not None and removed:
+            blends.append(LinearisingAct(op.act) if blend else nn.Identity())
+        else:
+            blends.append(nn.Identity())
+    if not runs[-1][0]:
         runs.pop()
     else:
         tails.append([])
     layers: list[nn.Module] = []
-    for run, tail in zip(runs, tails):
-        layers.append(_merge_run(run, merge))
+    for (convs, blends), tail in zip(runs, tails):
+        layers.append(convs[0] if len(convs) == 1 else LinearRun(convs, blends[: len(convs) - 1]))
         layers.extend(tail)
-    shortcut = chain.shortcut
-    only = layers[0] if len(layers) == 1 else None
-    if (merge and isinstance(only, nn.Conv2d) and isinstance(shortcut, nn.Identity) and only.stride == (1, 1)
-            and only.in_channels == only.out_channels and only.kernel_size[0] % 2 == 1
-            and only.padding[0] == only.kernel_size[0] // 2):
-        _fold_identity(only)
-        shortcut = None
-    return ChainBlock(nn.Sequential(*layers), shortcut, chain.post_act)
+    rebuilt = ChainBlock(nn.Sequential(*layers), chain.shortcut, chain.post_act)
+    return merge_chain_block(rebuilt) if merge else rebuilt
 
 
 def _block_of(unit_name: str, block_names: list[str]) -> str:
@@ -194,8 +250,12 @@ def _validate_plan(plan: dict[str, Any]) -> None:
         raise PlanError(f"Unknown plan keys {sorted(unknown)}; allowed: remove, merge, model, meta.")
 
 
-def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True) -> nn.Module:
-    """Apply `plan` (see module docstring) and record it on the model as ``model.zoo_plan``."""
+def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, blend: bool = False) -> nn.Module:
+    """Apply `plan` (see module docstring) and record it on the model as ``model.zoo_plan``.
+
+    ``blend=True`` (with ``merge: false``) keeps removed activations as fading :class:`LinearisingAct`
+    modules for progressive linearisation; :func:`finalize_merges` merges afterwards.
+    """
     _validate_plan(plan)
     if plan.get("model") and getattr(model, "zoo_name", None) and plan["model"] != model.zoo_name:
         raise PlanError(f"The plan was made for {plan['model']!r}, not for {model.zoo_name!r}.")
@@ -217,8 +277,26 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True) -> 
         if block_name in removed:
             continue
         block = model.get_submodule(block_name)
-        model.set_submodule(block_name, rebuild_block(block, acts, merge))
+        model.set_submodule(block_name, rebuild_block(block, acts, merge, blend))
     model.zoo_plan = {"remove": removed, "merge": merge}
+    return model
+
+
+def set_linearisation(model: nn.Module, alpha: float) -> None:
+    """Set the blend of every fading activation (0: original activation, 1: identity)."""
+    for module in model.modules():
+        if isinstance(module, LinearisingAct):
+            module.alpha = float(alpha)
+
+
+def finalize_merges(model: nn.Module) -> nn.Module:
+    """Merge every linearised run of a model built with ``merge: false`` in place; the plan becomes merged."""
+    set_linearisation(model, 1.0)
+    for name, module in list(model.named_modules()):
+        if isinstance(module, ChainBlock):
+            model.set_submodule(name, merge_chain_block(module))
+    if getattr(model, "zoo_plan", None):
+        model.zoo_plan = {**model.zoo_plan, "merge": True}
     return model
 
 
@@ -258,5 +336,5 @@ def build_segment(model: nn.Module, segment: Segment, removed: frozenset[str], m
     return rebuild_block(module, relative, merge)
 
 
-__all__ = ["Chain", "ChainBlock", "ConvOp", "Segment", "apply_plan", "build_segment", "compose_convs",
-           "rebuild_block", "segments"]
+__all__ = ["Chain", "ChainBlock", "ConvOp", "LinearRun", "LinearisingAct", "Segment", "apply_plan", "build_segment",
+           "compose_convs", "finalize_merges", "rebuild_block", "segments", "set_linearisation"]
