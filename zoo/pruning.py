@@ -1,0 +1,480 @@
+"""A whole depth-pruning run from a composed config: what ``prune.py`` calls.
+
+baseline (checkpoint, or trained once and cached) -> latency table on the device -> importance of every
+segment variant (cached) -> exact DP search within the latency budget -> plan -> linearised network with
+fading activations -> fine-tune (optional distillation from the baseline) -> merge -> measure baseline and
+pruned side by side -> ``results.json``, pruned checkpoint, W&B.
+
+Hydra and W&B are imported only inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from filelock import FileLock
+from torch import nn
+
+from . import surgery
+from .checkpoint import atomic_write, save_checkpoint
+from .errors import ZooError
+from .importance import SCORES, cached_scores, score_variants, weights_digest
+from .search import SEARCHES, BudgetError, Choice, pareto_front, search
+from .training.engine import Callback
+
+_log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------------------------- config
+
+
+@dataclass
+class PruneSettings:
+    """``prune.*``: the budget, the device the latency is measured on, importance and search."""
+
+    target_speedup: float | None = 1.5
+    target_latency_ms: float | None = None
+    device: str = "auto"
+    batch_size: int = 32
+    dtype: str = "float32"
+    channels_last: bool = False
+    threads: int | None = None
+    merge: bool = True
+    importance: str = "loss"
+    calib_batches: int = 4
+    search: str = "dp"
+    bins: int = 1000
+    seed: int = 0
+    calibrate_plans: int = 0
+    cache_dir: str | None = None
+    workload: str = "forward"
+
+
+@dataclass
+class FinetuneSettings:
+    """``finetune.*``: epochs after surgery, learning rate, distillation, progressive linearisation."""
+
+    epochs: int = 4
+    lr: float | None = None
+    distill_weight: float = 0.3
+    distill_temperature: float = 2.0
+    linearise_fraction: float = 0.5
+
+
+def register_configs(config_dir: str | Path | None = None) -> None:
+    """Store ``prune_schema`` (the training schema plus ``checkpoint``, ``prune`` and ``finetune``)."""
+    from dataclasses import make_dataclass
+
+    from hydra.core.config_store import ConfigStore
+
+    from .training.config import TrainConfig
+    from .training.config import register_configs as register_train
+
+    register_train(config_dir)
+    schema = make_dataclass("PruneConfig", [
+        ("checkpoint", str | None, None),
+        ("prune", PruneSettings, field(default_factory=PruneSettings)),
+        ("finetune", FinetuneSettings, field(default_factory=FinetuneSettings)),
+    ], bases=(TrainConfig,))
+    ConfigStore.instance().store(name="prune_schema", node=schema)
+
+
+def validate_prune(cfg: Any) -> None:
+    """Checks before any long work: budget, choices, device (raises ZooError)."""
+    from ._registry import get_entry
+    from .latency.device import resolve_device
+
+    p = cfg.prune
+    if p.target_latency_ms is None and p.target_speedup is None:
+        raise ZooError("Give a budget: prune.target_speedup (e.g. 1.5) or prune.target_latency_ms.")
+    if p.target_latency_ms is None and p.target_speedup <= 1.0:
+        raise ZooError(f"prune.target_speedup={p.target_speedup} must be greater than 1 (1.5 means 1.5x faster).")
+    if p.target_latency_ms is not None and p.target_latency_ms <= 0:
+        raise ZooError(f"prune.target_latency_ms={p.target_latency_ms} must be positive.")
+    if p.importance not in SCORES:
+        raise ZooError(f"prune.importance={p.importance!r}; allowed: {', '.join(SCORES)}.")
+    if p.search not in SEARCHES:
+        raise ZooError(f"prune.search={p.search!r}; allowed: {', '.join(SEARCHES)}.")
+    if p.workload not in ("forward", "decode"):
+        raise ZooError(f"prune.workload={p.workload!r}; allowed: forward (the whole forward pass) or decode "
+                       "(one recurrent decode step of a language model such as RetNet).")
+    if p.workload == "decode" and not hasattr(get_entry(cfg.model.name).builder(), "init_state"):
+        raise ZooError(f"prune.workload=decode needs a recurrent language model; model={cfg.model.name} has no "
+                       "recurrent state. Use prune.workload=forward.")
+    if p.batch_size < 1 or p.calib_batches < 1 or p.bins < 10:
+        raise ZooError("prune.batch_size and prune.calib_batches must be >= 1, prune.bins >= 10.")
+    if cfg.finetune.epochs < 0 or not 0.0 <= cfg.finetune.linearise_fraction <= 1.0:
+        raise ZooError("finetune.epochs must be >= 0 and finetune.linearise_fraction within [0, 1].")
+    resolve_device(p.device)
+
+
+# ----------------------------------------------------------------------------------------------- phases
+
+
+@contextmanager
+def phase(timings: dict[str, float], name: str) -> Iterator[None]:
+    """Time a phase of the run into `timings` (seconds) and log it."""
+    start = time.perf_counter()
+    _log.info("%s ...", name)
+    yield
+    timings[name] = round(time.perf_counter() - start, 3)
+    _log.info("%s done in %.1f s", name, timings[name])
+
+
+def _digest(obj: Any) -> str:
+    import hashlib
+
+    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def baseline_dir(cfg: Any, config: dict) -> Path:
+    """Where the baseline of this (model, data, optim, trainer) is trained once and shared by all jobs."""
+    key = {k: config[k] for k in ("model", "data", "optim")}
+    key["trainer"] = {k: v for k, v in config["trainer"].items() if k not in ("progress", "log_every", "resume")}
+    return Path(cfg.paths.log_dir) / "baselines" / f"{cfg.model.name}-{cfg.data.name}-{_digest(key)}"
+
+
+def load_or_train_baseline(cfg: Any, data: Any, config: dict) -> tuple[nn.Module, Path]:
+    """The baseline model and its checkpoint: ``checkpoint=...`` or a cached training (trained once, locked)."""
+    from . import load
+    from .training import checkpointing as ckpt
+    from .training import fit
+    from .training.runner import build_model
+
+    if cfg.checkpoint:
+        path = Path(cfg.checkpoint)
+        name = ckpt.model_name_from_checkpoint(path)
+        if name != cfg.model.name:
+            raise ZooError(f"checkpoint={path} holds model {name!r}, but model={cfg.model.name}. Use model={name} "
+                           f"or a checkpoint of {cfg.model.name}.")
+        return load(path), path
+    directory = baseline_dir(cfg, config)
+    directory.mkdir(parents=True, exist_ok=True)
+    best = ckpt.checkpoint_dir(directory) / "best.safetensors"
+    with FileLock(str(directory / ".lock")):
+        if not best.is_file():
+            _log.info("training the baseline in %s (shared by every job with the same config)", directory)
+            model = build_model(cfg.model, data)
+            resume = ckpt.resolve_resume("auto", directory)
+            fit(model, data, cfg.optim, cfg.trainer, None, output_dir=directory, config=config, resume_from=resume)
+            atomic_write(directory / "trained.json", lambda tmp: tmp.write_text(json.dumps({"by": str(Path.cwd())})))
+    return load(best), best
+
+
+def calibration_batches(data: Any, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The first `count` batches of the (epoch-0 ordered) training split: the importance calibration set."""
+    batches = []
+    for inputs, targets in data.train:
+        batches.append((inputs, targets))
+        if len(batches) == count:
+            break
+    return batches
+
+
+def build_options(table: Any, damages: list[dict[frozenset[str], float]]) -> list[list[Choice]]:
+    """Search options: per segment, every variant with its predicted latency and its damage."""
+    options = []
+    for costs, seg_damage in zip(table.segment_costs(), damages):
+        options.append([Choice(variant, latency, max(0.0, seg_damage[variant])) for variant, latency in costs])
+    return options
+
+
+def budget_for(cfg: Any, table: Any) -> tuple[float, float]:
+    """(target end-to-end latency, budget left for the prunable segments) in ms."""
+    baseline = table.predict({"remove": []})
+    target = cfg.prune.target_latency_ms or baseline / cfg.prune.target_speedup
+    return target, target - table.fixed_cost()
+
+
+def choose_plan(cfg: Any, table: Any, options: list[list[Choice]]) -> tuple[dict[str, Any], Any]:
+    """Run the configured search; an unreachable budget names the best achievable speed-up."""
+    target, budget = budget_for(cfg, table)
+    try:
+        kwargs = {"bins": cfg.prune.bins} if cfg.prune.search == "dp" else {}
+        if cfg.prune.search == "random":
+            kwargs = {"seed": cfg.prune.seed}
+        result = search(cfg.prune.search, options, budget, **kwargs)
+    except BudgetError as exc:
+        fastest = table.fixed_cost() + sum(min(c.latency for c in seg) for seg in options)
+        baseline = table.predict({"remove": []})
+        raise BudgetError(
+            f"The target of {target:.3f} ms (baseline {baseline:.3f} ms predicted) cannot be reached: removing and "
+            f"merging every removable unit still takes {fastest:.3f} ms, a best achievable speed-up of "
+            f"{baseline / fastest:.2f}x. Ask for prune.target_speedup below that. ({exc})"
+        ) from exc
+    plan = {"remove": result.removed(options), "merge": cfg.prune.merge}
+    return plan, result
+
+
+class Linearise(Callback):
+    """Fine-tuning callback: fade removed activations to identity over the first part of training."""
+
+    def __init__(self, model: nn.Module, fraction: float):
+        self.model, self.fraction = model, fraction
+
+    def _update(self, trainer: Any) -> None:
+        alpha = 1.0 if self.fraction <= 0 else min(1.0, trainer.progress / self.fraction)
+        surgery.set_linearisation(self.model, alpha)
+
+    def on_train_start(self, trainer: Any) -> None:
+        self._update(trainer)
+
+    def on_step_end(self, trainer: Any) -> None:
+        self._update(trainer)
+
+    def on_epoch_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+        self._update(trainer)
+
+
+def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, logger: Any, output_dir: Path,
+             config: dict) -> tuple[nn.Module, dict[str, float]]:
+    """Apply the plan as a linearised network, fine-tune it (distilling from `baseline`), then merge."""
+    from omegaconf import OmegaConf
+
+    from .training import checkpointing as ckpt
+    from .training import evaluate, fit
+
+    fading = cfg.finetune.linearise_fraction > 0 and cfg.finetune.epochs > 0
+    model = surgery.apply_plan(copy.deepcopy(baseline), {**plan, "merge": False}, blend=fading)
+    if cfg.finetune.epochs > 0:
+        optim_cfg = OmegaConf.merge(cfg.optim, {"lr": cfg.finetune.lr or cfg.optim.lr * 0.3,
+                                                "warmup_epochs": 0})
+        trainer_cfg = OmegaConf.merge(cfg.trainer, {"max_epochs": cfg.finetune.epochs, "resume": None})
+        callback = Linearise(model, cfg.finetune.linearise_fraction)
+        resume = ckpt.resolve_resume("auto", output_dir / "finetune")
+        fit(model, data, optim_cfg, trainer_cfg, logger, teacher=baseline, distill_weight=cfg.finetune.distill_weight,
+            distill_temperature=cfg.finetune.distill_temperature, callbacks=[callback],
+            output_dir=output_dir / "finetune", config=config, resume_from=resume)
+    model = surgery.finalize_merges(model) if cfg.prune.merge else model
+    model.zoo_plan = {"remove": plan["remove"], "merge": cfg.prune.merge}
+    device = next(baseline.parameters()).device
+    metrics = evaluate(model.to(device).eval(), data.val, task=data.task)
+    return model, metrics
+
+
+class DecodeStep(nn.Module):
+    """One recurrent decode step of a language model, with its own (zero) state: the ``decode`` workload."""
+
+    def __init__(self, model: nn.Module, batch_size: int):
+        super().__init__()
+        self.model = model
+        self.state = _state_to(model.init_state(batch_size), next(model.parameters()).device)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, mode="recurrent", state=self.state)
+
+
+def _state_to(state: Any, device: torch.device) -> Any:
+    layers = [None if s is None else s.to(device) for s in state.layers]
+    return type(state)(layers, state.offset)
+
+
+def build_lut(cfg: Any, baseline: nn.Module, data: Any) -> Any:
+    """The latency table of `baseline` for the configured device, batch, dtype, layout and workload."""
+    from .latency import build_table
+    from .latency.device import resolve_device
+
+    p = cfg.prune
+    kwargs: dict[str, Any] = {"input_size": data.input_size}
+    if p.workload == "decode":
+        state = _state_to(baseline.init_state(p.batch_size), resolve_device(p.device))
+        kwargs = {"input_size": (1,), "workload": "decode", "forward_kwargs": {"mode": "recurrent", "state": state}}
+    return build_table(baseline, batch_size=p.batch_size, device=p.device, dtype=p.dtype,
+                       channels_last=p.channels_last, threads=p.threads, cache_dir=p.cache_dir, merge=p.merge,
+                       **kwargs)
+
+
+def measure_side_by_side(table: Any, nets: dict[str, nn.Module]) -> dict[str, dict[str, float]]:
+    """Median latency (ms) and spread of each network, timed in interleaved rounds under the table's conditions.
+
+    Each network also runs in its deploy form (:func:`zoo.fuse`), the fair reference for speed-ups.
+    """
+    from . import fuse
+    from .latency.calibrate import CalibrationSettings, time_networks
+    from .latency.table import prepare
+
+    device = next(table.model.parameters()).device
+    channels_last = table.condition["layout"] == "channels_last"
+    labelled = dict(nets)
+    for name, net in nets.items():
+        labelled[f"{name}_fused"] = fuse(net) if table.example.dim() == 4 else net
+    prepared = [prepare(copy.deepcopy(net), device, channels_last) for net in labelled.values()]
+    if table.condition.get("workload") == "decode":
+        prepared = [DecodeStep(net, table.example.shape[0]) for net in prepared]
+    benches = time_networks(prepared, table.example, {}, table, CalibrationSettings())
+    return {name: {k: round(v, 5) for k, v in bench.summary().items()} for name, bench in zip(labelled, benches)}
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------------------------- the run
+
+
+def run(cfg: Any) -> dict[str, Any]:
+    """Validate, get the baseline, build the table, score, search, fine-tune, measure; write ``results.json``."""
+    from . import get_entry
+    from .training import build_loaders, create_logger, evaluate, seed_everything
+    from .training.config import validate
+    from .training.runner import hydra_context, to_container
+
+    validate(cfg)
+    validate_prune(cfg)
+    timings: dict[str, float] = {}
+    output_dir = Path(cfg.paths.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    config = to_container(cfg)
+    seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
+    data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=get_entry(cfg.model.name).default_cfg)
+    with phase(timings, "baseline"):
+        baseline, baseline_path = load_or_train_baseline(cfg, data, config)
+        baseline.eval()
+    logger = create_logger(cfg.logger, config=config, group=hydra_context().get("group"))
+    exit_code = 1
+    try:
+        with phase(timings, "latency_table"):
+            table = build_lut(cfg, baseline, data)
+            calibration = table.calibrate(cfg.prune.calibrate_plans) if cfg.prune.calibrate_plans else None
+        with phase(timings, "importance"):
+            batches = calibration_batches(data, cfg.prune.calib_batches)
+            key = {"weights": weights_digest(baseline), "score": cfg.prune.importance, "data": config["data"],
+                   "calib_batches": cfg.prune.calib_batches, "segments": [s.name for s in table.segments]}
+            cache = Path(cfg.prune.cache_dir or Path(cfg.paths.log_dir) / "cache")
+            damages, importance_cached = cached_scores(cache, key, lambda: score_variants(
+                baseline, table.segments, batches, cfg.prune.importance, train_batches=batches))
+        with phase(timings, "search"):
+            options = build_options(table, damages)
+            plan_file = output_dir / "plan.json"
+            if plan_file.is_file():  # a rerun of an interrupted job keeps its plan (and resumes fine-tuning)
+                plan, result = json.loads(plan_file.read_text()), None
+            else:
+                plan, result = choose_plan(cfg, table, options)
+                atomic_write(plan_file, lambda tmp: tmp.write_text(json.dumps(plan, indent=1)))
+        with phase(timings, "finetune"):
+            base_metrics = evaluate(baseline, data.val, task=data.task)
+            pruned, pruned_metrics = finetune(cfg, baseline, plan, data, logger, output_dir, config)
+        with phase(timings, "measure"):
+            measured = measure_side_by_side(table, {"baseline": baseline, "pruned": pruned.eval()})
+        checkpoint = save_checkpoint(pruned, output_dir / "pruned.safetensors", metrics=pruned_metrics,
+                                     baseline=str(baseline_path), target_speedup=cfg.prune.target_speedup)
+        results = assemble_results(cfg, table, plan, result, baseline, pruned, base_metrics, pruned_metrics,
+                                   measured, timings, checkpoint, calibration, importance_cached)
+        atomic_write(output_dir / "results.json", lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
+        log_to_wandb(logger, table, options, damages, plan, results)
+        print(format_summary(results))
+        exit_code = 0
+        return results
+    finally:
+        logger.finish(exit_code=exit_code)
+
+
+def _metric_view(metrics: dict[str, float]) -> dict[str, float]:
+    return {(k if k.startswith("val/") else f"val/{k}"): round(float(v), 5) for k, v in metrics.items()}
+
+
+def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn.Module, pruned: nn.Module,
+                     base_metrics: dict, pruned_metrics: dict, measured: dict, timings: dict, checkpoint: Path,
+                     calibration: Any, importance_cached: bool) -> dict[str, Any]:
+    """The ``results.json`` of a prune run (see the prune docs for every field)."""
+    predicted = table.predict(plan)
+    base_ms, pruned_ms = measured["baseline_fused"]["median_ms"], measured["pruned_fused"]["median_ms"]
+    unfused_pruned = measured["pruned"]["median_ms"]
+    return {
+        "model": cfg.model.name,
+        "data": cfg.data.name,
+        "device": table.condition["device_name"],
+        "condition": table.condition,
+        "workload": cfg.prune.workload,
+        "target_speedup": cfg.prune.target_speedup,
+        "target_latency_ms": cfg.prune.target_latency_ms,
+        "search": cfg.prune.search,
+        "importance": cfg.prune.importance,
+        "plan": plan,
+        "search_result": None if result is None else {"latency_ms": result.latency, "damage": result.damage},
+        "baseline": {"latency_ms": base_ms, "latency_unfused_ms": measured["baseline"]["median_ms"],
+                     "predicted_latency_ms": table.predict({"remove": []}), "params": count_params(baseline),
+                     "metrics": _metric_view(base_metrics)},
+        "pruned": {"latency_ms": pruned_ms, "latency_unfused_ms": unfused_pruned, "params": count_params(pruned),
+                   "metrics": _metric_view(pruned_metrics)},
+        "predicted_latency_ms": predicted,
+        "prediction_error": predicted / unfused_pruned - 1.0,
+        "measured_speedup": base_ms / pruned_ms,
+        "measured_speedup_unfused": measured["baseline"]["median_ms"] / unfused_pruned,
+        "measurements": measured,
+        "lut": {"entries": table.n_entries, "measured_now": table.n_measured, "cached": table.n_cached,
+                "build_s": round(table.build_s, 3),
+                "calibration": None if calibration is None else calibration.summary()},
+        "importance_cached": importance_cached,
+        "timings_s": timings,
+        "checkpoint": str(checkpoint),
+    }
+
+
+def format_summary(results: dict[str, Any]) -> str:
+    """A readable console table of a prune run."""
+    base, pruned = results["baseline"], results["pruned"]
+    metric = next(iter(k for k in ("val/acc1", "val/ppl", "val/loss") if k in pruned["metrics"]), None)
+    rows = [("", "baseline", "pruned"),
+            ("latency ms (measured)", f"{base['latency_ms']:.3f}", f"{pruned['latency_ms']:.3f}"),
+            ("latency ms (predicted)", f"{base['predicted_latency_ms']:.3f}", f"{results['predicted_latency_ms']:.3f}"),
+            ("params", f"{base['params']:,}", f"{pruned['params']:,}")]
+    if metric:
+        rows.append((metric, f"{base['metrics'].get(metric, float('nan')):.3f}", f"{pruned['metrics'][metric]:.3f}"))
+    lines = [f"{a:<24}{b:>14}{c:>14}" for a, b, c in rows]
+    lines.append(f"measured speed-up {results['measured_speedup']:.2f}x (target {results['target_speedup']}x) on "
+                 f"{results['device']}; table prediction error {results['prediction_error']:+.1%}; "
+                 f"{len(results['plan']['remove'])} unit(s) removed")
+    return "\n".join(lines)
+
+
+def log_to_wandb(logger: Any, table: Any, options: list, damages: list, plan: dict, results: dict) -> None:
+    """Lookup and importance tables, the plan, the surrogate's Pareto front with the chosen point, final metrics."""
+    run = getattr(logger, "run", None)
+    flat = {f"prune/{k}": v for k, v in results.items() if isinstance(v, (int, float))}
+    for side in ("baseline", "pruned"):
+        flat.update({f"{side}/latency_ms": results[side]["latency_ms"], f"{side}/params": results[side]["params"]})
+        flat.update({f"{side}/{k}": v for k, v in results[side]["metrics"].items()})
+    logger.summary(flat)
+    if run is None:
+        return
+    import wandb
+
+    lut_rows = [[seg.name, "|".join(sorted(v)) or "unchanged", cost, damages[i].get(v, 0.0)]
+                for i, (seg, costs) in enumerate(zip(table.segments, table.segment_costs())) for v, cost in costs]
+    run.log({
+        "prune/lookup_table": wandb.Table(columns=["segment", "variant", "latency_ms", "damage"], data=lut_rows),
+        "prune/plan": wandb.Table(columns=["removed unit"], data=[[u] for u in plan["remove"]]),
+        "prune/pareto": wandb.Image(pareto_figure(table, options, results)),
+    })
+    run.summary["prune/plan_json"] = json.dumps(plan)
+
+
+def pareto_figure(table: Any, options: list, results: dict) -> Any:
+    """Predicted latency vs retained importance along the DP front, with the chosen and measured points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fixed = table.fixed_cost()
+    front = pareto_front(options)
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot([fixed + lat for lat, _ in front], [-d for _, d in front], "o-", ms=3, label="DP front (predicted)")
+    if results.get("search_result"):
+        ax.plot(results["predicted_latency_ms"], -results["search_result"]["damage"], "r*", ms=12, label="chosen plan")
+        ax.axvline(results["pruned"]["latency_unfused_ms"], color="g", ls="--", label="measured latency")
+    ax.set_xlabel("latency (ms)")
+    ax.set_ylabel("-(importance lost)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
