@@ -1,0 +1,67 @@
+"""Zoo vs timm: eval latency of the same architecture with the same weights, eager and fused, side by side.
+
+``python -m benchmarks.zoo_vs_timm [--device cpu|cuda] [--batch-sizes 1 32] [--quick]``. Target: eager ratio
+zoo/timm <= 1.05, the fused (deploy) form faster than timm's eager model.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import timm
+import torch
+
+import zoo
+from benchmarks.common import environment, interleaved, markdown_table, write_result
+
+MODELS = ("mobilenetv2_100", "tresnet_m", "resnetv2_50x1_bit")
+
+
+def compare(name: str, batch: int, size: int, device: str, threads: int, rounds: int) -> dict[str, Any]:
+    """One row: timm eager, zoo eager and zoo fused on identical weights and input, interleaved."""
+    torch.manual_seed(0)
+    reference = timm.create_model(name).eval()
+    ours = zoo.create_model(name)
+    ours.load_state_dict(reference.state_dict())
+    ours.eval()
+    fused = zoo.fuse(ours)
+    x = torch.randn(batch, 3, size, size)
+    dev = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    nets = {"timm": reference.to(dev), "zoo": ours.to(dev), "zoo_fused": fused.to(dev)}
+    with torch.no_grad():
+        diff = (nets["timm"](x.to(dev)) - nets["zoo"](x.to(dev))).abs().max().item()
+    stats = interleaved(nets, (x.to(dev),), device=dev, threads=threads, rounds=rounds,
+                        runs_per_round=3 if batch > 1 else 5)
+    t, z, f = (stats[k]["median_ms"] for k in ("timm", "zoo", "zoo_fused"))
+    return {"model": name, "size": size, **environment(dev, torch.float32, batch, threads),
+            "timm_ms": t, "zoo_ms": z, "zoo_fused_ms": f, "eager_ratio": z / t, "fused_ratio": f / t,
+            "noise_timm": stats["timm"]["rel_uncertainty"], "max_abs_logit_diff": diff}
+
+
+def run(quick: bool = False, device: str = "auto", batch_sizes: tuple[int, ...] = (1, 32), threads: int = 1,
+        out: str | None = None) -> dict[str, Any]:
+    models = ("mobilenetv2_035",) if quick else MODELS
+    sizes = (1,) if quick else batch_sizes
+    rows = [compare(m, b, 64 if quick else 224, device, threads, rounds=2 if quick else 12)
+            for m in models for b in sizes]
+    result = {"suite": "zoo_vs_timm", "rows": rows}
+    write_result("zoo_vs_timm", result, out)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    result = run(args.quick, args.device, tuple(args.batch_sizes), args.threads, args.out)
+    print(markdown_table(result["rows"], ["model", "batch", "timm_ms", "zoo_ms", "zoo_fused_ms", "eager_ratio",
+                                          "fused_ratio", "device", "dtype", "threads", "torch"]))
+
+
+if __name__ == "__main__":
+    main()
