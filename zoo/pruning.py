@@ -57,6 +57,9 @@ class PruneSettings:
     calibrate_plans: int = 0
     cache_dir: str | None = None
     workload: str = "forward"
+    plan: str | None = None
+    lut: dict[str, Any] = field(default_factory=dict)
+    measure: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -170,6 +173,19 @@ def load_or_train_baseline(cfg: Any, data: Any, config: dict) -> tuple[nn.Module
     return load(best), best
 
 
+def read_plan(path: str | Path, baseline: nn.Module) -> dict[str, Any]:
+    """A plan from a JSON file, checked against the model before any long work (raises PlanError)."""
+    from .errors import PlanError
+
+    try:
+        plan = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"Cannot read plan file {path}: {exc}. A plan file is JSON such as "
+                        '{"remove": ["blocks.2.1"], "merge": true}.') from exc
+    surgery.apply_plan(copy.deepcopy(baseline), plan)
+    return {"remove": list(plan.get("remove", [])), "merge": bool(plan.get("merge", True))}
+
+
 def calibration_batches(data: Any, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The first `count` batches of the (epoch-0 ordered) training split: the importance calibration set."""
     batches = []
@@ -280,11 +296,13 @@ def _state_to(state: Any, device: torch.device) -> Any:
 
 def build_lut(cfg: Any, baseline: nn.Module, data: Any) -> Any:
     """The latency table of `baseline` for the configured device, batch, dtype, layout and workload."""
-    from .latency import build_table
+    from .latency import TableSettings, build_table
     from .latency.device import resolve_device
 
     p = cfg.prune
     kwargs: dict[str, Any] = {"input_size": data.input_size}
+    if p.lut:
+        kwargs["settings"] = TableSettings(**dict(p.lut))
     if p.workload == "decode":
         state = _state_to(baseline.init_state(p.batch_size), resolve_device(p.device))
         kwargs = {"input_size": (1,), "workload": "decode", "forward_kwargs": {"mode": "recurrent", "state": state}}
@@ -293,7 +311,8 @@ def build_lut(cfg: Any, baseline: nn.Module, data: Any) -> Any:
                        **kwargs)
 
 
-def measure_side_by_side(table: Any, nets: dict[str, nn.Module]) -> dict[str, dict[str, float]]:
+def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: dict[str, Any] | None = None
+                         ) -> dict[str, dict[str, float]]:
     """Median latency (ms) and spread of each network, timed in interleaved rounds under the table's conditions.
 
     Each network also runs in its deploy form (:func:`zoo.fuse`), the fair reference for speed-ups.
@@ -310,7 +329,7 @@ def measure_side_by_side(table: Any, nets: dict[str, nn.Module]) -> dict[str, di
     prepared = [prepare(copy.deepcopy(net), device, channels_last) for net in labelled.values()]
     if table.condition.get("workload") == "decode":
         prepared = [DecodeStep(net, table.example.shape[0]) for net in prepared]
-    benches = time_networks(prepared, table.example, {}, table, CalibrationSettings())
+    benches = time_networks(prepared, table.example, {}, table, CalibrationSettings(**(settings or {})))
     return {name: {k: round(v, 5) for k, v in bench.summary().items()} for name, bench in zip(labelled, benches)}
 
 
@@ -339,13 +358,14 @@ def run(cfg: Any) -> dict[str, Any]:
     with phase(timings, "baseline"):
         baseline, baseline_path = load_or_train_baseline(cfg, data, config)
         baseline.eval()
+        given_plan = read_plan(cfg.prune.plan, baseline) if cfg.prune.plan else None
     logger = create_logger(cfg.logger, config=config, group=hydra_context().get("group"))
     exit_code = 1
     try:
         with phase(timings, "latency_table"):
             table = build_lut(cfg, baseline, data)
             calibration = table.calibrate(cfg.prune.calibrate_plans) if cfg.prune.calibrate_plans else None
-        with phase(timings, "importance"):
+        with phase(timings, "importance"):  # (also with a given plan: it is logged beside the table)
             batches = calibration_batches(data, cfg.prune.calib_batches)
             key = {"weights": weights_digest(baseline), "score": cfg.prune.importance, "data": config["data"],
                    "calib_batches": cfg.prune.calib_batches, "segments": [s.name for s in table.segments]}
@@ -355,7 +375,9 @@ def run(cfg: Any) -> dict[str, Any]:
         with phase(timings, "search"):
             options = build_options(table, damages)
             plan_file = output_dir / "plan.json"
-            if plan_file.is_file():  # a rerun of an interrupted job keeps its plan (and resumes fine-tuning)
+            if given_plan is not None:
+                plan, result = given_plan, None
+            elif plan_file.is_file():  # a rerun of an interrupted job keeps its plan (and resumes fine-tuning)
                 plan, result = json.loads(plan_file.read_text()), None
             else:
                 plan, result = choose_plan(cfg, table, options)
@@ -364,7 +386,8 @@ def run(cfg: Any) -> dict[str, Any]:
             base_metrics = evaluate(baseline, data.val, task=data.task)
             pruned, pruned_metrics = finetune(cfg, baseline, plan, data, logger, output_dir, config)
         with phase(timings, "measure"):
-            measured = measure_side_by_side(table, {"baseline": baseline, "pruned": pruned.eval()})
+            measured = measure_side_by_side(table, {"baseline": baseline, "pruned": pruned.eval()},
+                                            dict(cfg.prune.measure))
         checkpoint = save_checkpoint(pruned, output_dir / "pruned.safetensors", metrics=pruned_metrics,
                                      baseline=str(baseline_path), target_speedup=cfg.prune.target_speedup)
         results = assemble_results(cfg, table, plan, result, baseline, pruned, base_metrics, pruned_metrics,

@@ -1,0 +1,142 @@
+"""prune.py end to end on tiny configs (digits, bytes), its results and W&B run, and its bad-input errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import zoo
+
+from .wandb_reader import find_run_files, read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST_LUT = ["++prune.lut={warmup_s: 0.2, entry_warmup_s: 0.01, min_rounds: 3, max_rounds: 6}",
+            "++prune.measure={warmup_s: 0.2, net_warmup_s: 0.02, min_rounds: 3, max_rounds: 6}"]
+TINY = ["model=mobilenetv2_035", "data.image_size=16", "data.batch_size=32", "trainer.max_epochs=1",
+        "trainer.limit_train_batches=4", "trainer.progress=false", "optim.warmup_epochs=0", "prune.batch_size=2",
+        "prune.calib_batches=1", "finetune.epochs=1", "finetune.linearise_fraction=0.5", *FAST_LUT]
+TINY_LM = ["model=retnet_tiny", "data=bytes", "data.seq_len=32", "data.batch_size=8", "trainer.max_epochs=1",
+           "trainer.limit_train_batches=4", "trainer.limit_val_batches=2", "trainer.progress=false",
+           "optim.warmup_epochs=0", "prune.batch_size=2", "prune.calib_batches=1", "finetune.epochs=1",
+           "prune.target_speedup=1.25", *FAST_LUT]
+
+
+def run_prune(*overrides: str, base: Path, run_dir: Path | None = None, timeout: float = 300
+              ) -> subprocess.CompletedProcess:
+    run_dir = run_dir or base / "run"
+    env = {**os.environ, "WANDB_DIR": str(base), "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1",
+           "OMP_NUM_THREADS": "1"}  # tiny models: one thread is as fast, and immune to a busy machine
+    cmd = [sys.executable, str(ROOT / "prune.py"), *overrides, f"hydra.run.dir={run_dir}",
+           f"paths.log_dir={base / 'outputs'}", f"prune.cache_dir={base / 'cache'}"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=base)
+
+
+@pytest.fixture(scope="module")
+def digits_prune(tmp_path_factory):
+    base = tmp_path_factory.mktemp("prune_digits")
+    proc = run_prune(*TINY, base=base)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return base, proc
+
+
+def test_prune_py_digits_end_to_end(digits_prune):
+    base, proc = digits_prune
+    results = json.loads((base / "run" / "results.json").read_text())
+    for key in ("model", "device", "target_speedup", "plan", "baseline", "pruned", "predicted_latency_ms",
+                "measured_speedup", "lut", "timings_s", "checkpoint"):
+        assert key in results
+    assert results["model"] == "mobilenetv2_035" and results["plan"]["remove"]
+    for side in ("baseline", "pruned"):
+        assert results[side]["latency_ms"] > 0 and results[side]["params"] > 0 and "val/acc1" in results[side][
+            "metrics"]
+    assert results["pruned"]["params"] < results["baseline"]["params"]
+    assert results["lut"]["entries"] > 0 and results["lut"]["measured_now"] > 0
+    assert set(results["timings_s"]) >= {"baseline", "latency_table", "importance", "search", "finetune", "measure"}
+    assert "measured speed-up" in proc.stdout
+    pruned = zoo.load(results["checkpoint"]).eval()  # rebuilt from the plan in the checkpoint
+    assert pruned.zoo_plan["remove"] == results["plan"]["remove"]
+    assert sum(p.numel() for p in pruned.parameters()) == results["pruned"]["params"]
+    with torch.no_grad():
+        assert pruned(torch.zeros(1, 3, 16, 16)).shape == (1, 10)
+
+
+def test_prune_wandb_run_holds_tables_plan_and_results(digits_prune):
+    base, _ = digits_prune
+    results = json.loads((base / "run" / "results.json").read_text())
+    (run_file,) = find_run_files(base / "run")
+    run = read_run(run_file)
+    assert run.exit_code == 0
+    assert run.summary["pruned/latency_ms"] == pytest.approx(results["pruned"]["latency_ms"])
+    assert run.summary["prune/measured_speedup"] == pytest.approx(results["measured_speedup"])
+    assert json.loads(run.summary["prune/plan_json"])["remove"] == results["plan"]["remove"]
+    logged = {k for row in run.history for k in row}
+    for media in ("prune/lookup_table", "prune/plan", "prune/pareto"):
+        assert f"{media}/_type" in logged
+    assert any(k.startswith("train/") for k in logged)  # the fine-tuning curves
+    media = list((run_file.parent / "files" / "media").rglob("*"))
+    assert any(p.suffix == ".png" for p in media) and any(p.name.endswith(".table.json") for p in media)
+
+
+def test_second_job_reuses_baseline_table_and_importance(digits_prune):
+    base, _ = digits_prune
+    proc = run_prune(*TINY, "prune.target_speedup=1.25", "logger=none", base=base, run_dir=base / "run2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((base / "run2" / "results.json").read_text())
+    assert results["lut"]["measured_now"] == 0 and results["importance_cached"] is True
+    assert "training the baseline" not in proc.stdout + proc.stderr
+    assert len(list((base / "outputs" / "baselines").iterdir())) == 1
+
+
+def test_given_plan_file_and_bad_plan_file(digits_prune, tmp_path):
+    base, _ = digits_prune
+    good = tmp_path / "plan.json"
+    good.write_text(json.dumps({"remove": ["blocks.2.1", "blocks.3.1.bn1.act"]}))
+    proc = run_prune(*TINY, f"prune.plan={good}", "logger=none", "finetune.epochs=0", base=base,
+                     run_dir=tmp_path / "given")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "given" / "results.json").read_text())["plan"]["remove"] == [
+        "blocks.2.1", "blocks.3.1.bn1.act"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"remove": ["body.layer1.0"]}))
+    proc = run_prune(*TINY, f"prune.plan={bad}", "logger=none", base=base, run_dir=tmp_path / "bad")
+    assert proc.returncode == 2 and "not depth units" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["prune.target_speedup=1.0"], "must be greater than 1"),
+    (["prune.target_speedup=50"], "best achievable speed-up"),
+    (["prune.device=cuda:7"], "cuda"),
+    (["prune.search=annealing"], "allowed: dp, greedy, random"),
+    (["prune.workload=decode"], "recurrent language model"),
+])
+def test_bad_input_is_a_clear_error(digits_prune, overrides, message, tmp_path):
+    base, _ = digits_prune
+    proc = run_prune(*TINY, "logger=none", *overrides, base=base, run_dir=tmp_path / "run")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stdout + proc.stderr
+
+
+def test_checkpoint_of_another_model_is_refused(digits_prune, tmp_path):
+    base, _ = digits_prune
+    other = zoo.save_checkpoint(zoo.create_model("mobilenetv2_050", num_classes=10), tmp_path / "other.safetensors")
+    proc = run_prune(*TINY, f"checkpoint={other}", "logger=none", base=base, run_dir=tmp_path / "run")
+    assert proc.returncode == 2 and "holds model 'mobilenetv2_050'" in proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(not zoo.is_model("retnet_tiny"), reason="RetNet not available")
+@pytest.mark.parametrize("workload", ["forward", "decode"])
+def test_prune_py_bytes_language_model(workload, tmp_path):
+    proc = run_prune(*TINY_LM, f"prune.workload={workload}", base=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["workload"] == workload and results["plan"]["remove"]
+    assert all(name.endswith((".retention", ".ffn")) for name in results["plan"]["remove"])
+    assert "val/ppl" in results["pruned"]["metrics"] and results["measured_speedup"] > 1.0
+    (run_file,) = find_run_files(tmp_path / "run")
+    assert read_run(run_file).summary["pruned/val/ppl"] == pytest.approx(results["pruned"]["metrics"]["val/ppl"])
