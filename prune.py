@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import traceback
 from pathlib import Path
 
 import hydra
@@ -39,12 +40,20 @@ def main(cfg: DictConfig) -> float | None:
 
     try:
         results = run(cfg)
-    except (ZooError, TrainingInterrupted) as exc:
-        log.error("%s: %s", type(exc).__name__, exc)
+    except Exception as exc:  # noqa: BLE001 - in a sweep, one failing job must not stop the others
+        expected = isinstance(exc, (ZooError, TrainingInterrupted))
+        if expected:
+            log.error("%s: %s", type(exc).__name__, exc)
         if _in_multirun():
+            if not expected:
+                log.exception("job failed")
             failed = Path(cfg.paths.output_dir) / "failed.json"
-            failed.write_text(json.dumps({"error": type(exc).__name__, "message": str(exc)}, indent=2))
+            failed.parent.mkdir(parents=True, exist_ok=True)
+            failed.write_text(json.dumps({"error": type(exc).__name__, "message": str(exc),
+                                          "traceback": traceback.format_exc()}, indent=2))
             return None
+        if not expected:
+            raise
         code = 128 + exc.signum if isinstance(exc, TrainingInterrupted) else 2
         raise SystemExit(code) from None
     metrics = results["pruned"]["metrics"]

@@ -58,6 +58,7 @@ class PruneSettings:
     cache_dir: str | None = None
     workload: str = "forward"
     plan: str | None = None
+    force: bool = False
     lut: dict[str, Any] = field(default_factory=dict)
     measure: dict[str, Any] = field(default_factory=dict)
 
@@ -294,6 +295,17 @@ def _state_to(state: Any, device: torch.device) -> Any:
     return type(state)(layers, state.offset)
 
 
+def device_lock(cfg: Any) -> FileLock:
+    """One timing at a time per device and cache: concurrent sweep jobs take turns to build tables and measure."""
+    from .latency.cache import default_cache_dir
+    from .latency.device import device_name, resolve_device
+
+    name = "".join(c if c.isalnum() else "-" for c in device_name(resolve_device(cfg.prune.device)))
+    directory = Path(cfg.prune.cache_dir or default_cache_dir())
+    directory.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(directory / f"timing-{name}.lock"))
+
+
 def build_lut(cfg: Any, baseline: nn.Module, data: Any) -> Any:
     """The latency table of `baseline` for the configured device, batch, dtype, layout and workload."""
     from .latency import TableSettings, build_table
@@ -352,6 +364,10 @@ def run(cfg: Any) -> dict[str, Any]:
     timings: dict[str, float] = {}
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    finished = output_dir / "results.json"
+    if finished.is_file() and not cfg.prune.force:  # a rerun of a sweep skips the jobs that finished
+        _log.info("%s exists: this job already finished (prune.force=true runs it again)", finished)
+        return json.loads(finished.read_text())
     config = to_container(cfg)
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=get_entry(cfg.model.name).default_cfg)
@@ -359,10 +375,10 @@ def run(cfg: Any) -> dict[str, Any]:
         baseline, baseline_path = load_or_train_baseline(cfg, data, config)
         baseline.eval()
         given_plan = read_plan(cfg.prune.plan, baseline) if cfg.prune.plan else None
-    logger = create_logger(cfg.logger, config=config, group=hydra_context().get("group"))
+    logger = create_logger(job_logger_cfg(cfg), config=config, group=hydra_context().get("group"))
     exit_code = 1
     try:
-        with phase(timings, "latency_table"):
+        with phase(timings, "latency_table"), device_lock(cfg):
             table = build_lut(cfg, baseline, data)
             calibration = table.calibrate(cfg.prune.calibrate_plans) if cfg.prune.calibrate_plans else None
         with phase(timings, "importance"):  # (also with a given plan: it is logged beside the table)
@@ -385,7 +401,7 @@ def run(cfg: Any) -> dict[str, Any]:
         with phase(timings, "finetune"):
             base_metrics = evaluate(baseline, data.val, task=data.task)
             pruned, pruned_metrics = finetune(cfg, baseline, plan, data, logger, output_dir, config)
-        with phase(timings, "measure"):
+        with phase(timings, "measure"), device_lock(cfg):
             measured = measure_side_by_side(table, {"baseline": baseline, "pruned": pruned.eval()},
                                             dict(cfg.prune.measure))
         checkpoint = save_checkpoint(pruned, output_dir / "pruned.safetensors", metrics=pruned_metrics,
@@ -399,6 +415,21 @@ def run(cfg: Any) -> dict[str, Any]:
         return results
     finally:
         logger.finish(exit_code=exit_code)
+
+
+def job_logger_cfg(cfg: Any) -> Any:
+    """The logger config; in a multirun each W&B run is named after its job's overrides (same group)."""
+    from omegaconf import OmegaConf
+
+    from .training.runner import hydra_context
+
+    context = hydra_context()
+    if cfg.logger.run_name or "job_num" not in context:
+        return cfg.logger
+    from hydra.core.hydra_config import HydraConfig
+
+    name = HydraConfig.get().job.override_dirname or f"job{context['job_num']}"
+    return OmegaConf.merge(cfg.logger, {"run_name": name})
 
 
 def _metric_view(metrics: dict[str, float]) -> dict[str, float]:

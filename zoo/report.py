@@ -17,6 +17,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
+
 from .checkpoint import atomic_write
 from .errors import ZooError
 
@@ -187,7 +189,7 @@ def _log_wandb(root: Path, rows: list[dict[str, Any]], paths: dict[str, str]) ->
         run.finish()
 
 
-class ReportCallback:
+class ReportCallback(Callback):
     """Hydra callback: ``hydra.callbacks.report._target_: zoo.report.ReportCallback`` reports each sweep at its end."""
 
     def __init__(self, allow_mixed_devices: bool = False, log_wandb: bool = False):
@@ -200,11 +202,6 @@ class ReportCallback:
                   f"{len(result['problems'])} without results)")
         except ReportError as exc:
             print(f"report: {exc}", file=sys.stderr)
-
-    def __getattr__(self, name: str) -> Any:  # the other Hydra callback hooks do nothing
-        if name.startswith("on_"):
-            return lambda *args, **kwargs: None
-        raise AttributeError(name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,98 @@
+"""Pruning studies: a joblib sweep sharing one baseline and one latency table, and its report."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zoo.report import ReportError, make_report
+
+from .test_prune import TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_sweep(base: Path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_DIR": str(base), "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "prune.py"), "-m", *TINY, *overrides, f"hydra.sweep.dir={base / 'sweep'}",
+           f"paths.log_dir={base / 'outputs'}", f"prune.cache_dir={base / 'cache'}"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=base)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    base = tmp_path_factory.mktemp("study")
+    proc = run_sweep(base, "prune.target_speedup=1.25,1.5", "prune.search=dp,greedy", "hydra/launcher=joblib",
+                     "hydra.launcher.n_jobs=2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return base, proc
+
+
+def job_results(base: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((base / "sweep").glob("*/results.json"))]
+
+
+def test_joblib_sweep_writes_results_and_report(sweep):
+    base, _ = sweep
+    results = job_results(base)
+    assert len(results) == 4
+    assert {(r["target_speedup"], r["search"]) for r in results} == {(1.25, "dp"), (1.25, "greedy"), (1.5, "dp"),
+                                                                      (1.5, "greedy")}
+    for name in ("report.csv", "report.md", "pareto.png"):
+        assert (base / "sweep" / name).stat().st_size > 0
+    report = (base / "sweep" / "report.md").read_text()
+    assert "## mobilenetv2_035" in report and report.count("| dp |") == 2 and report.count("| greedy |") == 2
+
+
+def test_jobs_share_one_baseline_one_table_and_group_their_wandb_runs(sweep):
+    base, proc = sweep
+    results = job_results(base)
+    baselines = list((base / "outputs" / "baselines").iterdir())
+    assert len(baselines) == 1 and len(list(baselines[0].glob("trained.json"))) == 1
+    measured = [r["lut"]["measured_now"] for r in results]
+    assert sorted(measured)[:-1] == [0, 0, 0] and max(measured) > 0  # one job measured, three read the cache
+    assert sum(not r["importance_cached"] for r in results) == 1
+    from .wandb_reader import find_run_files, read_run
+
+    runs = [read_run(f).run for f in find_run_files(base)]
+    runs = [r for r in runs if r["name"] != "report"]
+    assert len(runs) == 4 and len({r["group"] for r in runs}) == 1 and len({r["name"] for r in runs}) == 4
+
+
+def test_rerun_skips_finished_jobs(sweep):
+    base, _ = sweep
+    before = {p: p.stat().st_mtime for p in (base / "sweep").glob("*/results.json")}
+    proc = run_sweep(base, "prune.target_speedup=1.25,1.5", "prune.search=dp,greedy", "logger=none")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {p: p.stat().st_mtime for p in (base / "sweep").glob("*/results.json")} == before
+    assert (proc.stdout + proc.stderr).count("already finished") == 4
+
+
+def test_report_lists_failed_and_missing_jobs_and_refuses_mixed_devices(sweep, tmp_path):
+    base, _ = sweep
+    copy = tmp_path / "sweep"
+    shutil.copytree(base / "sweep", copy)
+    jobs = sorted(p.parent for p in copy.glob("*/results.json"))
+    (jobs[0] / "results.json").unlink()
+    (jobs[0] / "failed.json").write_text(json.dumps({"error": "BudgetError", "message": "cannot be reached"}))
+    (jobs[1] / "results.json").unlink()
+    result = make_report(copy)
+    assert len(result["rows"]) == 2
+    problems = {(p["job"], p["status"]) for p in result["problems"]}
+    assert problems == {(jobs[0].name, "failed"), (jobs[1].name, "missing")}
+    assert "cannot be reached" in (copy / "report.md").read_text()
+    other = json.loads((jobs[2] / "results.json").read_text())
+    other["condition"] = {**other["condition"], "device_name": "NVIDIA H200"}
+    other["device"] = "NVIDIA H200"
+    (jobs[2] / "results.json").write_text(json.dumps(other))
+    with pytest.raises(ReportError, match="different devices"):
+        make_report(copy)
+    assert len(make_report(copy, allow_mixed_devices=True)["rows"]) == 2
+    cli = subprocess.run([sys.executable, "-m", "zoo.report", str(tmp_path / "nope")], capture_output=True, text=True)
+    assert cli.returncode == 2 and "does not exist" in cli.stderr
