@@ -82,7 +82,8 @@ def dp_search(options: Sequence[Sequence[Choice]], budget: float, bins: int = 10
             new[better], arg[better] = shifted[better], i
         best = new
         picks.append(arg)
-    end = int(np.argmin(best))
+    lowest = best.min()
+    end = int(np.flatnonzero(best <= lowest + 1e-12)[-1])  # among equal damage, the slowest plan: fewest changes
     if not math.isfinite(best[end]):
         raise BudgetError(f"No combination fits the budget of {budget:.4g} ms at {bins} bins; raise `bins`.")
     chosen = []
