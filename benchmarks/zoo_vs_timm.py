@@ -50,6 +50,11 @@ def run(quick: bool = False, device: str = "auto", batch_sizes: tuple[int, ...] 
     return result
 
 
+def markdown(result: dict[str, Any]) -> str:
+    return markdown_table(result["rows"], ["model", "batch", "timm_ms", "zoo_ms", "zoo_fused_ms", "eager_ratio",
+                                           "fused_ratio", "device", "dtype", "threads", "torch"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
@@ -58,9 +63,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    result = run(args.quick, args.device, tuple(args.batch_sizes), args.threads, args.out)
-    print(markdown_table(result["rows"], ["model", "batch", "timm_ms", "zoo_ms", "zoo_fused_ms", "eager_ratio",
-                                          "fused_ratio", "device", "dtype", "threads", "torch"]))
+    print(markdown(run(args.quick, args.device, tuple(args.batch_sizes), args.threads, args.out)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""Pruned vs unpruned: measured speed-up, metric and table prediction error per model and target, plus DP vs
+greedy vs random at the same budget. ``python -m benchmarks.prune_speedup [--quick] [--device cpu|cuda]``.
+
+Every run is a real ``prune.py`` run (the library entry :func:`zoo.pruning.run` on a composed config): baseline
+trained once per model on the embedded data (digits, bytes), table on the device, search, fine-tune, measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import markdown_table, write_result
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+MODELS = {  # model: overrides that make it fit the embedded data and this machine
+    "mobilenetv2_050": ["data=digits"],
+    "tresnet_m": ["data=digits", "data.batch_size=32", "trainer.max_epochs=4", "prune.batch_size=8"],
+    "resnetv2_50x1_bit": ["data=digits", "data.batch_size=32", "trainer.max_epochs=4", "prune.batch_size=8"],
+    "retnet_small": ["data=bytes", "trainer.max_epochs=2", "prune.batch_size=8"],
+}
+QUICK = ["data.image_size=16", "trainer.max_epochs=1", "trainer.limit_train_batches=3", "finetune.epochs=1",
+         "prune.batch_size=2", "prune.calib_batches=1", "++prune.lut={warmup_s: 0.2, min_rounds: 3, max_rounds: 5}",
+         "++prune.measure={warmup_s: 0.2, min_rounds: 3, max_rounds: 5}"]
+
+
+def compose(overrides: list[str], output_dir: Path) -> Any:
+    """A real Hydra composition of conf/prune.yaml, outside a Hydra run (output dir given explicitly)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from zoo.pruning import register_configs
+    from zoo.training.distributed import register_resolvers
+
+    register_configs(CONF)
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose(config_name="prune", overrides=[*overrides, f"paths.output_dir={output_dir}"])
+
+
+def prune_once(model: str, target: float, method: str, extra: list[str], root: Path) -> dict[str, Any]:
+    """One prune run; returns the row of its results."""
+    from zoo.pruning import run
+
+    out = root / f"{model}-{target}-{method}"
+    cfg = compose([f"model={model}", *extra, f"prune.target_speedup={target}", f"prune.search={method}",
+                   "logger=none", "trainer.progress=false", f"paths.log_dir={root}", f"prune.cache_dir={root}/cache"],
+                  out)
+    results = run(cfg)
+    metric = next(k for k in ("val/acc1", "val/ppl") if k in results["pruned"]["metrics"])
+    return {"model": model, "target": target, "search": method, "device": results["device"],
+            "dtype": results["condition"]["dtype"], "batch": results["condition"]["batch_size"],
+            "threads": results["condition"]["threads"], "torch": results["condition"]["torch"],
+            "baseline_ms": results["baseline"]["latency_ms"], "pruned_ms": results["pruned"]["latency_ms"],
+            "speedup": results["measured_speedup"], "predicted_ms": results["predicted_latency_ms"],
+            "prediction_error": results["prediction_error"], "metric": metric,
+            "before": results["baseline"]["metrics"][metric], "after": results["pruned"]["metrics"][metric],
+            "damage": (results["search_result"] or {}).get("damage"), "removed": len(results["plan"]["remove"])}
+
+
+def run(quick: bool = False, device: str = "auto", models: list[str] | None = None,
+        targets: tuple[float, ...] = (1.25, 1.5, 2.0), out: str | None = None, workdir: str | None = None
+        ) -> dict[str, Any]:
+    models = models or (["mobilenetv2_035"] if quick else list(MODELS))
+    targets = (1.5,) if quick else targets
+    root = Path(workdir or tempfile.mkdtemp(prefix="prune_speedup-"))
+    rows = []
+    for model in models:
+        extra = [*MODELS.get(model, ["data=digits"]), f"prune.device={device}", *(QUICK if quick else [])]
+        methods = ("dp", "greedy", "random") if model.startswith("mobilenetv2") else ("dp",)
+        for target in targets:
+            for method in methods:
+                rows.append(prune_once(model, target, method, extra, root))
+    result = {"suite": "prune_speedup", "rows": rows, "workdir": str(root)}
+    write_result("prune_speedup", result, out)
+    return result
+
+
+def markdown(result: dict[str, Any]) -> str:
+    return markdown_table(result["rows"], ["model", "target", "search", "baseline_ms", "pruned_ms", "speedup",
+                                           "prediction_error", "metric", "before", "after", "removed", "device",
+                                           "dtype", "batch", "threads", "torch"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--models", nargs="+", default=None)
+    parser.add_argument("--targets", type=float, nargs="+", default=[1.25, 1.5, 2.0])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--workdir", default=None, help="where baselines, caches and runs go (default: a temp dir)")
+    args = parser.parse_args(argv)
+    print(markdown(run(args.quick, args.device, args.models, tuple(args.targets), args.out, args.workdir)))
+
+
+if __name__ == "__main__":
+    main()

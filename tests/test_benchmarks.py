@@ -1,0 +1,49 @@
+"""The benchmark entry point and the GPU check run their smallest configurations (smoke tests, no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.__main__ import update_docs
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+
+
+def test_entry_point_runs_quick_suites(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "run", "zoo_vs_timm", "prune_speedup", "--quick",
+                           "--out", str(tmp_path), "--device", "cpu"], capture_output=True, text=True, cwd=ROOT,
+                          env={**ENV, "WANDB_DIR": str(tmp_path)}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "## zoo_vs_timm" in proc.stdout and "## prune_speedup" in proc.stdout
+    rows = json.loads((tmp_path / "prune_speedup.json").read_text())["rows"]
+    assert {r["search"] for r in rows} == {"dp", "greedy", "random"} and all(r["speedup"] > 0 for r in rows)
+    listing = subprocess.run([sys.executable, "-m", "benchmarks", "run", "nope"], capture_output=True, text=True,
+                             cwd=ROOT)
+    assert listing.returncode == 2 and "unknown suite" in listing.stderr
+
+
+def test_gpu_check_dry_run_on_cpu(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu"],
+                          capture_output=True, text=True, env={**ENV, "OUT": str(tmp_path), "TMPDIR": str(tmp_path)},
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert set(report["steps"]) == {"measurement", "lut", "prune_search", "retnet_decode", "fla"}
+    assert all(step["ok"] for step in report["steps"].values())
+    assert report["steps"]["lut"]["mobilenetv2_035"]["entries"] > 0
+    assert report["steps"]["prune_search"]["target_1.5"]["measured_ms"] > 0
+
+
+def test_docs_sections_are_replaced_in_place(tmp_path):
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# Benchmarks\n\nintro\n")
+    update_docs("zoo_vs_timm", "| a |\n|---|\n| 1 |", "python -m benchmarks run zoo_vs_timm", docs)
+    update_docs("zoo_vs_timm", "| a |\n|---|\n| 2 |", "python -m benchmarks run zoo_vs_timm", docs)
+    text = docs.read_text()
+    assert text.count("<!-- suite:zoo_vs_timm -->") == 1 and "| 2 |" in text and "| 1 |" not in text
+    assert text.startswith("# Benchmarks\n\nintro")
