@@ -1,0 +1,239 @@
+"""Latency measurement, lookup tables, cache safety, calibration, CLI and benchmark smoke test (CPU, tiny sizes)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import zoo
+from zoo.errors import PlanError
+from zoo.latency import (
+    CalibrationSettings,
+    LatencyCache,
+    LatencyCacheWarning,
+    LatencyDeviceError,
+    TableSettings,
+    build_table,
+    default_cache_dir,
+    measure,
+    random_plans,
+    resolve_device,
+)
+from zoo.latency import cache as cache_module
+from zoo.latency.calibrate import fit_correction
+from zoo.surgery import apply_plan, segments
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL, SIZE = "mobilenetv2_035", 64
+FAST = TableSettings(warmup_s=0.1, entry_warmup_s=0.0, min_rounds=3, max_rounds=4)
+FAST_CALIB = CalibrationSettings(warmup_s=0.3, net_warmup_s=0.02, min_rounds=8, max_rounds=12)
+
+
+def _build(cache_dir: Path, **kwargs) -> zoo.latency.LatencyTable:
+    return build_table(MODEL, input_size=SIZE, device="cpu", cache_dir=str(cache_dir), settings=FAST, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("latency-cache")
+
+
+@pytest.fixture(scope="module")
+def table(cache_dir: Path) -> zoo.latency.LatencyTable:
+    return _build(cache_dir)
+
+
+def test_measure_returns_sane_stats() -> None:
+    model = zoo.create_model(MODEL)
+    stats = measure(model, model.example_input(2, (3, SIZE, SIZE)), device="cpu", warmup_s=0.1, max_time_s=1.0)
+    assert 0 < stats.min_ms <= stats.p10_ms <= stats.median_ms < 1000
+    assert stats.iqr_ms >= 0 and stats.mad_ms >= 0 and stats.n_runs >= 10
+    assert (stats.device, stats.dtype, stats.batch_size, stats.threads) == ("cpu", "float32", 2, 1)
+    assert stats.torch_version == torch.__version__ and stats.device_name
+    assert stats.peak_mem_bytes > 0 and stats.mem_estimated
+    assert stats.cap_hit or stats.rel_uncertainty <= 0.01
+    assert torch.get_num_threads() >= 1  # restored
+
+
+def test_measure_function_bf16_and_thread_clock() -> None:
+    weight = torch.randn(64, 64)
+    stats = measure(lambda x: x @ weight, torch.randn(8, 64), device="cpu", dtype="bf16", warmup_s=0.05,
+                    max_time_s=0.3)
+    assert stats.dtype == "bfloat16" and stats.median_ms > 0 and stats.batch_size == 8
+    stats = measure(torch.nn.Linear(64, 64), torch.randn(8, 64), device="cpu", clock="thread", warmup_s=0.05,
+                    max_time_s=0.3)
+    assert stats.clock == "thread" and stats.median_ms > 0
+
+
+def test_bad_device_and_dtype_raise_before_measuring() -> None:
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(LatencyDeviceError, match="Allowed"):
+        measure(model, torch.zeros(1, 4), device="tpu")
+    with pytest.raises(LatencyDeviceError, match="float16"):
+        measure(model, torch.zeros(1, 4), device="cpu", dtype="fp16")
+    with pytest.raises(LatencyDeviceError, match="Unknown dtype"):
+        measure(model, torch.zeros(1, 4), device="cpu", dtype="int8")
+    with pytest.raises(LatencyDeviceError, match="threads=1"):
+        measure(model, torch.zeros(1, 4), device="cpu", clock="thread", threads=2)
+    with pytest.raises(ValueError, match="not available"):  # LatencyDeviceError is a ValueError
+        build_table(MODEL, device="cuda:7", input_size=SIZE)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_auto_device_falls_back_to_cpu_with_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="zoo.latency"):
+        assert resolve_device("auto").type == "cpu"
+    assert "CPU latencies" in caplog.text
+
+
+def test_table_costs_and_predict(table: zoo.latency.LatencyTable) -> None:
+    model = zoo.create_model(MODEL)
+    segs = segments(model)
+    costs = table.segment_costs()
+    assert [s.name for s in table.segments] == [s.name for s in segs]
+    assert [[v for v, _ in c] for c in costs] == [s.variants() for s in segs]
+    unchanged = sum(dict(c)[frozenset()] for c in costs)
+    assert table.predict({"remove": [], "merge": True}) == pytest.approx(table.fixed_cost() + unchanged)
+    assert table.predict() == pytest.approx(table.fixed_raw_ms + sum(table.raw_cost(i, frozenset())
+                                                                     for i in range(len(segs))))
+    removable = [s.name for s in segs if s.removable]
+    assert table.predict({"remove": removable}) < table.predict({})
+    for seg_costs in costs:
+        for variant, cost in seg_costs:
+            assert cost >= 0 and (cost == 0 if any(n in variant for n in removable) else True)
+    assert table.n_entries < sum(len(s.variants()) for s in segs)  # identical blocks share entries
+    assert table.predict_memory({}) > 0
+    with pytest.raises(PlanError, match="not removable units"):
+        table.predict({"remove": ["blocks.9.9"]})
+    with pytest.raises(PlanError, match="merge"):
+        table.predict({"remove": [], "merge": False})
+    assert "entries" in table.format()
+
+
+def test_second_build_hits_cache(table: zoo.latency.LatencyTable, cache_dir: Path) -> None:
+    again = _build(cache_dir)
+    assert again.n_measured == 0 and again.n_cached == table.n_measured + table.n_cached
+    assert again.predict({}) == pytest.approx(table.predict({}))
+    assert set(again.sources.values()) == {"cached"}
+
+
+def test_random_plans_apply_and_predict(table: zoo.latency.LatencyTable) -> None:
+    model = zoo.create_model(MODEL)
+    for plan in random_plans(table.segments, 5, seed=3):
+        apply_plan(model, plan, inplace=False)
+        assert 0 < table.predict(plan) <= table.predict({}) * 1.5
+
+
+def test_corrupt_and_stale_cache_files_are_remeasured(tmp_path: Path) -> None:
+    first = _build(tmp_path)
+    path = next(tmp_path.glob("*.json"))
+    path.write_text('{"format": 1, "entries": {"trunc')
+    with pytest.warns(LatencyCacheWarning, match="not readable JSON"):
+        rebuilt = _build(tmp_path)
+    assert rebuilt.n_measured == first.n_measured + first.n_cached
+    data = json.loads(path.read_text())
+    assert len(data["entries"]) == rebuilt.n_measured
+    data["format"] = 0
+    path.write_text(json.dumps(data))
+    with pytest.warns(LatencyCacheWarning, match="stale"):
+        assert _build(tmp_path).n_measured == rebuilt.n_measured
+
+
+def test_interrupted_write_leaves_old_table_intact(table: zoo.latency.LatencyTable, cache_dir: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = LatencyCache(table.condition, cache_dir)
+    before = cache.path.read_bytes()
+
+    def crash_midway(path: Path, data: dict) -> None:
+        path.write_text(json.dumps(data)[:100])
+        raise KeyboardInterrupt("killed while writing")
+
+    monkeypatch.setattr(cache_module, "_write_json", crash_midway)
+    with pytest.raises(KeyboardInterrupt):
+        cache.merge_write({"new": {"median_ms": 1.0, "p10_ms": 1.0, "min_ms": 1.0}})
+    assert cache.path.read_bytes() == before
+    assert not list(cache_dir.glob(".*.tmp"))
+
+
+def test_two_processes_building_at_once_leave_a_valid_table(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import json, sys
+        from zoo.latency import TableSettings, build_table
+        table = build_table("{MODEL}", input_size=32, device="cpu", cache_dir=sys.argv[1],
+                            settings=TableSettings(warmup_s=0.1, entry_warmup_s=0.0, min_rounds=3, max_rounds=3))
+        print(json.dumps(sorted(table.records)))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              env=env, cwd=ROOT) for _ in range(2)]
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    keys = [set(json.loads(out.strip().splitlines()[-1])) for out in outputs]
+    assert keys[0] == keys[1]
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1
+    entries = json.loads(files[0].read_text())["entries"]
+    assert keys[0] <= set(entries)
+
+
+def test_prediction_error_within_loose_tolerance(tmp_path: Path) -> None:
+    table = _build(tmp_path, threads=1)
+    evaluation = table.calibrate(3, seed=0, settings=FAST_CALIB)
+    assert len(evaluation.results) == 4 and evaluation.noise_floor >= 0
+    assert evaluation.mean_error(corrected=False) < 0.35
+    assert evaluation.mean_error(corrected=True) < 0.35
+    assert table.calibration is evaluation and evaluation.correction == table.correction
+
+
+def test_fit_correction_picks_what_helps() -> None:
+    predicted = [10.0, 8.0, 6.0, 4.0]
+    correction, loo = fit_correction(predicted, [p * 1.2 for p in predicted])
+    assert correction.kind == "scale" and correction.scale == pytest.approx(1.2) and loo == pytest.approx(0)
+    assert fit_correction(predicted, predicted)[0].kind == "none"
+
+
+def test_default_cache_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DEPTHZOO_CACHE", str(tmp_path))
+    assert default_cache_dir() == tmp_path / "latency"
+
+
+def test_cli_runs_on_a_tiny_config(tmp_path: Path) -> None:
+    out = tmp_path / "summary.json"
+    cmd = [sys.executable, "-m", "zoo.latency", f"model={MODEL}", "input_size=32", "device=cpu", "warmup_s=0.1",
+           "min_rounds=3", "max_rounds=3", f"cache_dir={tmp_path}", "calibrate=2", f"json={out}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "measured now" in done.stdout and "noise floor" in done.stdout
+    assert json.loads(out.read_text())["calibration"]["n_plans"] == 2
+    bad = subprocess.run([sys.executable, "-m", "zoo.latency", "device=tpu", "model=mobilenetv2_035"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert bad.returncode == 2 and "Allowed devices" in bad.stderr
+
+
+def test_benchmark_quick_smoke(tmp_path: Path) -> None:
+    from benchmarks.latency_table import markdown, run
+
+    result = run(quick=True, out=tmp_path / "latency_table.json")
+    row = result["rows"][0]
+    assert row["cached_measured"] == 0 and row["entries"] > 0
+    assert "| mobilenetv2_035 |" in markdown(result)
+    assert json.loads((tmp_path / "latency_table.json").read_text())["rows"]
+
+
+def test_retnet_segments_take_kwargs_and_hit_the_cache(tmp_path: Path) -> None:
+    pytest.importorskip("zoo.retnet")
+    settings = TableSettings(warmup_s=0.05, entry_warmup_s=0.0, min_rounds=2, max_rounds=2)
+    kwargs = dict(input_size=(16,), device="cpu", cache_dir=str(tmp_path), settings=settings)
+    first = build_table("retnet_tiny", **kwargs)
+    again = build_table("retnet_tiny", **kwargs)
+    assert again.n_measured == 0 and again.n_cached == first.n_measured
+    plan = {"remove": [first.segments[0].name]}
+    assert 0 < first.predict(plan) < first.predict({})

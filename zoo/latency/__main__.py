@@ -1,0 +1,97 @@
+"""``python -m zoo.latency model=NAME [key=value ...]``: build (or load) a latency table, print it and,
+with ``calibrate=N``, its prediction error over N random plans beside the noise floor.
+
+Keys: model, batch_size, input_size (int or [C,H,W] / [T]), device (auto|cpu|cuda|cuda:N), dtype
+(float32|bfloat16|float16), channels_last, threads, cache_dir, calibrate, seed, clock (wall|thread),
+estimator (median|p10|min), warmup_s, min_rounds, max_rounds, json (write a summary there).
+Example: ``python -m zoo.latency model=mobilenetv2_100 batch_size=32 device=cuda calibrate=5``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ZooError
+
+
+@dataclass
+class LatencyConfig:
+    model: str = "mobilenetv2_100"
+    batch_size: int = 1
+    input_size: Any = None
+    device: str = "auto"
+    dtype: str = "float32"
+    channels_last: bool = False
+    threads: int = 1
+    cache_dir: Any = None
+    calibrate: int = 0
+    seed: int = 0
+    clock: str = "wall"
+    estimator: str = "p10"
+    warmup_s: float = 3.0
+    min_rounds: int = 30
+    max_rounds: int = 400
+    json: Any = None
+
+
+def parse_args(argv: list[str]) -> LatencyConfig:
+    """key=value arguments (Hydra style, ``--key=value`` accepted too) over :class:`LatencyConfig`."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    items = [a.removeprefix("--") for a in argv]
+    bad = [a for a in items if "=" not in a]
+    if bad:
+        raise ZooError(f"Arguments must be key=value, got {bad}. Keys: {', '.join(LatencyConfig.__annotations__)}.")
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(LatencyConfig), OmegaConf.from_dotlist(items))
+    except OmegaConfBaseException as exc:
+        raise ZooError(f"Bad argument: {exc}. Keys: {', '.join(LatencyConfig.__annotations__)}.") from None
+    values = OmegaConf.to_container(cfg)
+    if isinstance(values["input_size"], list):
+        values["input_size"] = tuple(values["input_size"])
+    return LatencyConfig(**values)
+
+
+def run(cfg: LatencyConfig) -> dict[str, Any]:
+    """Build the table (and calibrate it if asked); print both; return a JSON-able summary."""
+    from . import CalibrationSettings, TableSettings, build_table
+
+    settings = TableSettings(threads=cfg.threads, warmup_s=cfg.warmup_s, min_rounds=cfg.min_rounds,
+                             max_rounds=cfg.max_rounds, estimator=cfg.estimator, clock=cfg.clock)
+    table = build_table(cfg.model, batch_size=cfg.batch_size, input_size=cfg.input_size, device=cfg.device,
+                        dtype=cfg.dtype, channels_last=cfg.channels_last, cache_dir=cfg.cache_dir, settings=settings)
+    print(table.format())
+    summary: dict[str, Any] = {"table": table.summary()}
+    if cfg.calibrate > 0:
+        evaluation = table.calibrate(cfg.calibrate, seed=cfg.seed, settings=CalibrationSettings())
+        print()
+        print(evaluation.format())
+        print(f"leave-one-out error of the chosen correction: {evaluation.loo_error:.1%}")
+        summary["calibration"] = evaluation.summary()
+    if cfg.json:
+        with open(cfg.json, "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help", "help") for a in argv):
+        print(__doc__)
+        return 0
+    try:
+        run(parse_args(argv))
+    except ZooError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

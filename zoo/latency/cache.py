@@ -1,0 +1,101 @@
+"""The on-disk latency cache: one JSON file per measurement condition, entries keyed by segment signature.
+
+A condition is (device name, torch version, dtype, batch size, input size, layout, threads, workload). Writers
+take a file lock, re-read the file, merge their entries and atomically replace it (temp file + ``os.replace``), so
+concurrent jobs (Hydra multirun) never lose or corrupt entries and readers never see a partial file. A corrupt or
+stale file is reported with a :class:`LatencyCacheWarning`, ignored (its entries are re-measured) and replaced on
+the next write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from ..checkpoint import atomic_write
+
+CACHE_FORMAT = 1
+CACHE_ENV = "DEPTHZOO_CACHE"
+LOCK_TIMEOUT_S = 120.0
+
+
+class LatencyCacheWarning(UserWarning):
+    """A cache file could not be used (corrupt, stale or unreadable); its entries are measured again."""
+
+
+def default_cache_dir() -> Path:
+    """``$DEPTHZOO_CACHE/latency`` if the variable is set, else ``~/.cache/depthzoo/latency``."""
+    root = os.environ.get(CACHE_ENV)
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "depthzoo") / "latency"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")[:40]
+
+
+def _valid_entry(entry: Any) -> bool:
+    if not isinstance(entry, dict):
+        return False
+    values = [entry.get(name) for name in ("median_ms", "p10_ms", "min_ms")]
+    return all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in values)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+
+
+class LatencyCache:
+    """Entries measured under one condition (`key`), stored in ``<cache_dir>/<readable-name>-<hash>.json``."""
+
+    def __init__(self, key: dict[str, Any], cache_dir: str | Path | None = None):
+        self.key = json.loads(json.dumps(key, sort_keys=True))  # as it reads back from JSON (tuples -> lists)
+        self.dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        digest = hashlib.sha1(json.dumps(self.key, sort_keys=True).encode()).hexdigest()[:12]
+        parts = [self.key.get("device_name", "device"), self.key.get("dtype", ""), f"b{self.key.get('batch_size')}",
+                 "x".join(map(str, self.key.get("input_size") or ())), self.key.get("layout", "")]
+        self.path = self.dir / f"{'_'.join(_slug(str(p)) for p in parts if p)}-{digest}.json"
+        self.lock = FileLock(str(self.path) + ".lock", timeout=LOCK_TIMEOUT_S)
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        """The valid entries on disk ({} if none); a corrupt or stale file warns and counts as empty."""
+        if not self.path.exists():
+            return {}
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return self._unusable(f"it is not readable JSON ({type(exc).__name__}: {exc})")
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+            return self._unusable("it has no 'entries' mapping")
+        if data.get("format") != CACHE_FORMAT or data.get("key") != self.key:
+            return self._unusable(f"it is stale (format {data.get('format')!r}, or written for another condition)")
+        entries = {k: v for k, v in data["entries"].items() if _valid_entry(v)}
+        if len(entries) < len(data["entries"]):
+            warnings.warn(f"Latency cache {self.path}: {len(data['entries']) - len(entries)} malformed entries "
+                          "ignored; they will be measured again.", LatencyCacheWarning, stacklevel=3)
+        return entries
+
+    def _unusable(self, why: str) -> dict[str, dict[str, Any]]:
+        warnings.warn(f"Latency cache file {self.path} is ignored because {why}; its entries will be measured "
+                      "again and the file replaced.", LatencyCacheWarning, stacklevel=4)
+        return {}
+
+    def merge_write(self, new_entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Under the file lock: re-read, add `new_entries`, atomically replace the file. Returns all entries."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with self.lock:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", LatencyCacheWarning)  # already reported by the reader
+                entries = self.load()
+            entries.update(new_entries)
+            data = {"format": CACHE_FORMAT, "key": self.key, "entries": entries}
+            atomic_write(self.path, lambda tmp: _write_json(tmp, data))
+        return entries

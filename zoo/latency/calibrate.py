@@ -1,0 +1,224 @@
+"""Calibration: how well a table predicts measured end-to-end latency, and a correction if one helps.
+
+The original network and pruned networks (:func:`zoo.surgery.apply_plan`, merged) are timed in interleaved
+rounds (A B C ... A' ... each round), with the table's device, dtype, layout and thread count. The original runs
+twice (A and A'); their relative difference is the **noise floor**: a prediction error below it cannot be told
+from measurement noise. A correction ``scale * raw + offset`` (kind none, scale or offset) is chosen by
+leave-one-out error over the measured networks, so it is kept only when it helps on networks it was not fit on.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torch import nn
+
+from ..surgery import Segment, apply_plan
+from .device import resolve_dtype, timing_context
+from .measure import Bench
+from .table import Correction, LatencyTable, prepare, time_rounds
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """Interleaved timing of whole networks: every round runs each network `runs_per_round` times.
+
+    Rounds continue (at least `min_rounds`) until every network's median has a relative standard error of at
+    most `rel_tol`, or `max_rounds` / `max_time_s` is reached. The table's estimator summarises the runs.
+    """
+
+    warmup_s: float = 2.0
+    net_warmup_s: float = 0.1
+    runs_per_round: int = 1
+    min_rounds: int = 20
+    max_rounds: int = 100
+    rel_tol: float = 0.005
+    max_time_s: float = 120.0
+
+
+@dataclass
+class NetworkResult:
+    """One measured network: its plan, the table's raw and corrected predictions, and the measurement."""
+
+    label: str
+    plan: dict[str, Any]
+    predicted_raw_ms: float
+    predicted_ms: float
+    measured_ms: float
+    iqr_ms: float
+    rel_uncertainty: float
+    n_runs: int
+
+    def error(self, corrected: bool = True) -> float:
+        """Signed relative prediction error (predicted / measured - 1)."""
+        return (self.predicted_ms if corrected else self.predicted_raw_ms) / self.measured_ms - 1.0
+
+
+@dataclass
+class Evaluation:
+    """Measured networks (the original first) with the noise floor of the measurement."""
+
+    results: list[NetworkResult]
+    noise_floor: float
+    time_s: float
+    correction: Correction = field(default_factory=Correction)
+    loo_error: float | None = None
+
+    def errors(self, corrected: bool = True, include_original: bool = False) -> list[float]:
+        chosen = self.results if include_original else self.results[1:]
+        return [abs(r.error(corrected)) for r in chosen]
+
+    def mean_error(self, corrected: bool = True, include_original: bool = False) -> float:
+        errors = self.errors(corrected, include_original)
+        return statistics.fmean(errors) if errors else float("nan")
+
+    def max_error(self, corrected: bool = True, include_original: bool = False) -> float:
+        return max(self.errors(corrected, include_original), default=float("nan"))
+
+    def summary(self) -> dict[str, Any]:
+        return {"n_plans": len(self.results) - 1, "noise_floor": self.noise_floor,
+                "mean_abs_error_raw": self.mean_error(False), "max_abs_error_raw": self.max_error(False),
+                "mean_abs_error": self.mean_error(True), "max_abs_error": self.max_error(True),
+                "original_error_raw": abs(self.results[0].error(False)), "loo_error": self.loo_error,
+                "correction": asdict(self.correction), "time_s": self.time_s}
+
+    def format(self) -> str:
+        lines = [f"{'network':<10} {'removed':>7} {'measured ms':>12} {'IQR':>8} {'pred raw':>9} {'err raw':>8} "
+                 f"{'pred':>9} {'err':>7}"]
+        for r in self.results:
+            lines.append(f"{r.label:<10} {len(r.plan.get('remove', [])):>7} {r.measured_ms:>12.3f} {r.iqr_ms:>8.3f} "
+                         f"{r.predicted_raw_ms:>9.3f} {r.error(False):>+8.1%} {r.predicted_ms:>9.3f} "
+                         f"{r.error(True):>+7.1%}")
+        lines.append(
+            f"prediction error over {len(self.results) - 1} random plans: mean {self.mean_error(False):.1%} / max "
+            f"{self.max_error(False):.1%} raw, mean {self.mean_error(True):.1%} / max {self.max_error(True):.1%} "
+            f"with correction '{self.correction.kind}'; noise floor (original measured twice) {self.noise_floor:.1%}"
+        )
+        return "\n".join(lines)
+
+
+def random_plans(segs: Sequence[Segment], n: int, seed: int = 0, fraction: tuple[float, float] = (0.1, 0.5),
+                 merge: bool = True) -> list[dict[str, Any]]:
+    """`n` random plans: each removable segment and each mergeable act removed with a per-plan probability."""
+    rng = random.Random(seed)
+    plans = []
+    for _ in range(n):
+        p = rng.uniform(*fraction)
+        remove: list[str] = []
+        for seg in segs:
+            if seg.removable and rng.random() < p:
+                remove.append(seg.name)
+            else:
+                remove += [a for a in seg.acts if rng.random() < p]
+        plans.append({"remove": remove, "merge": merge})
+    return plans
+
+
+def time_networks(nets: Sequence[nn.Module], example: Any, forward_kwargs: Mapping[str, Any], table: LatencyTable,
+                  settings: CalibrationSettings) -> list[Bench]:
+    """Time whole networks in interleaved rounds under the table's conditions; one bench per network."""
+    device = next(iter(table.model.parameters())).device
+    dtype = resolve_dtype(table.condition["dtype"], device)
+    benches = [Bench(net, (example,), forward_kwargs, device, table.settings.cuda_graph, table.settings.clock)
+               for net in nets]
+    with timing_context(device, dtype, table.settings.threads):
+        benches[0].warmup(settings.warmup_s)
+        for bench in benches:
+            bench.warmup(settings.net_warmup_s)
+        time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round, settings.rel_tol,
+                    settings.max_time_s)
+    return benches
+
+
+def pruned_network(table: LatencyTable, plan: Mapping[str, Any]) -> nn.Module:
+    """The table's model with `plan` applied (a copy), prepared like the table's segments."""
+    model = apply_plan(table.model, dict(plan), inplace=False)
+    channels_last = table.condition["layout"] == "channels_last"
+    return prepare(model, next(iter(table.model.parameters())).device, channels_last)
+
+
+def evaluate(table: LatencyTable, plans: Sequence[Mapping[str, Any]], settings: CalibrationSettings | None = None
+             ) -> Evaluation:
+    """Measure the original (twice, for the noise floor) and each plan's network; compare with predictions."""
+    settings = settings or CalibrationSettings()
+    start = time.perf_counter()
+    nets = [pruned_network(table, plan) for plan in plans]
+    half = len(nets) // 2
+    order = [table.model, *nets[:half], table.model, *nets[half:]]  # A ... A' ...: the noise-floor pair
+    benches = time_networks(order, table.example, table.forward_kwargs, table, settings)
+    original, again = benches[0], benches[half + 1]
+    plan_benches = benches[1:half + 1] + benches[half + 2:]
+    estimate = f"{table.settings.estimator}_ms"
+    a, b = original.summary()[estimate], again.summary()[estimate]
+    pooled = Bench(table.model)
+    pooled.times_ms = original.times_ms + again.times_ms
+    results = [_result("original", {"remove": [], "merge": table.merge}, table, pooled)]
+    results += [_result(f"plan {i}", dict(plan), table, bench) for i, (plan, bench) in enumerate(zip(plans,
+                                                                                                      plan_benches))]
+    return Evaluation(results, abs(a - b) / ((a + b) / 2), time.perf_counter() - start, table.correction)
+
+
+def _result(label: str, plan: dict[str, Any], table: LatencyTable, bench: Bench) -> NetworkResult:
+    stats = bench.summary()
+    return NetworkResult(label, plan, table.predict(plan, corrected=False), table.predict(plan),
+                         stats[f"{table.settings.estimator}_ms"], stats["iqr_ms"], stats["rel_uncertainty"],
+                         len(bench.times_ms))
+
+
+def _fit(kind: str, predicted: Sequence[float], measured: Sequence[float]) -> Correction:
+    if kind == "scale":
+        return Correction("scale", statistics.median(m / p for p, m in zip(predicted, measured)), 0.0)
+    if kind == "offset":
+        return Correction("offset", 1.0, statistics.median(m - p for p, m in zip(predicted, measured)))
+    return Correction()
+
+
+def fit_correction(predicted: Sequence[float], measured: Sequence[float]) -> tuple[Correction, float]:
+    """The correction kind with the lowest leave-one-out mean abs relative error, and that error.
+
+    'none' wins ties, so a correction is only kept when it helps on networks it was not fitted on.
+    """
+    n = len(predicted)
+    if n < 2:
+        return Correction(), float("nan")
+    best: tuple[float, str] | None = None
+    for kind in ("none", "scale", "offset"):
+        errors = []
+        for i in range(n):
+            rest = [j for j in range(n) if j != i]
+            corr = _fit(kind, [predicted[j] for j in rest], [measured[j] for j in rest])
+            errors.append(abs(corr.apply(predicted[i]) / measured[i] - 1.0))
+        loo = statistics.fmean(errors)
+        if best is None or loo < best[0] - 1e-12:
+            best = (loo, kind)
+    return _fit(best[1], predicted, measured), best[0]
+
+
+def calibrate(table: LatencyTable, n_plans: int = 5, seed: int = 0, settings: CalibrationSettings | None = None,
+              fit: bool = True) -> Evaluation:
+    """Evaluate `n_plans` random plans; with `fit`, set ``table.correction`` to the best correction.
+
+    The returned evaluation's corrected errors are in-sample; ``loo_error`` is the honest out-of-sample one.
+    """
+    if table.model is None:
+        raise ValueError("This table has no model attached (it was not built in this process); rebuild it.")
+    evaluation = evaluate(table, random_plans(table.segments, n_plans, seed, merge=table.merge), settings)
+    if fit:
+        predicted = [r.predicted_raw_ms for r in evaluation.results]
+        measured = [r.measured_ms for r in evaluation.results]
+        table.correction, evaluation.loo_error = fit_correction(predicted, measured)
+        evaluation.correction = table.correction
+        for r in evaluation.results:
+            r.predicted_ms = table.predict(r.plan)
+    table.calibration = evaluation
+    return evaluation
+
+
+__all__ = ["CalibrationSettings", "Evaluation", "NetworkResult", "calibrate", "evaluate", "fit_correction",
+           "random_plans", "time_networks"]
+

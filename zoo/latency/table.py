@@ -1,0 +1,555 @@
+"""Latency lookup tables: one entry per (segment signature, variant), plus the parts never removed.
+
+The prediction for a plan is ``fixed + sum over segments of cost(segment, variant chosen by the plan)``, where
+
+* a segment (:func:`zoo.surgery.segments`) is measured in isolation for every variant it has
+  (:meth:`~zoo.surgery.Segment.variants`, rebuilt with :func:`~zoo.surgery.build_segment`), on the very inputs it
+  receives inside the network (captured with one hooked forward at the table's batch and input size), on the
+  table's device, dtype and layout; removing the whole segment costs 0;
+* ``cost = max(0, entry - call overhead)``: every isolated measurement also contains one module call and the
+  timer, measured once as an ``nn.Identity`` call;
+* ``fixed`` is the network with each segment replaced by a module that replays the segment's captured output:
+  stem, head and all glue between segments, with real shapes.
+
+Identical segments (same architecture, inputs and variant) share one cache entry across models and runs; see
+:mod:`zoo.latency.cache`. A calibration (:meth:`LatencyTable.calibrate`) may add a fitted correction
+``scale * raw + offset`` that :meth:`~LatencyTable.predict` and :meth:`~LatencyTable.segment_costs` apply.
+
+Other workloads: ``forward_kwargs`` and ``example_input`` change the network call the inputs are captured from,
+and ``workload`` names it in the cache key. For a RetNet recurrent decode step, for instance::
+
+    state = model.init_state(batch)  # or a state after a prompt
+    build_table(model, batch_size=batch, input_size=(1,), workload="decode",
+                forward_kwargs={"mode": "recurrent", "state": state})
+
+measures every retention/FFN sub-layer on its one-token input with the recurrent state it gets in that call.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+from filelock import Timeout
+from torch import nn
+
+from ..depth import module_signature
+from ..errors import PlanError
+from ..surgery import Segment, build_segment, segments
+from .cache import LatencyCache, LatencyCacheWarning
+from .device import device_name, dtype_name, resolve_device, resolve_dtype, timing_context
+from .measure import Bench, check_clock, peak_memory
+
+logger = logging.getLogger("zoo.latency")
+
+FIXED = "fixed"
+OVERHEAD = "call-overhead"
+
+
+ESTIMATORS = ("median", "p10", "min")
+
+
+@dataclass(frozen=True)
+class TableSettings:
+    """How a table is measured: entries are timed in interleaved rounds, each entry once per round by default.
+
+    Round-robin timing puts every entry in the state it has inside the network (other layers ran in between,
+    so its weights are not hot in cache) and spreads slow drifts of the machine over all entries alike.
+
+    warmup_s: one warm-up of the whole network before the first entry (CPU speed settles over seconds).
+    entry_warmup_s: untimed calls of each entry before the rounds.
+    runs_per_round: timed calls of an entry per round.
+    min_rounds / max_rounds: every entry gets at least / at most this many rounds; in between, an entry leaves
+        once its median's relative standard error is at most `rel_tol`; `max_time_s` caps the rounds' time.
+    estimator: which statistic of the runs the costs use: ``median``, ``p10`` (10th percentile; robust to a
+        busy machine, whose interference only ever adds time) or ``min``.
+    clock: CPU ``wall`` or ``thread`` time (see :class:`~zoo.latency.measure.MeasureSettings`).
+    """
+
+    warmup_s: float = 3.0
+    entry_warmup_s: float = 0.05
+    runs_per_round: int = 1
+    min_rounds: int = 30
+    max_rounds: int = 400
+    rel_tol: float = 0.01
+    max_time_s: float = 240.0
+    threads: int = 1
+    cuda_graph: bool = False
+    estimator: str = "p10"
+    clock: str = "wall"
+
+    def __post_init__(self) -> None:
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"Unknown estimator {self.estimator!r}; allowed are {', '.join(ESTIMATORS)}.")
+
+
+@dataclass(frozen=True)
+class Correction:
+    """``corrected = scale * raw + offset_ms`` for a whole-network prediction (kind: none, scale or offset)."""
+
+    kind: str = "none"
+    scale: float = 1.0
+    offset_ms: float = 0.0
+
+    def apply(self, raw_ms: float) -> float:
+        return self.scale * raw_ms + self.offset_ms
+
+
+@dataclass
+class Capture:
+    """What one segment receives and returns inside the network (for isolated timing and for replay)."""
+
+    args: tuple
+    kwargs: dict[str, Any]
+    output: Any = None
+
+
+class Replay(nn.Module):
+    """Stands in for a segment when timing the fixed part: returns the segment's captured output."""
+
+    def __init__(self, output: Any):
+        super().__init__()
+        self.output = output
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.output
+
+    def extra_repr(self) -> str:
+        return describe(self.output)
+
+
+def describe(value: Any) -> str:
+    """Shapes, dtypes and layouts of the tensors in `value`, and the repr of anything else (for cache keys)."""
+    if torch.is_tensor(value):
+        layout = "cl" if value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last) else "c"
+        return f"T{tuple(value.shape)}:{dtype_name(value.dtype)}:{layout}"
+    if isinstance(value, (tuple, list)):
+        return "(" + ",".join(describe(v) for v in value) + ")"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}={describe(v)}" for k, v in sorted(value.items())) + "}"
+    if hasattr(value, "__dataclass_fields__"):
+        return type(value).__name__ + describe({k: getattr(value, k) for k in value.__dataclass_fields__})
+    return repr(value)[:200]
+
+
+def _plain_attributes(module: nn.Module) -> str:
+    """Public scalar attributes of every submodule (e.g. head counts that ``repr`` does not show)."""
+    simple = (bool, int, float, str, tuple, list)
+
+    def public(m: nn.Module) -> list[tuple[str, str]]:
+        return sorted((k, describe(v)) for k, v in vars(m).items() if not k.startswith("_") and isinstance(v, simple))
+
+    return ";".join(f"{name}:{public(m)}" for name, m in module.named_modules())
+
+
+def entry_key(kind: str, module: nn.Module, variant: Sequence[str], capture: Capture) -> str:
+    """The cache key of one measurement: architecture signature, variant (relative names) and inputs."""
+    first = next((a for a in capture.args if torch.is_tensor(a)), None)
+    in_shape = tuple(first.shape[1:]) if first is not None else ()
+    text = "|".join([kind, module_signature(module, in_shape), repr(sorted(variant)), describe(capture.args),
+                     describe(capture.kwargs), _plain_attributes(module)])
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+def _clone(value: Any) -> Any:
+    if torch.is_tensor(value):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_clone(v) for v in value)
+    if isinstance(value, Mapping):
+        return {k: _clone(v) for k, v in value.items()}
+    return value
+
+
+def capture_segments(model: nn.Module, segs: Sequence[Segment], example: Any,
+                     forward_kwargs: Mapping[str, Any]) -> list[Capture]:
+    """Inputs and output of every segment in one hooked forward of ``model(example, **forward_kwargs)``."""
+    captures: dict[str, Capture] = {}
+    handles = []
+    for seg in segs:
+        module = model.get_submodule(seg.name)
+
+        def pre(mod: nn.Module, args: tuple, kwargs: dict, name: str = seg.name) -> None:
+            captures.setdefault(name, Capture(_clone(args), _clone(kwargs)))
+
+        def post(mod: nn.Module, args: tuple, output: Any, name: str = seg.name) -> None:
+            if captures[name].output is None:
+                captures[name].output = _clone(output)
+
+        handles += [module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post)]
+    try:
+        model(example, **forward_kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [s.name for s in segs if s.name not in captures]
+    if missing:
+        raise PlanError(f"Segments {missing[:5]} were not called in the forward pass, so they cannot be timed.")
+    return [captures[s.name] for s in segs]
+
+
+def replay_model(model: nn.Module, segs: Sequence[Segment], captures: Sequence[Capture]) -> nn.Module:
+    """A copy of `model` whose segments replay their captured outputs (the model itself is left as it was)."""
+    originals = [model.get_submodule(s.name) for s in segs]
+    try:
+        for seg, cap in zip(segs, captures):
+            model.set_submodule(seg.name, Replay(cap.output))
+        return copy.deepcopy(model)
+    finally:
+        for seg, module in zip(segs, originals):
+            model.set_submodule(seg.name, module)
+
+
+def variant_label(segment: Segment, variant: frozenset[str]) -> str:
+    if not variant:
+        return "-"
+    if segment.name in variant:
+        return "removed"
+    return "+".join(sorted(name[len(segment.name) + 1:] for name in variant))
+
+
+def normalise_input_size(model: nn.Module, input_size: int | Sequence[int] | None) -> tuple[int, ...]:
+    """Per-sample input size: an int sets the spatial size (CNNs: C x n x n) or the sequence length."""
+    default = tuple(model.default_cfg["input_size"])
+    if input_size is None:
+        return default
+    if isinstance(input_size, int):
+        return (default[0], input_size, input_size) if len(default) == 3 else (*default[:-1], input_size)
+    size = tuple(int(v) for v in input_size)
+    return (default[0], *size) if len(default) == 3 and len(size) == 2 else size
+
+
+def prepare(module: nn.Module, device: torch.device, channels_last: bool) -> nn.Module:
+    module = module.to(device).eval()
+    return module.to(memory_format=torch.channels_last) if channels_last else module
+
+
+@dataclass
+class Pending:
+    """An entry still to be measured: its module, inputs and a description for the cache file."""
+
+    key: str
+    module: nn.Module
+    capture: Capture
+    what: str
+
+
+def time_rounds(benches: Sequence[Bench], rounds: tuple[int, int], runs_per_round: int, rel_tol: float,
+                max_time_s: float) -> list[bool]:
+    """Time benches in interleaved rounds until each converged (after the minimum rounds) or a cap hit.
+
+    Returns per bench whether a cap (max rounds or time) stopped it before its median converged.
+    """
+    min_rounds, max_rounds = rounds
+    active = list(range(len(benches)))
+    start = time.perf_counter()
+    for round_index in range(max_rounds):
+        for i in active:
+            benches[i].run(min_runs=runs_per_round)
+        if round_index + 1 >= min_rounds:
+            active = [i for i in active if not benches[i].converged(rel_tol, min_rounds * runs_per_round)]
+        if not active or time.perf_counter() - start > max_time_s:
+            break
+    return [i in active for i in range(len(benches))]
+
+
+def measure_rounds(pending: Sequence[Pending], device: torch.device, settings: TableSettings
+                   ) -> dict[str, dict[str, Any]]:
+    """Time every pending entry in interleaved rounds; returns cache records keyed by entry key."""
+    benches = [Bench(p.module, p.capture.args, p.capture.kwargs, device, settings.cuda_graph, settings.clock)
+               for p in pending]
+    for bench in benches:
+        bench.warmup(settings.entry_warmup_s)
+    caps = time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round,
+                       settings.rel_tol, settings.max_time_s)
+    records = {}
+    for p, bench, cap_hit in zip(pending, benches, caps):
+        mem, estimated = peak_memory(p.module, p.capture.args, p.capture.kwargs, device)
+        records[p.key] = {**bench.summary(), "n_runs": len(bench.times_ms), "cap_hit": cap_hit,
+                          "time_s": bench.time_s, "peak_mem_bytes": mem, "mem_estimated": estimated,
+                          "what": p.what, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    return records
+
+
+@dataclass
+class LatencyTable:
+    """A built table: per-segment variant costs and the fixed part, for one model and condition.
+
+    ``segments`` is aligned with :func:`zoo.surgery.segments` of the model; ``keys[i][variant]`` is the cache
+    key of segment i's variant (None for the removed segment, which costs 0); ``records`` holds the stats.
+    """
+
+    model_name: str
+    condition: dict[str, Any]
+    segments: list[Segment]
+    keys: list[dict[frozenset[str], str | None]]
+    records: dict[str, dict[str, Any]]
+    fixed_key: str
+    overhead_key: str
+    n_measured: int
+    n_cached: int
+    build_s: float
+    sources: dict[str, str] = field(default_factory=dict)
+    correction: Correction = field(default_factory=Correction)
+    calibration: Any = None
+    model: nn.Module | None = field(default=None, repr=False)
+    example: Any = field(default=None, repr=False)
+    forward_kwargs: dict[str, Any] = field(default_factory=dict, repr=False)
+    merge: bool = True
+    settings: TableSettings = field(default_factory=TableSettings)
+
+    # -- costs -----------------------------------------------------------------------------------------------
+
+    def value(self, key: str) -> float:
+        """The entry's time (ms) under the table's estimator (``settings.estimator``)."""
+        return self.records[key][f"{self.settings.estimator}_ms"]
+
+    @property
+    def overhead_ms(self) -> float:
+        return self.value(self.overhead_key)
+
+    @property
+    def fixed_raw_ms(self) -> float:
+        return self.value(self.fixed_key)
+
+    @property
+    def n_entries(self) -> int:
+        """Distinct measured entries this table uses (shared segments count once), fixed part and overhead included."""
+        return len({k for keys in self.keys for k in keys.values() if k is not None} | {self.fixed_key,
+                                                                                        self.overhead_key})
+
+    def raw_cost(self, index: int, variant: frozenset[str]) -> float:
+        """Uncorrected cost (ms) of segment `index` in `variant`: entry minus call overhead, 0 when removed."""
+        key = self.keys[index][variant]
+        return 0.0 if key is None else max(0.0, self.value(key) - self.overhead_ms)
+
+    def fixed_cost(self, corrected: bool = True) -> float:
+        """The part of every prediction that no plan changes (the correction's offset included)."""
+        return self.correction.apply(self.fixed_raw_ms) if corrected else self.fixed_raw_ms
+
+    def segment_costs(self, corrected: bool = True) -> list[list[tuple[frozenset[str], float]]]:
+        """Per segment (aligned with ``segments``), every variant with its cost in ms.
+
+        ``predict(plan) == fixed_cost() + sum of the chosen variants' costs``; with `corrected` the costs are
+        scaled by the fitted correction (its offset lives in :meth:`fixed_cost`).
+        """
+        scale = self.correction.scale if corrected else 1.0
+        return [[(variant, scale * self.raw_cost(i, variant)) for variant in seg.variants()]
+                for i, seg in enumerate(self.segments)]
+
+    def variants_of(self, plan: Mapping[str, Any]) -> list[frozenset[str]]:
+        """The variant each segment takes under `plan` (a plain-data plan, see :mod:`zoo.surgery`)."""
+        if not isinstance(plan, Mapping):
+            raise PlanError(f"A plan is a mapping {{'remove': [unit names], 'merge': bool}}; got {plan!r}.")
+        removed = set(plan.get("remove", []))
+        if bool(plan.get("merge", True)) != self.merge:
+            raise PlanError(f"This table was built for merge={self.merge}; the plan has merge={plan.get('merge')}.")
+        known = {name for seg in self.segments for name in (seg.name, *seg.acts)}
+        unknown = sorted(removed - known)
+        if unknown:
+            raise PlanError(f"Unit(s) {unknown[:5]} are not removable units of {self.model_name}'s segments; "
+                            f"known units are segment names and their mergeable activations.")
+        variants = []
+        for seg in self.segments:
+            if seg.name in removed:
+                if not seg.removable:
+                    raise PlanError(f"Segment {seg.name!r} cannot be removed (its shortcut changes shapes).")
+                variants.append(frozenset({seg.name}))
+            else:
+                variants.append(frozenset(a for a in seg.acts if a in removed))
+        return variants
+
+    def predict(self, plan: Mapping[str, Any] | None = None, corrected: bool = True) -> float:
+        """Predicted end-to-end latency (ms) of the network after `plan` (None or {} = the original)."""
+        variants = self.variants_of(plan or {})
+        raw = self.fixed_raw_ms + sum(self.raw_cost(i, v) for i, v in enumerate(variants))
+        return self.correction.apply(raw) if corrected else raw
+
+    def predict_memory(self, plan: Mapping[str, Any] | None = None) -> int | None:
+        """Predicted peak activation memory (bytes): the largest of the fixed part's and the chosen entries'."""
+        keys = [self.fixed_key] + [self.keys[i][v] for i, v in enumerate(self.variants_of(plan or {}))]
+        values = [self.records[k].get("peak_mem_bytes") for k in keys if k is not None]
+        return max((v for v in values if v is not None), default=None)
+
+    # -- calibration and reporting ------------------------------------------------------------------------
+
+    def calibrate(self, n_plans: int = 5, seed: int = 0, settings: Any = None, fit: bool = True) -> Any:
+        """Measure the original and `n_plans` random plans end to end; report errors and fit a correction."""
+        from .calibrate import calibrate
+
+        return calibrate(self, n_plans=n_plans, seed=seed, settings=settings, fit=fit)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per (segment, variant): label, cost, entry median, IQR, runs and where it came from."""
+        rows = []
+        for i, seg in enumerate(self.segments):
+            for variant in seg.variants():
+                key = self.keys[i][variant]
+                rec = self.records.get(key, {}) if key else {}
+                rows.append({"segment": seg.name, "variant": variant_label(seg, variant),
+                             "cost_ms": self.raw_cost(i, variant), "median_ms": rec.get("median_ms", 0.0),
+                             "iqr_ms": rec.get("iqr_ms", 0.0), "n_runs": rec.get("n_runs", 0),
+                             "cap_hit": rec.get("cap_hit", False),
+                             "source": self.sources.get(key, "structural") if key else "structural"})
+        return rows
+
+    def summary(self) -> dict[str, Any]:
+        return {"model": self.model_name, **self.condition, "entries": self.n_entries,
+                "measured_now": self.n_measured, "from_cache": self.n_cached, "build_s": self.build_s,
+                "fixed_ms": self.fixed_raw_ms, "overhead_ms": self.overhead_ms,
+                "predicted_original_ms": self.predict(corrected=False), "correction": asdict(self.correction)}
+
+    def describe_condition(self) -> str:
+        c = self.condition
+        size = "x".join(map(str, c["input_size"]))
+        return (f"{c['device_name']} [{c['dtype']}, batch {c['batch_size']}, input {size}, {c['layout']}, "
+                f"{c['threads']} thread(s), torch {c['torch']}]")
+
+    def format(self) -> str:
+        """The table as aligned text: one line per (segment, variant), then the fixed part and totals."""
+        lines = [f"{'segment':<24} {'variant':<24} {'cost ms':>9} {'median ms':>10} {'IQR ms':>8} {'runs':>6}  source",
+                 "-" * 96]
+        for r in self.rows():
+            cap = " (cap)" if r["cap_hit"] else ""
+            lines.append(f"{r['segment']:<24} {r['variant']:<24} {r['cost_ms']:>9.4f} {r['median_ms']:>10.4f} "
+                         f"{r['iqr_ms']:>8.4f} {r['n_runs']:>6}  {r['source']}{cap}")
+        fixed, corr = self.records[self.fixed_key], self.correction
+        lines += ["-" * 96,
+                  f"fixed part (stem, head, glue): {self.fixed_raw_ms:.4f} ms (IQR {fixed['iqr_ms']:.4f}); "
+                  f"call overhead subtracted per entry: {self.overhead_ms * 1e3:.1f} us; costs use the "
+                  f"{self.settings.estimator} of {self.settings.clock}-clock runs",
+                  f"predicted original: {self.predict(corrected=False):.3f} ms raw, {self.predict():.3f} ms "
+                  f"corrected ({corr.kind}: scale {corr.scale:.4f}, offset {corr.offset_ms:.4f} ms)",
+                  f"{self.model_name} on {self.describe_condition()}: {self.n_entries} entries, {self.n_measured} "
+                  f"measured now, {self.n_cached} from cache, built in {self.build_s:.1f} s"]
+        return "\n".join(lines)
+
+
+def condition_key(device: torch.device, dtype: torch.dtype, batch_size: int, input_size: Sequence[int],
+                  channels_last: bool, workload: str, settings: TableSettings) -> dict[str, Any]:
+    """What a measurement depends on beyond the module: one cache file per distinct value."""
+    return {"device_name": device_name(device), "device_type": device.type, "torch": torch.__version__,
+            "dtype": dtype_name(dtype), "batch_size": int(batch_size), "input_size": list(input_size),
+            "layout": "channels_last" if channels_last else "contiguous", "threads": int(settings.threads),
+            "workload": workload, "cuda_graph": bool(settings.cuda_graph and device.type == "cuda"),
+            "protocol": f"round-robin-{settings.runs_per_round}", "clock": settings.clock}
+
+
+def _variant_entries(model: nn.Module, segs: Sequence[Segment], captures: Sequence[Capture], device: torch.device,
+                     channels_last: bool, merge: bool) -> tuple[list[dict[frozenset[str], str | None]], list[Pending]]:
+    """The cache key of every (segment, variant) and the built module behind each distinct key."""
+    keys: list[dict[frozenset[str], str | None]] = []
+    built: dict[str, Pending] = {}
+    for seg, cap in zip(segs, captures):
+        seg_keys: dict[frozenset[str], str | None] = {}
+        for variant in seg.variants():
+            if seg.name in variant:
+                seg_keys[variant] = None
+                continue
+            module = prepare(build_segment(model, seg, variant, merge), device, channels_last)
+            relative = [name[len(seg.name) + 1:] for name in variant]
+            key = entry_key("segment", module, relative, cap)
+            seg_keys[variant] = key
+            built.setdefault(key, Pending(key, module, cap, f"{seg.name} [{variant_label(seg, variant)}] "
+                                                            f"{type(module).__name__} {describe(cap.args)}"))
+        keys.append(seg_keys)
+    return keys, list(built.values())
+
+
+def _overhead_pending(device: torch.device) -> Pending:
+    capture = Capture((torch.zeros(1, device=device),), {})
+    return Pending(entry_key(OVERHEAD, nn.Identity(), [], capture), nn.Identity(), capture, "nn.Identity call")
+
+
+def _store(cache: LatencyCache, records: dict[str, dict[str, Any]], known: dict[str, dict[str, Any]]
+           ) -> dict[str, dict[str, Any]]:
+    """Merge new records into the cache file; on a write failure warn and keep them in memory."""
+    if not records:
+        return known
+    try:
+        return cache.merge_write(records)
+    except (OSError, Timeout) as exc:
+        warnings.warn(f"Could not write latency cache {cache.path} ({exc}); the table is kept in memory only.",
+                      LatencyCacheWarning, stacklevel=3)
+        return {**known, **records}
+
+
+def build_table(
+    model: nn.Module | str,
+    batch_size: int = 1,
+    input_size: int | Sequence[int] | None = None,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "float32",
+    channels_last: bool = False,
+    threads: int | None = None,
+    cache_dir: str | None = None,
+    settings: TableSettings | None = None,
+    merge: bool = True,
+    workload: str = "forward",
+    forward_kwargs: Mapping[str, Any] | None = None,
+    example_input: Any = None,
+) -> LatencyTable:
+    """Build (or load from the cache) the latency table of `model` (a zoo model or a registered name).
+
+    The model is copied, moved to `device` and put in eval mode; entries missing from the cache are measured
+    now in interleaved rounds and merged into the cache file. See the module docstring for the prediction
+    model and for the `workload` / `forward_kwargs` / `example_input` hooks.
+    """
+    start = time.perf_counter()
+    settings = settings or TableSettings()
+    if threads is not None:
+        settings = replace(settings, threads=threads)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    check_clock(settings.clock, dev, settings.threads)
+    if isinstance(model, str):
+        from .._registry import create_model
+
+        model = create_model(model)
+    else:
+        model = copy.deepcopy(model)
+    model = prepare(model, dev, channels_last)
+    size = normalise_input_size(model, input_size)
+    example = example_input if example_input is not None else model.example_input(batch_size, size)
+    example = example.to(dev)
+    if channels_last and example.dim() == 4:
+        example = example.contiguous(memory_format=torch.channels_last)
+    call_kwargs = dict(forward_kwargs or {})
+    segs = segments(model)
+    condition = condition_key(dev, torch_dtype, batch_size, size, channels_last, workload, settings)
+    cache = LatencyCache(condition, cache_dir)
+    with timing_context(dev, torch_dtype, settings.threads):
+        captures = capture_segments(model, segs, example, call_kwargs)
+        keys, pending = _variant_entries(model, segs, captures, dev, channels_last, merge)
+        fixed_module = replay_model(model, segs, captures)
+        fixed = Pending(entry_key(FIXED, fixed_module, [], Capture((example,), call_kwargs)), fixed_module,
+                        Capture((example,), call_kwargs), f"{getattr(model, 'zoo_name', type(model).__name__)} "
+                                                          "fixed part (segments replayed)")
+        pending += [fixed, _overhead_pending(dev)]
+        known = cache.load()
+        missing = [p for p in pending if p.key not in known]
+        if missing:
+            logger.info("latency table: measuring %d of %d entries on %s", len(missing), len(pending),
+                        condition["device_name"])
+            Bench(model, (example,), call_kwargs, dev, settings.cuda_graph, settings.clock).warmup(settings.warmup_s)
+            new = measure_rounds(missing, dev, settings)
+            known = _store(cache, new, known)
+    measured = {p.key for p in missing}
+    sources = {p.key: "measured" if p.key in measured else "cached" for p in pending}
+    return LatencyTable(
+        model_name=getattr(model, "zoo_name", type(model).__name__), condition=condition, segments=segs, keys=keys,
+        records={p.key: known[p.key] for p in pending}, fixed_key=fixed.key, overhead_key=pending[-1].key,
+        n_measured=len(missing), n_cached=len(pending) - len(missing), build_s=time.perf_counter() - start,
+        sources=sources, model=model, example=example, forward_kwargs=call_kwargs, merge=merge, settings=settings,
+    )
+
+
+__all__ = ["Correction", "LatencyTable", "Replay", "TableSettings", "build_table", "capture_segments",
+           "condition_key", "entry_key", "replay_model"]
