@@ -441,8 +441,9 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
                      calibration: Any, importance_cached: bool) -> dict[str, Any]:
     """The ``results.json`` of a prune run (see the prune docs for every field)."""
     predicted = table.predict(plan)
-    base_ms, pruned_ms = measured["baseline_fused"]["median_ms"], measured["pruned_fused"]["median_ms"]
-    unfused_pruned = measured["pruned"]["median_ms"]
+    estimate = f"{table.settings.estimator}_ms"  # the statistic the table's entries use (p10 by default)
+    base_ms, pruned_ms = measured["baseline_fused"][estimate], measured["pruned_fused"][estimate]
+    unfused_pruned, unfused_base = measured["pruned"][estimate], measured["baseline"][estimate]
     return {
         "model": cfg.model.name,
         "data": cfg.data.name,
@@ -455,7 +456,8 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
         "importance": cfg.prune.importance,
         "plan": plan,
         "search_result": None if result is None else {"latency_ms": result.latency, "damage": result.damage},
-        "baseline": {"latency_ms": base_ms, "latency_unfused_ms": measured["baseline"]["median_ms"],
+        "latency_statistic": table.settings.estimator,
+        "baseline": {"latency_ms": base_ms, "latency_unfused_ms": unfused_base,
                      "predicted_latency_ms": table.predict({"remove": []}), "params": count_params(baseline),
                      "metrics": _metric_view(base_metrics)},
         "pruned": {"latency_ms": pruned_ms, "latency_unfused_ms": unfused_pruned, "params": count_params(pruned),
@@ -463,7 +465,7 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
         "predicted_latency_ms": predicted,
         "prediction_error": predicted / unfused_pruned - 1.0,
         "measured_speedup": base_ms / pruned_ms,
-        "measured_speedup_unfused": measured["baseline"]["median_ms"] / unfused_pruned,
+        "measured_speedup_unfused": unfused_base / unfused_pruned,
         "measurements": measured,
         "lut": {"entries": table.n_entries, "measured_now": table.n_measured, "cached": table.n_cached,
                 "build_s": round(table.build_s, 3),
