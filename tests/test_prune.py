@@ -55,13 +55,15 @@ def test_prune_py_digits_end_to_end(digits_prune):
     for side in ("baseline", "pruned"):
         assert results[side]["latency_ms"] > 0 and results[side]["params"] > 0 and "val/acc1" in results[side][
             "metrics"]
-    assert results["pruned"]["params"] < results["baseline"]["params"]
+    # merged convs can hold more parameters than the convs they replace; depth is what goes down
     assert results["lut"]["entries"] > 0 and results["lut"]["measured_now"] > 0
     assert set(results["timings_s"]) >= {"baseline", "latency_table", "importance", "search", "finetune", "measure"}
     assert "measured speed-up" in proc.stdout
     pruned = zoo.load(results["checkpoint"]).eval()  # rebuilt from the plan in the checkpoint
     assert pruned.zoo_plan["remove"] == results["plan"]["remove"]
     assert sum(p.numel() for p in pruned.parameters()) == results["pruned"]["params"]
+    convs = lambda m: sum(isinstance(c, torch.nn.Conv2d) for c in m.modules())  # noqa: E731
+    assert convs(pruned) < convs(zoo.create_model("mobilenetv2_035"))
     with torch.no_grad():
         assert pruned(torch.zeros(1, 3, 16, 16)).shape == (1, 10)
 
