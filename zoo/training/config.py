@@ -45,6 +45,7 @@ class DataConfig:
     val_fraction: float = 0.2
     hflip: float = 0.5
     scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
+    shift: int = 0
     num_classes: int = 10
     num_samples: int = 512
     seq_len: int = 128
@@ -136,7 +137,7 @@ class TrainConfig:
 
 
 def register_configs(config_dir: str | Path | None = None) -> None:
-    """Store the schemas in Hydra's ConfigStore (``train_schema`` and one ``*_schema`` per group).
+    """Store the root schema ``train_schema`` in Hydra's ConfigStore (group files are checked against it).
 
     Also registers every zoo model that has no ``<config_dir>/model/<name>.yaml`` as a ``model=<name>``
     option, so new registry entries are trainable without a config file. Idempotent.
@@ -149,9 +150,6 @@ def register_configs(config_dir: str | Path | None = None) -> None:
 
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainConfig)
-    for group, node in (("model", ModelConfig), ("data", DataConfig), ("optim", OptimConfig),
-                        ("trainer", TrainerConfig), ("logger", LoggerConfig), ("paths", PathsConfig)):
-        store.store(group=group, name=f"{group}_schema", node=node)
     for name in zoo.list_models():
         if name not in with_files:
             store.store(group="model", name=name, node=ModelConfig(name=name))

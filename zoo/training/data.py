@@ -135,6 +135,23 @@ class TensorPairs(Dataset):
         return self.inputs[index], self.targets[index]
 
 
+class RandomShift(Dataset):
+    """Pads an image by `pad` pixels of `fill` and crops it back at a random offset (small translations)."""
+
+    def __init__(self, dataset: Dataset, pad: int, fill: float):
+        self.dataset, self.pad, self.fill = dataset, pad, fill
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, Any]:
+        image, target = self.dataset[index]
+        _, height, width = image.shape
+        padded = torch.nn.functional.pad(image, (self.pad,) * 4, value=self.fill)
+        top, left = torch.randint(0, 2 * self.pad + 1, (2,)).tolist()
+        return padded[:, top:top + height, left:left + width], target
+
+
 class RandomWindows(Dataset):
     """`count` windows of ``seq_len + 1`` tokens at random offsets: ``(tokens[:-1], tokens[1:])``."""
 
@@ -166,7 +183,9 @@ class FixedWindows(RandomWindows):
 
 # ----------------------------------------------------------------------------------------------- images
 def _digits(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
-    """scikit-learn digits as normalised ``3 x S x S`` tensors, stratified fixed split (random_state=0)."""
+    """scikit-learn digits as normalised ``3 x S x S`` tensors, stratified fixed split (random_state=0).
+
+    Training images are shifted by up to ``data.shift`` pixels (0: no augmentation)."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -182,8 +201,10 @@ def _digits(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
     mean, std = images[train_idx].mean().item(), images[train_idx].std().item()
     images = ((images - mean) / std).expand(-1, 3, -1, -1).contiguous()
     info = {"mean": mean, "std": std, "train_size": len(train_idx), "val_size": len(val_idx)}
-    return (TensorPairs(images[train_idx], labels[train_idx]), TensorPairs(images[val_idx], labels[val_idx]), 10,
-            info)
+    train: Dataset = TensorPairs(images[train_idx], labels[train_idx])
+    if cfg.shift:
+        train = RandomShift(train, cfg.shift, fill=-mean / std)
+    return train, TensorPairs(images[val_idx], labels[val_idx]), 10, info
 
 
 def _synthetic(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
@@ -326,9 +347,11 @@ def build_loaders(cfg: Any, seed: int = 0, model_cfg: dict | None = None, rank: 
     ``bundle.sampler.set_epoch``); the validation loader visits every sample once over all ranks.
     """
     train, val, num_classes, info = build_datasets(cfg, seed, model_cfg)
-    random_items = cfg.name not in ("digits", "synthetic")
+    random_items = cfg.name != "synthetic" and not (cfg.name == "digits" and not cfg.shift)
     sampler = EpochSampler(len(train), seed, shuffle=True, rank=rank, world=world)
-    workers = {"num_workers": cfg.num_workers, "persistent_workers": cfg.num_workers > 0, "pin_memory": pin_memory}
+    # Own generators: creating a loader iterator then never draws from the global RNG (resume stays exact).
+    workers = {"num_workers": cfg.num_workers, "persistent_workers": cfg.num_workers > 0, "pin_memory": pin_memory,
+               "generator": torch.Generator().manual_seed(seed)}
     train_loader = DataLoader(EpochSeeded(train, seed, random_items), batch_size=cfg.batch_size, sampler=sampler,
                               drop_last=True, **workers)
     val_loader = DataLoader(val, batch_size=cfg.eval_batch_size or cfg.batch_size,

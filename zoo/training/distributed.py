@@ -33,16 +33,19 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def setup(device_type: str | None = None) -> DistInfo:
-    """Join the torchrun process group once (idempotent); returns this process's rank and world size."""
+def setup() -> DistInfo:
+    """Join the torchrun process group once (idempotent); returns this process's rank and world size.
+
+    Backend: gloo for CPU tensors and, where CUDA is available, nccl for CUDA tensors.
+    """
     if not launched_by_torchrun():
         return DistInfo()
     if not dist.is_initialized():
-        use_cuda = (device_type or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if use_cuda:
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        backend = "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            backend = "cpu:gloo,cuda:nccl"
+        dist.init_process_group(backend=backend)
     return info()
 
 
@@ -57,7 +60,7 @@ def shared_start_time() -> datetime:
     global _START_TIME
     if _START_TIME is None:
         stamp = [datetime.now()]
-        if info().enabled:
+        if setup().enabled:
             dist.broadcast_object_list(stamp, src=0)
         _START_TIME = stamp[0]
     return _START_TIME

@@ -1,0 +1,530 @@
+"""train.py and the training library: config composition, tiny real training runs, W&B offline files read
+back, checkpoints/resume, faults (NaN, signals, kill -9 during a save), DDP on 2 CPU processes, benchmark."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import zoo
+from zoo.training import (
+    Callback,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    NonFiniteLossError,
+    Trainer,
+    TrainingInterrupted,
+    build_loaders,
+    evaluate,
+    fit,
+    model_name_from_checkpoint,
+    seed_everything,
+)
+from zoo.training import checkpointing as ckpt
+from zoo.training.config import register_configs, validate
+from zoo.training.data import read_text_files, stdlib_corpus, unigram_entropy
+from zoo.training.distributed import register_resolvers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wandb_reader import find_run_files, read_run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+TINY_DIGITS = ["data.image_size=16", "data.batch_size=32", "trainer.max_epochs=2", "trainer.limit_train_batches=4",
+               "trainer.progress=false", "model=mobilenetv2_035", "optim.warmup_epochs=0"]
+
+
+def tiny(*changes: str) -> list[str]:
+    """TINY_DIGITS with `changes` replacing the entries for the same keys (Hydra refuses duplicates)."""
+    keys = {c.split("=", 1)[0] for c in changes}
+    return [o for o in TINY_DIGITS if o.split("=", 1)[0] not in keys] + list(changes)
+HAS_RETNET = zoo.is_model("retnet_tiny")
+
+
+# --------------------------------------------------------------------------------------------- helpers
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: on a shared 2-core machine, spinning OpenMP threads of concurrent jobs slow each
+    other down many-fold; one thread keeps these tiny runs fast and their timing steady."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def compose(overrides: list[str], output_dir: Path | None = None):
+    """A real Hydra composition of conf/train.yaml (paths.output_dir replaced, it needs a Hydra run)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register_configs(CONF)
+    register_resolvers()
+    extra = [f"paths.output_dir={output_dir}"] if output_dir else ["paths.output_dir=unused"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose(config_name="train", overrides=[*overrides, *extra])
+
+
+def env_for(tmp: Path) -> dict[str, str]:
+    env = dict(os.environ, WANDB_DIR=str(tmp), WANDB_SILENT="true", HYDRA_FULL_ERROR="0", PYTHONUNBUFFERED="1",
+               OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def train_cmd(*overrides: str, run_dir: Path) -> list[str]:
+    return [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
+
+
+def run_train(*overrides: str, run_dir: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(train_cmd(*overrides, run_dir=run_dir), capture_output=True, text=True, timeout=timeout,
+                          env=env_for(run_dir.parent), cwd=run_dir.parent)
+
+
+def tiny_cfg(tmp_path: Path, *extra: str):
+    return compose(tiny("logger=none", *extra), output_dir=tmp_path)
+
+
+def fresh_trainer(cfg, callbacks=(), output_dir=None, **kwargs) -> Trainer:
+    seed_everything(cfg.trainer.seed)
+    data = build_loaders(cfg.data, seed=cfg.trainer.seed)
+    model = zoo.create_model(cfg.model.name, num_classes=data.num_classes, **cfg.model.overrides)
+    return Trainer(model, data, cfg.optim, cfg.trainer, callbacks=callbacks, output_dir=output_dir, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------- composition
+def _options(group: str) -> list[str]:
+    """The group's options for train.yaml (experiments that configure ``prune:`` belong to prune.yaml)."""
+    import yaml
+
+    paths = sorted((CONF / group).glob("*.yaml"))
+    return [p.stem for p in paths if group != "experiment" or "prune" not in (yaml.safe_load(p.read_text()) or {})]
+
+
+REQUIRED = {"imagefolder": ["data.root=/x"], "text": ["data.files=[a.txt]"]}
+
+
+@pytest.mark.parametrize("group", ["model", "data", "optim", "trainer", "logger", "paths", "experiment"])
+def test_every_group_option_composes(group, tmp_path):
+    assert _options(group), f"conf/{group} is empty"
+    for option in _options(group):
+        overrides = [f"{group}={option}", *REQUIRED.get(option, [])]
+        model = zoo.get_entry(option) if group == "model" else None
+        if model is not None and len(model.default_cfg.get("input_size", ())) == 1:
+            overrides.append("data=bytes")
+        if group == "data" and option in ("bytes", "text"):
+            overrides.append("model=retnet_tiny")
+        cfg = compose(overrides, tmp_path)
+        if group == "model":
+            assert cfg.model.name == option
+        if group == "data":
+            assert cfg.data.name == option
+        if HAS_RETNET or "retnet" not in cfg.model.name:
+            validate(cfg)
+
+
+def test_hydra_group_and_resolvers_compose(tmp_path):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register_configs(CONF)
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = hydra_compose(config_name="train", return_hydra_config=True)
+    assert "/train/runs/" in cfg.hydra.run.dir and cfg.hydra.job.chdir is False
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.max_epoch=3", "max_epoch"),
+    ("trainer.max_epochs=three", "max_epochs"),
+    ("data.batchsize=3", "batchsize"),
+])
+def test_typos_and_bad_types_fail_at_composition(override, message, tmp_path):
+    with pytest.raises(Exception, match=message):
+        compose([override], tmp_path)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.precision=fp64"], "trainer.precision"),
+    (["logger.mode=sometimes"], "logger.mode"),
+    (["data=bytes"], "image classifier"),
+    (["optim.lr=0"], "optim.lr"),
+])
+def test_validate_rejects_bad_values(overrides, message, tmp_path):
+    with pytest.raises(ConfigError, match=message):
+        validate(compose(overrides, tmp_path))
+
+
+# ------------------------------------------------------------------------------------------------ data
+def test_digits_and_synthetic_loaders(tmp_path):
+    cfg = compose(["data.image_size=24"], tmp_path)
+    data = build_loaders(cfg.data, seed=0)
+    assert (data.task, data.num_classes, data.input_size) == ("classification", 10, (3, 24, 24))
+    assert data.info["train_size"] == 1437 and data.info["val_size"] == 360
+    synthetic = build_loaders(compose(["data=synthetic", "data.num_classes=7"], tmp_path).data, seed=0)
+    assert synthetic.num_classes == 7
+    first = [idx for _, idx in data.sampler]
+    data.sampler.set_epoch(1)
+    assert first != [idx for _, idx in data.sampler], "each epoch has its own (seeded) order"
+    data.sampler.set_epoch(0, start=5)
+    assert [idx for _, idx in data.sampler] == first[5:]
+
+
+def test_bytes_corpus_is_embedded_and_deterministic(tmp_path):
+    corpus = stdlib_corpus()
+    assert corpus == stdlib_corpus() and len(corpus) > 100_000
+    tokens = torch.frombuffer(bytearray(corpus), dtype=torch.uint8)
+    assert 2.0 < unigram_entropy(tokens) < torch.log(torch.tensor(256.0)).item()
+    data = build_loaders(compose(["data=bytes", "model=retnet_tiny", "data.seq_len=32"], tmp_path).data, seed=0)
+    inputs, targets = next(iter(data.train))
+    assert data.task == "lm" and data.num_classes == 256 and inputs.shape == (32, 32)
+    assert torch.equal(inputs[:, 1:], targets[:, :-1]) and inputs.dtype == torch.long
+    assert data.info["unigram_entropy"] > 0
+
+
+def test_text_files_and_missing_files(tmp_path):
+    (tmp_path / "a.txt").write_text("hello world\n" * 400)
+    (tmp_path / "b.txt").write_text("more text here\n" * 400)
+    assert read_text_files([str(tmp_path / "*.txt")]).count(b"hello") == 400
+    cfg = compose(["data=text", "model=retnet_tiny", f"data.files=[{tmp_path}/*.txt]", "data.seq_len=16"], tmp_path)
+    assert build_loaders(cfg.data, seed=0).task == "lm"
+    with pytest.raises(DataError, match="matches no file"):
+        read_text_files([str(tmp_path / "missing.txt")])
+
+
+def test_imagefolder_from_tiny_pngs(tmp_path):
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for label, color in (("cat", (200, 30, 30)), ("dog", (30, 30, 200))):
+            folder = tmp_path / "images" / split / label
+            folder.mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (20, 18), tuple(c + 5 * i for c in color)).save(folder / f"{i}.png")
+    cfg = compose(["data=imagefolder", f"data.root={tmp_path / 'images'}", "data.image_size=16", "data.batch_size=4",
+                   "data.num_workers=0", "model=mobilenetv2_035", "trainer.max_epochs=1", "trainer.progress=false",
+                   "logger=none"], tmp_path)
+    data = build_loaders(cfg.data, seed=0, model_cfg=zoo.get_entry("mobilenetv2_035").default_cfg)
+    assert data.num_classes == 2 and data.input_size == (3, 16, 16)
+    model = zoo.create_model("mobilenetv2_035", num_classes=2)
+    result = fit(model, data, cfg.optim, cfg.trainer)
+    assert result.steps == 2 and "val/acc1" in result.metrics
+
+
+def test_missing_data_roots_are_clear_errors(tmp_path):
+    with pytest.raises(DataError, match="data.download=true"):
+        build_loaders(compose(["data=cifar10", f"data.root={tmp_path / 'none'}"], tmp_path).data)
+    with pytest.raises(DataError, match="train/ and val/"):
+        build_loaders(compose(["data=imagefolder", f"data.root={tmp_path}"], tmp_path).data)
+
+
+# ---------------------------------------------------------------------------------------------- engine
+def test_evaluate_distillation_and_callback_progress(tmp_path):
+    cfg = tiny_cfg(tmp_path, "trainer.max_epochs=2")
+
+    class Recorder(Callback):
+        def __init__(self):
+            self.progress, self.epochs = [], []
+
+        def on_step_end(self, trainer):
+            self.progress.append(trainer.progress)
+
+        def on_epoch_end(self, trainer, metrics):
+            self.epochs.append(metrics["trainer/epoch"])
+
+    recorder = Recorder()
+    seed_everything(0)
+    data = build_loaders(cfg.data, seed=0)
+    teacher = zoo.create_model("mobilenetv2_035", num_classes=10)
+    student = zoo.create_model("mobilenetv2_035", num_classes=10)
+    result = fit(student, data, cfg.optim, cfg.trainer, teacher=teacher, distill_weight=0.5, callbacks=[recorder])
+    assert recorder.progress == sorted(recorder.progress) and recorder.progress[-1] == pytest.approx(1.0)
+    assert recorder.epochs == [1, 2] and result.steps == 8 and result.last_checkpoint is None
+    metrics = evaluate(student, data.val, "classification")
+    assert set(metrics) == {"loss", "acc1", "acc5"} and 0 <= metrics["acc1"] <= 100
+    assert metrics["acc1"] == pytest.approx(result.metrics["val/acc1"])
+
+
+def test_bf16_channels_last_accumulation_clipping_smoothing_run(tmp_path):
+    cfg = tiny_cfg(tmp_path, "trainer.max_epochs=1", "trainer.precision=bf16", "trainer.channels_last=true",
+                   "trainer.accum_steps=3", "trainer.label_smoothing=0.1", "optim.clip_grad=1.0", "optim=sgd",
+                   "optim.lr=0.05")
+    result = fresh_trainer(cfg).fit()
+    assert result.steps == 2 and torch.isfinite(torch.tensor(result.metrics["val/loss"]))
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_resume_mid_epoch_gives_the_same_weights(tmp_path):
+    extra = ("trainer.max_epochs=3", "trainer.ema=true", "+model.overrides.drop_rate=0.2", "data.shift=2",
+             "trainer.mixup_alpha=0.2")
+    cfg = tiny_cfg(tmp_path / "a", *extra)
+    straight = fresh_trainer(cfg, output_dir=tmp_path / "a")
+    straight.fit()
+
+    class StopAt(Callback):
+        def on_step_end(self, trainer):
+            if trainer.step == 6:
+                trainer.request_stop()
+
+    cfg_b = tiny_cfg(tmp_path / "b", *extra)
+    interrupted = fresh_trainer(cfg_b, callbacks=[StopAt()], output_dir=tmp_path / "b")
+    with pytest.raises(TrainingInterrupted):
+        interrupted.fit()
+    state_path = ckpt.resolve_resume("auto", tmp_path / "b")
+    assert state_path is not None and ckpt.load_state(state_path)["batch_in_epoch"] == 2
+    resumed = fresh_trainer(cfg_b, output_dir=tmp_path / "b")
+    resumed.fit(resume_from=state_path)
+    a, b = _weights(straight.model), _weights(resumed.model)
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed run differs from the uninterrupted one"
+    assert all(torch.equal(x, y) for x, y in zip(straight.ema.module.state_dict().values(),
+                                                  resumed.ema.module.state_dict().values()))
+    loaded = zoo.load(tmp_path / "b" / "checkpoints" / "last.safetensors")
+    assert all(torch.equal(loaded.state_dict()[k], b[k]) for k in b)
+
+
+def test_resume_refuses_another_model(tmp_path):
+    cfg = tiny_cfg(tmp_path, "trainer.max_epochs=1")
+    fresh_trainer(cfg, output_dir=tmp_path).fit()
+    other = fresh_trainer(tiny_cfg(tmp_path, "model=mobilenetv2_050"), output_dir=tmp_path / "other")
+    with pytest.raises(CheckpointError, match="written for model=mobilenetv2_035"):
+        other.fit(resume_from=ckpt.resolve_resume(tmp_path, None))
+    assert model_name_from_checkpoint(tmp_path / "checkpoints" / "best.safetensors") == "mobilenetv2_035"
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    class Poison(Callback):
+        def on_step_end(self, trainer):
+            if trainer.epoch == 1 and trainer.batch_in_epoch == 2:
+                with torch.no_grad():
+                    trainer.model.classifier.weight.fill_(float("nan"))
+
+    trainer = fresh_trainer(tiny_cfg(tmp_path, "trainer.max_epochs=3"), callbacks=[Poison()], output_dir=tmp_path)
+    last = tmp_path / "checkpoints" / "last.safetensors"
+    with pytest.raises(NonFiniteLossError, match="last good checkpoint"):
+        trainer.fit()
+    meta = zoo.read_checkpoint_meta(last)
+    assert meta["epoch"] == 1
+    assert all(torch.isfinite(v).all() for v in zoo.load(last).state_dict().values() if v.is_floating_point())
+
+
+def test_sigterm_saves_last_and_stops(tmp_path):
+    class Kill(Callback):
+        def on_step_end(self, trainer):
+            if trainer.step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer = fresh_trainer(tiny_cfg(tmp_path), callbacks=[Kill()], output_dir=tmp_path)
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.fit()
+    assert info.value.signum == signal.SIGTERM
+    state = ckpt.load_state(tmp_path / "checkpoints" / "last.state.pt")
+    assert (state["epoch"], state["batch_in_epoch"], state["step"]) == (0, 3, 3)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+
+
+KILL_SCRIPT = """
+import sys, torch, zoo
+from zoo.training import checkpointing as ckpt
+model = zoo.create_model("mobilenetv2_100", num_classes=10)
+out = sys.argv[1]
+step = 0
+while True:
+    step += 1
+    with torch.no_grad():
+        model.classifier.bias.fill_(step)
+    ckpt.save_state({"model_name": model.zoo_name, "model": model.state_dict(), "step": step}, out + "/last.state.pt")
+    ckpt.save_weights(model, out + "/last.safetensors", step=step)
+    print(step, flush=True)
+"""
+
+
+def test_kill_9_during_checkpoint_write_keeps_previous_loadable(tmp_path):
+    for delay in (0.05, 0.13):
+        proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                                env=env_for(tmp_path))
+        assert proc.stdout.readline().strip() == "1" or proc.poll() is None
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        step = ckpt.load_state(tmp_path / "last.state.pt")["step"]
+        model = zoo.load(tmp_path / "last.safetensors")
+        weights_step = zoo.read_checkpoint_meta(tmp_path / "last.safetensors")["step"]
+        assert weights_step in (step, step - 1) and float(model.classifier.bias.detach()[0]) == weights_step
+    ckpt.remove_stale_temps(tmp_path)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+# ------------------------------------------------------------------------------------------ W&B logger
+def test_wandb_online_without_key_falls_back_to_offline(tmp_path, monkeypatch):
+    from zoo.training.logger import WandbLogger
+
+    for key in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    start = time.perf_counter()
+    with pytest.warns(RuntimeWarning, match="offline"):
+        logger = WandbLogger(mode="online", save_dir=tmp_path, config={"a": 1}, init_timeout=15)
+    try:
+        logger.log({"train/loss": 1.5}, step=1)
+        logger.summary({"val/acc1": 50.0})
+    finally:
+        logger.finish()
+    assert time.perf_counter() - start < 60
+    run = read_run(find_run_files(tmp_path)[0])
+    assert run.history[0]["train/loss"] == 1.5 and run.summary["val/acc1"] == 50.0 and run.config["a"] == 1
+
+
+# ----------------------------------------------------------------------------------------- entry point
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    """One tiny end-to-end `python train.py` on digits with W&B offline (shared by several tests)."""
+    base = tmp_path_factory.mktemp("digits")
+    run_dir = base / "run"
+    proc = run_train(*TINY_DIGITS, "logger.tags=[test]", "trainer.log_every=2", run_dir=run_dir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir, proc
+
+
+def test_train_py_digits_end_to_end(digits_run):
+    run_dir, proc = digits_run
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["model"] == "mobilenetv2_035" and results["data"] == "digits" and results["epochs"] == 2
+    assert set(results["metrics"]) == {"val/acc1", "val/acc5", "val/loss"}
+    assert results["params"] > 0 and results["train_time_s"] > 0
+    checkpoint = Path(results["checkpoint"])
+    assert checkpoint.is_file() and "epoch 2/2" in proc.stdout + proc.stderr
+    name = model_name_from_checkpoint(checkpoint)
+    model = zoo.create_model(name, pretrained=checkpoint)
+    assert model.num_classes == 10 and zoo.load(checkpoint).num_classes == 10
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+
+
+def test_wandb_offline_run_holds_the_logged_metrics(digits_run):
+    run_dir, _ = digits_run
+    files = find_run_files(run_dir)
+    assert len(files) == 1
+    run = read_run(files[0])
+    results = json.loads((run_dir / "results.json").read_text())
+    epoch_rows = [row for row in run.history if "val/acc1" in row]
+    assert len(epoch_rows) == 2 and all("train/loss" in row for row in epoch_rows)
+    assert any("train/loss_step" in row for row in run.history)
+    assert run.summary["val/acc1"] == pytest.approx(results["metrics"]["val/acc1"])
+    assert run.config["model"]["name"] == "mobilenetv2_035" and run.config["trainer"]["max_epochs"] == 2
+    assert run.run["tags"] == ["test"] and run.run["project"] == "depthzoo" and run.exit_code == 0
+
+
+def test_train_py_help_lists_the_groups(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], capture_output=True, text=True,
+                          env=env_for(tmp_path), timeout=120)
+    assert proc.returncode == 0
+    for group in ("model:", "data:", "optim:", "trainer:", "logger:", "experiment:", "paths:"):
+        assert group in proc.stdout
+    assert "retnet_tiny" in proc.stdout or not HAS_RETNET
+
+
+@pytest.mark.parametrize("overrides, code, message", [
+    (["data=imagenot"], 1, "Available options in 'data'"),
+    (["data=cifar10", "data.root=/nonexistent/cifar"], 2, "not found or corrupted"),
+    (["model.num_classes=7"], 2, "model.num_classes=7 but the data set has 10 classes"),
+    (["model=mobilenetv2_050", "trainer.resume={resume}"], 2, "written for model=mobilenetv2_035"),
+])
+def test_bad_input_exits_with_a_clear_message(overrides, code, message, digits_run, tmp_path):
+    overrides = [o.format(resume=digits_run[0]) for o in overrides]
+    proc = run_train(*tiny("logger=none", *overrides), run_dir=tmp_path / "run")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == code, output[-3000:]
+    assert message in output
+    assert "Traceback" not in output
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.skipif(not HAS_RETNET, reason="zoo.retnet (retnet_tiny) is not available")
+def test_train_py_bytes_language_model(tmp_path):
+    run_dir = tmp_path / "lm"
+    proc = run_train("model=retnet_tiny", "data=bytes", "data.seq_len=32", "data.train_samples=128",
+                     "data.val_samples=16", "data.batch_size=16", "trainer.max_epochs=2", "trainer.progress=false",
+                     "logger=none", run_dir=run_dir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert set(results["metrics"]) >= {"val/loss", "val/ppl"} and results["task"] == "lm"
+    assert results["metrics"]["val/loss"] < torch.log(torch.tensor(256.0)).item()
+    assert results["data_info"]["unigram_entropy"] > 0
+    assert zoo.load(results["checkpoint"]).vocab_size == 256
+
+
+@pytest.mark.slow
+def test_sigint_saves_last_then_resume_auto_finishes(tmp_path):
+    run_dir = tmp_path / "run"
+    args = tiny("logger=none", "trainer.max_epochs=40", "trainer.limit_train_batches=null")
+    proc = subprocess.Popen(train_cmd(*args, run_dir=run_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env_for(tmp_path), cwd=tmp_path)
+    last = run_dir / "checkpoints" / "last.safetensors"
+    deadline = time.time() + 150
+    while not last.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert last.exists(), proc.communicate()[0][-3000:]
+    proc.send_signal(signal.SIGINT)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 128 + signal.SIGINT, output[-3000:]
+    assert "saved" in output and zoo.load(last).num_classes == 10
+    state = ckpt.load_state(run_dir / "checkpoints" / "last.state.pt")
+    assert state["epoch"] >= 1 and state["epoch"] < 40
+    resumed = run_train(*tiny("logger=none", f"trainer.max_epochs={state['epoch'] + 1}",
+                             "trainer.limit_train_batches=null", "trainer.resume=auto"), run_dir=run_dir)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "Resumed from" in resumed.stdout + resumed.stderr
+    assert json.loads((run_dir / "results.json").read_text())["epochs"] == state["epoch"] + 1
+
+
+@pytest.mark.slow
+def test_multirun_groups_wandb_runs_by_sweep_dir(tmp_path):
+    cmd = [sys.executable, str(ROOT / "train.py"), "-m", *tiny("trainer.max_epochs=1", "optim.lr=0.001,0.002"),
+           f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env_for(tmp_path), cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = [read_run(f) for f in find_run_files(tmp_path / "sweep")]
+    assert len(runs) == 2 and len({r.run["id"] for r in runs}) == 2
+    assert {r.run["group"] for r in runs} == {str(tmp_path / "sweep")}
+    assert sorted(r.config["optim"]["lr"] for r in runs) == [0.001, 0.002]
+    assert all(r.exit_code == 0 and "val/acc1" in r.summary for r in runs)
+
+
+@pytest.mark.slow
+def test_torchrun_ddp_two_cpu_processes(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "train.py"), "trainer=ddp", *TINY_DIGITS, f"paths.log_dir={tmp_path / 'logs'}"]
+    env = env_for(tmp_path)
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_dirs = list((tmp_path / "logs" / "train" / "runs").iterdir())
+    assert len(run_dirs) == 1, run_dirs
+    results = json.loads((run_dirs[0] / "results.json").read_text())
+    assert results["steps"] == 8 and set(results["metrics"]) == {"val/acc1", "val/acc5", "val/loss"}
+    assert len(find_run_files(run_dirs[0])) == 1
+    assert zoo.load(results["checkpoint"]).num_classes == 10
+    run = read_run(find_run_files(run_dirs[0])[0])
+    assert run.summary["val/acc1"] == pytest.approx(results["metrics"]["val/acc1"])
+
+
+# ------------------------------------------------------------------------------------------- benchmark
+def test_benchmark_quick_smoke(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.train_throughput import run
+
+    result = run(quick=True)
+    assert result["engine_samples_per_s"] > 0 and result["loop_samples_per_s"] > 0
+    assert result["ratio"] > 0 and result["torch"] == torch.__version__
