@@ -325,24 +325,25 @@ def build_lut(cfg: Any, baseline: nn.Module, data: Any) -> Any:
 
 def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: dict[str, Any] | None = None
                          ) -> dict[str, dict[str, float]]:
-    """Median latency (ms) and spread of each network, timed in interleaved rounds under the table's conditions.
+    """Latency statistics (ms) of each network, timed in interleaved rounds under the table's conditions.
 
-    Each network also runs in its deploy form (:func:`zoo.fuse`), the fair reference for speed-ups.
+    Each network runs in the form the table measures (its deploy form, :func:`zoo.fuse`, by default) and, as
+    ``<name>_eager``, as it is.
     """
-    from . import fuse
     from .latency.calibrate import CalibrationSettings, time_networks
-    from .latency.table import prepare
+    from .latency.table import measured_form, prepare
 
     device = next(table.model.parameters()).device
     channels_last = table.condition["layout"] == "channels_last"
-    labelled = dict(nets)
+    forms = {}
     for name, net in nets.items():
-        labelled[f"{name}_fused"] = fuse(net) if table.example.dim() == 4 else net
-    prepared = [prepare(copy.deepcopy(net), device, channels_last) for net in labelled.values()]
+        forms[name] = measured_form(net, table.settings)
+        forms[f"{name}_eager"] = net
+    prepared = [prepare(copy.deepcopy(net), device, channels_last) for net in forms.values()]
     if table.condition.get("workload") == "decode":
         prepared = [DecodeStep(net, table.example.shape[0]) for net in prepared]
     benches = time_networks(prepared, table.example, {}, table, CalibrationSettings(**(settings or {})))
-    return {name: {k: round(v, 5) for k, v in bench.summary().items()} for name, bench in zip(labelled, benches)}
+    return {name: {k: round(v, 5) for k, v in bench.summary().items()} for name, bench in zip(forms, benches)}
 
 
 def count_params(model: nn.Module) -> int:
@@ -442,8 +443,8 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
     """The ``results.json`` of a prune run (see the prune docs for every field)."""
     predicted = table.predict(plan)
     estimate = f"{table.settings.estimator}_ms"  # the statistic the table's entries use (p10 by default)
-    base_ms, pruned_ms = measured["baseline_fused"][estimate], measured["pruned_fused"][estimate]
-    unfused_pruned, unfused_base = measured["pruned"][estimate], measured["baseline"][estimate]
+    base_ms, pruned_ms = measured["baseline"][estimate], measured["pruned"][estimate]
+    eager_base, eager_pruned = measured["baseline_eager"][estimate], measured["pruned_eager"][estimate]
     return {
         "model": cfg.model.name,
         "data": cfg.data.name,
@@ -457,15 +458,16 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
         "plan": plan,
         "search_result": None if result is None else {"latency_ms": result.latency, "damage": result.damage},
         "latency_statistic": table.settings.estimator,
-        "baseline": {"latency_ms": base_ms, "latency_unfused_ms": unfused_base,
+        "latency_form": table.condition.get("form", "eager"),
+        "baseline": {"latency_ms": base_ms, "latency_eager_ms": eager_base,
                      "predicted_latency_ms": table.predict({"remove": []}), "params": count_params(baseline),
                      "metrics": _metric_view(base_metrics)},
-        "pruned": {"latency_ms": pruned_ms, "latency_unfused_ms": unfused_pruned, "params": count_params(pruned),
+        "pruned": {"latency_ms": pruned_ms, "latency_eager_ms": eager_pruned, "params": count_params(pruned),
                    "metrics": _metric_view(pruned_metrics)},
         "predicted_latency_ms": predicted,
-        "prediction_error": predicted / unfused_pruned - 1.0,
+        "prediction_error": predicted / pruned_ms - 1.0,
         "measured_speedup": base_ms / pruned_ms,
-        "measured_speedup_unfused": unfused_base / unfused_pruned,
+        "measured_speedup_eager": eager_base / eager_pruned,
         "measurements": measured,
         "lut": {"entries": table.n_entries, "measured_now": table.n_measured, "cached": table.n_cached,
                 "build_s": round(table.build_s, 3),
@@ -528,7 +530,7 @@ def pareto_figure(table: Any, options: list, results: dict) -> Any:
     ax.plot([fixed + lat for lat, _ in front], [-d for _, d in front], "o-", ms=3, label="DP front (predicted)")
     if results.get("search_result"):
         ax.plot(results["predicted_latency_ms"], -results["search_result"]["damage"], "r*", ms=12, label="chosen plan")
-        ax.axvline(results["pruned"]["latency_unfused_ms"], color="g", ls="--", label="measured latency")
+        ax.axvline(results["pruned"]["latency_ms"], color="g", ls="--", label="measured latency")
     ax.set_xlabel("latency (ms)")
     ax.set_ylabel("-(importance lost)")
     ax.legend(fontsize=7)

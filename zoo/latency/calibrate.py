@@ -21,7 +21,7 @@ from torch import nn
 from ..surgery import Segment, apply_plan
 from .device import resolve_dtype, timing_context
 from .measure import Bench
-from .table import Correction, LatencyTable, prepare, time_rounds
+from .table import Correction, LatencyTable, measured_form, prepare, time_rounds
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def time_networks(nets: Sequence[nn.Module], example: Any, forward_kwargs: Mappi
 
 def pruned_network(table: LatencyTable, plan: Mapping[str, Any]) -> nn.Module:
     """The table's model with `plan` applied (a copy), prepared like the table's segments."""
-    model = apply_plan(table.model, dict(plan), inplace=False)
+    model = measured_form(apply_plan(table.model, dict(plan), inplace=False), table.settings)
     channels_last = table.condition["layout"] == "channels_last"
     return prepare(model, next(iter(table.model.parameters())).device, channels_last)
 
@@ -149,7 +149,8 @@ def evaluate(table: LatencyTable, plans: Sequence[Mapping[str, Any]], settings: 
     start = time.perf_counter()
     nets = [pruned_network(table, plan) for plan in plans]
     half = len(nets) // 2
-    order = [table.model, *nets[:half], table.model, *nets[half:]]  # A ... A' ...: the noise-floor pair
+    base_net = pruned_network(table, {"remove": [], "merge": table.merge})
+    order = [base_net, *nets[:half], base_net, *nets[half:]]  # A ... A' ...: the noise-floor pair
     benches = time_networks(order, table.example, table.forward_kwargs, table, settings)
     original, again = benches[0], benches[half + 1]
     plan_benches = benches[1:half + 1] + benches[half + 2:]

@@ -71,6 +71,8 @@ class TableSettings:
     estimator: which statistic of the runs the costs use: ``median``, ``p10`` (10th percentile; robust to a
         busy machine, whose interference only ever adds time) or ``min``.
     clock: CPU ``wall`` or ``thread`` time (see :class:`~zoo.latency.measure.MeasureSettings`).
+    deploy: measure every entry (and every whole network in calibration) in its deploy form, :func:`zoo.fuse`
+        (BatchNorm folded, weight standardisation precomputed), the form a pruned network is served in.
     """
 
     warmup_s: float = 3.0
@@ -84,6 +86,7 @@ class TableSettings:
     cuda_graph: bool = False
     estimator: str = "p10"
     clock: str = "wall"
+    deploy: bool = True
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
@@ -224,6 +227,15 @@ def normalise_input_size(model: nn.Module, input_size: int | Sequence[int] | Non
         return (default[0], input_size, input_size) if len(default) == 3 else (*default[:-1], input_size)
     size = tuple(int(v) for v in input_size)
     return (default[0], *size) if len(default) == 3 and len(size) == 2 else size
+
+
+def measured_form(module: nn.Module, settings: TableSettings) -> nn.Module:
+    """The form a module is timed in: its deploy form (a fused copy) unless ``settings.deploy`` is off."""
+    if not settings.deploy:
+        return module
+    from ..fuse import fuse
+
+    return fuse(module)
 
 
 def prepare(module: nn.Module, device: torch.device, channels_last: bool) -> nn.Module:
@@ -439,11 +451,13 @@ def condition_key(device: torch.device, dtype: torch.dtype, batch_size: int, inp
             "dtype": dtype_name(dtype), "batch_size": int(batch_size), "input_size": list(input_size),
             "layout": "channels_last" if channels_last else "contiguous", "threads": int(settings.threads),
             "workload": workload, "cuda_graph": bool(settings.cuda_graph and device.type == "cuda"),
-            "protocol": f"round-robin-{settings.runs_per_round}", "clock": settings.clock}
+            "protocol": f"round-robin-{settings.runs_per_round}", "clock": settings.clock,
+            "form": "deploy" if settings.deploy else "eager"}
 
 
 def _variant_entries(model: nn.Module, segs: Sequence[Segment], captures: Sequence[Capture], device: torch.device,
-                     channels_last: bool, merge: bool) -> tuple[list[dict[frozenset[str], str | None]], list[Pending]]:
+                     channels_last: bool, merge: bool, settings: TableSettings
+                     ) -> tuple[list[dict[frozenset[str], str | None]], list[Pending]]:
     """The cache key of every (segment, variant) and the built module behind each distinct key."""
     keys: list[dict[frozenset[str], str | None]] = []
     built: dict[str, Pending] = {}
@@ -453,7 +467,8 @@ def _variant_entries(model: nn.Module, segs: Sequence[Segment], captures: Sequen
             if seg.name in variant:
                 seg_keys[variant] = None
                 continue
-            module = prepare(build_segment(model, seg, variant, merge), device, channels_last)
+            module = prepare(measured_form(build_segment(model, seg, variant, merge), settings), device,
+                             channels_last)
             relative = [name[len(seg.name) + 1:] for name in variant]
             key = entry_key("segment", module, relative, cap)
             seg_keys[variant] = key
@@ -527,8 +542,8 @@ def build_table(
     cache = LatencyCache(condition, cache_dir)
     with timing_context(dev, torch_dtype, settings.threads):
         captures = capture_segments(model, segs, example, call_kwargs)
-        keys, pending = _variant_entries(model, segs, captures, dev, channels_last, merge)
-        fixed_module = replay_model(model, segs, captures)
+        keys, pending = _variant_entries(model, segs, captures, dev, channels_last, merge, settings)
+        fixed_module = prepare(measured_form(replay_model(model, segs, captures), settings), dev, channels_last)
         fixed = Pending(entry_key(FIXED, fixed_module, [], Capture((example,), call_kwargs)), fixed_module,
                         Capture((example,), call_kwargs), f"{getattr(model, 'zoo_name', type(model).__name__)} "
                                                           "fixed part (segments replayed)")
