@@ -17,9 +17,11 @@ from benchmarks.common import markdown_table, write_result
 CONF = Path(__file__).resolve().parents[1] / "conf"
 MODELS = {  # model: overrides that make it fit the embedded data and this machine
     "mobilenetv2_050": ["data=digits"],
-    "tresnet_m": ["data=digits", "data.batch_size=32", "trainer.max_epochs=4", "prune.batch_size=8"],
-    "resnetv2_50x1_bit": ["data=digits", "data.batch_size=32", "trainer.max_epochs=4", "prune.batch_size=8"],
-    "retnet_small": ["data=bytes", "trainer.max_epochs=2", "prune.batch_size=8"],
+    "tresnet_m": ["data=digits", "data.batch_size=32", "trainer.max_epochs=3", "prune.batch_size=8",
+                  "finetune.epochs=1"],
+    "resnetv2_50x1_bit": ["data=digits", "data.batch_size=32", "trainer.max_epochs=3", "prune.batch_size=8",
+                          "finetune.epochs=1"],
+    "retnet_small": ["data=bytes", "trainer.max_epochs=2", "prune.batch_size=8", "finetune.epochs=1"],
 }
 QUICK = ["data.image_size=16", "trainer.max_epochs=1", "trainer.limit_train_batches=3", "finetune.epochs=1",
          "prune.batch_size=2", "prune.calib_batches=1", "++prune.lut={warmup_s: 0.2, min_rounds: 3, max_rounds: 5}",

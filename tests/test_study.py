@@ -96,3 +96,11 @@ def test_report_lists_failed_and_missing_jobs_and_refuses_mixed_devices(sweep, t
     assert len(make_report(copy, allow_mixed_devices=True)["rows"]) == 2
     cli = subprocess.run([sys.executable, "-m", "zoo.report", str(tmp_path / "nope")], capture_output=True, text=True)
     assert cli.returncode == 2 and "does not exist" in cli.stderr
+
+
+def test_slurm_launcher_config_composes():
+    proc = subprocess.run([sys.executable, str(ROOT / "prune.py"), "hydra/launcher=slurm",
+                           "hydra.launcher.partition=gpu", "--cfg", "hydra"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "SlurmLauncher" in proc.stdout and "partition: gpu" in proc.stdout and "gpus_per_node: 1" in proc.stdout
