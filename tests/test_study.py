@@ -19,18 +19,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_sweep(base: Path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_DIR": str(base), "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(ROOT / "prune.py"), "-m", *TINY, *overrides, f"hydra.sweep.dir={base / 'sweep'}",
-           f"paths.log_dir={base / 'outputs'}", f"prune.cache_dir={base / 'cache'}"]
+    env = {k: v for k, v in os.environ.items() if k != "DEPTHZOO_START_TIME"}
+    env.update(WANDB_DIR=str(base), WANDB_SILENT="true", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, str(ROOT / "prune.py"), "-m", *TINY, *overrides, f"paths.log_dir={base / 'outputs'}",
+           f"prune.cache_dir={base / 'cache'}"]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=base)
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
+    """A 2x2 joblib sweep in the default (time-stamped) sweep directory; its jobs' processes must agree on it."""
     base = tmp_path_factory.mktemp("study")
     proc = run_sweep(base, "prune.target_speedup=1.25,1.5", "prune.search=dp,greedy", "hydra/launcher=joblib",
                      "hydra.launcher.n_jobs=2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (sweep_dir,) = list((base / "outputs" / "prune" / "multiruns").iterdir())
+    (base / "sweep").symlink_to(sweep_dir)
     return base, proc
 
 
@@ -68,7 +72,8 @@ def test_jobs_share_one_baseline_one_table_and_group_their_wandb_runs(sweep):
 def test_rerun_skips_finished_jobs(sweep):
     base, _ = sweep
     before = {p: p.stat().st_mtime for p in (base / "sweep").glob("*/results.json")}
-    proc = run_sweep(base, "prune.target_speedup=1.25,1.5", "prune.search=dp,greedy", "logger=none")
+    proc = run_sweep(base, "prune.target_speedup=1.25,1.5", "prune.search=dp,greedy", "logger=none",
+                     f"hydra.sweep.dir={(base / 'sweep').resolve()}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert {p: p.stat().st_mtime for p in (base / "sweep").glob("*/results.json")} == before
     assert (proc.stdout + proc.stderr).count("already finished") == 4
@@ -77,7 +82,7 @@ def test_rerun_skips_finished_jobs(sweep):
 def test_report_lists_failed_and_missing_jobs_and_refuses_mixed_devices(sweep, tmp_path):
     base, _ = sweep
     copy = tmp_path / "sweep"
-    shutil.copytree(base / "sweep", copy)
+    shutil.copytree((base / "sweep").resolve(), copy)
     jobs = sorted(p.parent for p in copy.glob("*/results.json"))
     (jobs[0] / "results.json").unlink()
     (jobs[0] / "failed.json").write_text(json.dumps({"error": "BudgetError", "message": "cannot be reached"}))

@@ -55,14 +55,23 @@ def info() -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
+START_TIME_ENV = "DEPTHZOO_START_TIME"
+
+
 def shared_start_time() -> datetime:
-    """Rank 0's start time, broadcast once, so that ``${dz_now:...}`` names one run directory for all ranks."""
+    """The run's start time, the same in every process of the run, so ``${dz_now:...}`` names one directory.
+
+    Rank 0's time is broadcast to the other DDP ranks; the time is also exported as ``DEPTHZOO_START_TIME`` so
+    that the worker processes of a multirun launcher (joblib, submitit) resolve the same sweep directory.
+    """
     global _START_TIME
     if _START_TIME is None:
-        stamp = [datetime.now()]
+        inherited = os.environ.get(START_TIME_ENV)
+        stamp = [datetime.fromisoformat(inherited) if inherited else datetime.now()]
         if setup().enabled:
             dist.broadcast_object_list(stamp, src=0)
         _START_TIME = stamp[0]
+        os.environ[START_TIME_ENV] = _START_TIME.isoformat()
     return _START_TIME
 
 
