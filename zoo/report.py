@@ -149,7 +149,8 @@ def pareto_plot(rows: list[dict[str, Any]], path: Path) -> None:
     for model in sorted({r["model"] for r in rows}):
         base = next(r for r in rows if r["model"] == model)
         ax.plot(base["baseline_ms"], base["baseline_metric"], "k*", ms=12)
-        ax.annotate(f"{model} baseline", (base["baseline_ms"], base["baseline_metric"]), fontsize=7)
+        ax.annotate(f"{model} baseline", (base["baseline_ms"], base["baseline_metric"]), fontsize=7, ha="right",
+                    xytext=(-8, 4), textcoords="offset points")
     ax.set_xlabel(f"measured latency (ms) on {rows[0]['device']}")
     ax.set_ylabel(rows[0]["metric"])
     ax.grid(alpha=0.3)
