@@ -142,3 +142,24 @@ def test_prune_py_bytes_language_model(workload, tmp_path):
     assert "val/ppl" in results["pruned"]["metrics"] and results["measured_speedup"] > 1.0
     (run_file,) = find_run_files(tmp_path / "run")
     assert read_run(run_file).summary["pruned/val/ppl"] == pytest.approx(results["pruned"]["metrics"]["val/ppl"])
+
+
+def test_interrupted_job_keeps_its_plan_and_resumes_fine_tuning(digits_prune, tmp_path):
+    """A job killed after fine-tuning started: its rerun reuses plan.json and resumes from the last checkpoint."""
+    base, _ = digits_prune
+    run_dir = tmp_path / "killed"
+    import shutil
+
+    shutil.copytree(base / "run", run_dir, ignore=shutil.ignore_patterns("wandb"))
+    first = json.loads((run_dir / "results.json").read_text())
+    (run_dir / "results.json").unlink()  # as if killed before the end
+    (run_dir / "pruned.safetensors").unlink()
+    assert (run_dir / "finetune" / "checkpoints" / "last.state.pt").is_file()
+    proc = run_prune(*TINY, "logger=none", base=base, run_dir=run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Resumed from" in proc.stdout + proc.stderr
+    again = json.loads((run_dir / "results.json").read_text())
+    assert again["plan"] == first["plan"] and again["search_result"] is None
+    assert again["pruned"]["metrics"]["val/acc1"] == pytest.approx(first["pruned"]["metrics"]["val/acc1"])
+    rerun = run_prune(*TINY, "logger=none", base=base, run_dir=run_dir)  # finished: skipped
+    assert rerun.returncode == 0 and "already finished" in rerun.stdout + rerun.stderr
