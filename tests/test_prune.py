@@ -163,3 +163,16 @@ def test_interrupted_job_keeps_its_plan_and_resumes_fine_tuning(digits_prune, tm
     assert again["pruned"]["metrics"]["val/acc1"] == pytest.approx(first["pruned"]["metrics"]["val/acc1"])
     rerun = run_prune(*TINY, "logger=none", base=base, run_dir=run_dir)  # finished: skipped
     assert rerun.returncode == 0 and "already finished" in rerun.stdout + rerun.stderr
+
+
+def test_memory_budget_is_met_or_refused(digits_prune, tmp_path):
+    base, _ = digits_prune
+    first = json.loads((base / "run" / "results.json").read_text())
+    budget = first["predicted_peak_memory_mb"]
+    assert budget > 0
+    proc = run_prune(*TINY, "logger=none", f"prune.max_memory_mb={budget}", "finetune.epochs=0", base=base,
+                     run_dir=tmp_path / "fits")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "fits" / "results.json").read_text())["predicted_peak_memory_mb"] <= budget
+    proc = run_prune(*TINY, "logger=none", "prune.max_memory_mb=0.000001", base=base, run_dir=tmp_path / "no")
+    assert proc.returncode == 2 and "cannot be met" in proc.stdout + proc.stderr

@@ -59,6 +59,7 @@ class PruneSettings:
     workload: str = "forward"
     plan: str | None = None
     force: bool = False
+    max_memory_mb: float | None = None
     lut: dict[str, Any] = field(default_factory=dict)
     measure: dict[str, Any] = field(default_factory=dict)
 
@@ -104,6 +105,8 @@ def validate_prune(cfg: Any) -> None:
         raise ZooError(f"prune.target_speedup={p.target_speedup} must be greater than 1 (1.5 means 1.5x faster).")
     if p.target_latency_ms is not None and p.target_latency_ms <= 0:
         raise ZooError(f"prune.target_latency_ms={p.target_latency_ms} must be positive.")
+    if p.max_memory_mb is not None and p.max_memory_mb <= 0:
+        raise ZooError(f"prune.max_memory_mb={p.max_memory_mb} must be positive (or null for no memory budget).")
     if p.importance not in SCORES:
         raise ZooError(f"prune.importance={p.importance!r}; allowed: {', '.join(SCORES)}.")
     if p.search not in SEARCHES:
@@ -197,11 +200,33 @@ def calibration_batches(data: Any, count: int) -> list[tuple[torch.Tensor, torch
     return batches
 
 
-def build_options(table: Any, damages: list[dict[frozenset[str], float]]) -> list[list[Choice]]:
-    """Search options: per segment, every variant with its predicted latency and its damage."""
+def variant_memory(table: Any, index: int, variant: frozenset[str]) -> int:
+    """Peak activation memory (bytes) of one segment variant as the table measured it (0 when removed)."""
+    key = table.keys[index][variant]
+    return 0 if key is None else int(table.records[key].get("peak_mem_bytes") or 0)
+
+
+def build_options(table: Any, damages: list[dict[frozenset[str], float]], max_memory_mb: float | None = None
+                  ) -> list[list[Choice]]:
+    """Search options: per segment, every variant with its predicted latency and its damage.
+
+    A memory budget is exact here: a network's peak activation memory is the largest of its parts', so it is
+    met by dropping every variant (and refusing a fixed part) whose own peak exceeds it.
+    """
+    limit = None if max_memory_mb is None else max_memory_mb * 2**20
+    if limit is not None and int(table.records[table.fixed_key].get("peak_mem_bytes") or 0) > limit:
+        fixed_mb = table.records[table.fixed_key]["peak_mem_bytes"] / 2**20
+        raise BudgetError(f"prune.max_memory_mb={max_memory_mb} cannot be met: the parts that are never removed "
+                          f"(stem, head) alone peak at {fixed_mb:.1f} MB at this batch size.")
     options = []
-    for costs, seg_damage in zip(table.segment_costs(), damages):
-        options.append([Choice(variant, latency, max(0.0, seg_damage[variant])) for variant, latency in costs])
+    for i, (costs, seg_damage) in enumerate(zip(table.segment_costs(), damages)):
+        seg = [Choice(variant, latency, max(0.0, seg_damage[variant])) for variant, latency in costs
+               if limit is None or variant_memory(table, i, variant) <= limit]
+        if not seg:
+            least = min(variant_memory(table, i, v) for v, _ in costs) / 2**20
+            raise BudgetError(f"prune.max_memory_mb={max_memory_mb} cannot be met: segment {table.segments[i].name} "
+                              f"needs at least {least:.1f} MB in every variant it has.")
+        options.append(seg)
     return options
 
 
@@ -390,7 +415,7 @@ def run(cfg: Any) -> dict[str, Any]:
             damages, importance_cached = cached_scores(cache, key, lambda: score_variants(
                 baseline, table.segments, batches, cfg.prune.importance, train_batches=batches))
         with phase(timings, "search"):
-            options = build_options(table, damages)
+            options = build_options(table, damages, cfg.prune.max_memory_mb)
             plan_file = output_dir / "plan.json"
             if given_plan is not None:
                 plan, result = given_plan, None
@@ -442,6 +467,7 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
                      calibration: Any, importance_cached: bool) -> dict[str, Any]:
     """The ``results.json`` of a prune run (see the prune docs for every field)."""
     predicted = table.predict(plan)
+    memory = table.predict_memory(plan)
     estimate = f"{table.settings.estimator}_ms"  # the statistic the table's entries use (p10 by default)
     base_ms, pruned_ms = measured["baseline"][estimate], measured["pruned"][estimate]
     eager_base, eager_pruned = measured["baseline_eager"][estimate], measured["pruned_eager"][estimate]
@@ -465,6 +491,8 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
         "pruned": {"latency_ms": pruned_ms, "latency_eager_ms": eager_pruned, "params": count_params(pruned),
                    "metrics": _metric_view(pruned_metrics)},
         "predicted_latency_ms": predicted,
+        "predicted_peak_memory_mb": None if memory is None else memory / 2**20,
+        "max_memory_mb": cfg.prune.max_memory_mb,
         "prediction_error": predicted / pruned_ms - 1.0,
         "measured_speedup": base_ms / pruned_ms,
         "measured_speedup_eager": eager_base / eager_pruned,
