@@ -150,10 +150,11 @@ class LinearRun(nn.Module):
 
     def __init__(self, convs: list[nn.Conv2d], blends: list[nn.Module]):
         super().__init__()
-        reference = convs[0]
-        for conv in convs[1:]:
-            reference = compose_convs(reference, conv)
-        self.pad = nn.ZeroPad2d(reference.padding[0])
+        padding, stride = 0, 1
+        for conv in convs:  # the merged conv's padding: p1 + p2*s1 + p3*s1*s2 + ... (as compose_convs builds it)
+            _check_conv(conv)
+            padding, stride = padding + conv.padding[0] * stride, stride * conv.stride[0]
+        self.pad = nn.ZeroPad2d(padding)
         self.convs = nn.ModuleList()
         for conv in convs:
             conv = copy.deepcopy(conv)
