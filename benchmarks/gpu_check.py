@@ -122,7 +122,7 @@ def check_prune_search(device: str, cfg: dict, targets: tuple[float, ...] = (1.5
             out[f"target_{target}"] = {"error": str(exc)}
             continue
         plan = {"remove": result.removed(options), "merge": True}
-        pruned = apply_plan(copy.deepcopy(table.model), plan)
+        pruned = apply_plan(table.model, plan, inplace=False)
         nets.append(zoo.fuse(pruned))
         labels.append(f"target_{target}")
         out[f"target_{target}"] = {"removed": len(plan["remove"]), "predicted_ms": table.predict(plan)}

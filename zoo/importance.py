@@ -12,7 +12,6 @@ Results are cached per (weights, score, calibration data, variant set) as JSON, 
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -76,7 +75,7 @@ def _finetuned_loss(model: nn.Module, train_batches: Sequence[Batch], batches: S
 
 
 def _variant_model(model: nn.Module, removed: frozenset[str], merge: bool) -> nn.Module:
-    return apply_plan(copy.deepcopy(model), {"remove": sorted(removed), "merge": merge})
+    return apply_plan(model, {"remove": sorted(removed), "merge": merge}, inplace=False)
 
 
 def score_variants(

@@ -186,7 +186,7 @@ def read_plan(path: str | Path, baseline: nn.Module) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise PlanError(f"Cannot read plan file {path}: {exc}. A plan file is JSON such as "
                         '{"remove": ["blocks.2.1"], "merge": true}.') from exc
-    surgery.apply_plan(copy.deepcopy(baseline), plan)
+    surgery.apply_plan(baseline, plan, inplace=False)
     return {"remove": list(plan.get("remove", [])), "merge": bool(plan.get("merge", True))}
 
 
@@ -286,7 +286,7 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
     from .training import evaluate, fit
 
     fading = cfg.finetune.linearise_fraction > 0 and cfg.finetune.epochs > 0
-    model = surgery.apply_plan(copy.deepcopy(baseline), {**plan, "merge": False}, blend=fading)
+    model = surgery.apply_plan(baseline, {**plan, "merge": False}, inplace=False, blend=fading)
     if cfg.finetune.epochs > 0:
         optim_cfg = OmegaConf.merge(cfg.optim, {"lr": cfg.finetune.lr or cfg.optim.lr * 0.3,
                                                 "warmup_epochs": 0})
