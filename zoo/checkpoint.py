@@ -36,17 +36,23 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     return path
 
 
-def unique_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict with tied tensors stored once (safetensors refuses shared storage)."""
-    seen: set[tuple[int, int, tuple[int, ...]]] = set()
-    out: dict[str, torch.Tensor] = {}
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """Map each state-dict key whose tensor is the same storage as an earlier key's to that earlier key."""
+    first: dict[tuple[int, int, tuple[int, ...]], str] = {}
+    aliases = {}
     for key, tensor in model.state_dict().items():
         ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-        if tensor.numel() and ident in seen:
-            continue
-        seen.add(ident)
-        out[key] = tensor.detach().contiguous().cpu()
-    return out
+        if tensor.numel() and ident in first:
+            aliases[key] = first[ident]
+        else:
+            first.setdefault(ident, key)
+    return aliases
+
+
+def unique_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict with tied tensors stored once (safetensors refuses shared storage)."""
+    aliases = tied_aliases(model)
+    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in aliases}
 
 
 def checkpoint_meta(model: nn.Module, **extra: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ._registry import ModelEntry
-from .checkpoint import read_checkpoint_meta
+from .checkpoint import read_checkpoint_meta, tied_aliases
 from .errors import WeightsError
 
 _logger = logging.getLogger(__name__)
@@ -120,19 +120,6 @@ def _classifier_keys(model: nn.Module) -> list[str]:
     return [k for k in model.state_dict() if k.startswith(prefix + ".")]
 
 
-def _tied_aliases(model: nn.Module) -> dict[str, str]:
-    """Map each state-dict key whose tensor is shared with an earlier key to that earlier key."""
-    first: dict[tuple[int, int, tuple[int, ...]], str] = {}
-    aliases = {}
-    for key, tensor in model.state_dict().items():
-        ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-        if tensor.numel() and ident in first:
-            aliases[key] = first[ident]
-        else:
-            first.setdefault(ident, key)
-    return aliases
-
-
 def _format_mismatch(path: Path, missing: list[str], unexpected: list[str], shapes: list[str]) -> str:
     parts = []
     if missing:
@@ -148,7 +135,7 @@ def load_into(model: nn.Module, source: WeightSource) -> nn.Module:
     """Check `source` against `model` (keys and shapes) and load it; re-initialise a mismatched classifier."""
     state = dict(source.state_dict)
     expected = model.state_dict()
-    for alias, key in _tied_aliases(model).items():
+    for alias, key in tied_aliases(model).items():
         if alias not in state and key in state:
             state[alias] = state[key]
     head_keys = _classifier_keys(model)
@@ -156,8 +143,6 @@ def load_into(model: nn.Module, source: WeightSource) -> nn.Module:
         head_keys and not any(k in state for k in head_keys)
     )
     if head_differs:
-        for key in head_keys:
-            state.pop(key, None)
         prefix = model.default_cfg.get("classifier")
         for key in list(state):
             if key.startswith(prefix + "."):
