@@ -100,12 +100,6 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     atomic_write(path, write)
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:+.1%}" if abs(value) < 1 and value != 0 and value < 0.5 else f"{value:.3f}"
-    return "" if value is None else str(value)
-
-
 def markdown(rows: list[dict[str, Any]], problems: list[dict[str, str]]) -> str:
     """A table per model, sorted by search method and target, then the list of problem jobs."""
     lines = ["# Pruning study report", ""]
