@@ -3,6 +3,7 @@ in the file's metadata, written atomically (temp file + fsync + rename)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -17,6 +18,11 @@ from torch import nn
 
 META_KEY = "depthzoo"
 FORMAT_VERSION = 1
+
+
+def json_digest(obj: Any, length: int = 12) -> str:
+    """A short, stable hash of JSON-like data (keys sorted): names cache files and shared run directories."""
+    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:length]
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:

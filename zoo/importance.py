@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from filelock import FileLock
 from torch import nn
 
-from .checkpoint import atomic_write
+from .checkpoint import atomic_write, json_digest
 from .errors import ZooError
 from .surgery import Segment, apply_plan
 
@@ -130,7 +130,7 @@ def weights_digest(model: nn.Module) -> str:
 def cached_scores(cache_dir: str | Path, key: dict, compute: Callable[[], list[dict[frozenset[str], float]]]
                   ) -> tuple[list[dict[frozenset[str], float]], bool]:
     """Scores from the cache file for `key`, or computed (under a file lock, so concurrent jobs compute once)."""
-    name = hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    name = json_digest(key, 20)
     path = Path(cache_dir) / f"importance-{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):

@@ -25,7 +25,7 @@ from filelock import FileLock
 from torch import nn
 
 from . import surgery
-from .checkpoint import atomic_write, save_checkpoint
+from .checkpoint import atomic_write, json_digest, save_checkpoint
 from .errors import ZooError
 from .importance import SCORES, cached_scores, score_variants, weights_digest
 from .search import SEARCHES, BudgetError, Choice, pareto_front, search
@@ -93,6 +93,12 @@ def register_configs(config_dir: str | Path | None = None) -> None:
     ConfigStore.instance().store(name="prune_schema", node=schema)
 
 
+def _is_recurrent(entry: Any) -> bool:
+    """Whether a registered model has a recurrent state (built on the meta device: no weights allocated)."""
+    with torch.device("meta"):
+        return hasattr(entry.builder(), "init_state")
+
+
 def validate_prune(cfg: Any) -> None:
     """Checks before any long work: budget, choices, device (raises ZooError)."""
     from ._registry import get_entry
@@ -114,7 +120,7 @@ def validate_prune(cfg: Any) -> None:
     if p.workload not in ("forward", "decode"):
         raise ZooError(f"prune.workload={p.workload!r}; allowed: forward (the whole forward pass) or decode "
                        "(one recurrent decode step of a language model such as RetNet).")
-    if p.workload == "decode" and not hasattr(get_entry(cfg.model.name).builder(), "init_state"):
+    if p.workload == "decode" and not _is_recurrent(get_entry(cfg.model.name)):
         raise ZooError(f"prune.workload=decode needs a recurrent language model; model={cfg.model.name} has no "
                        "recurrent state. Use prune.workload=forward.")
     if p.batch_size < 1 or p.calib_batches < 1 or p.bins < 10:
@@ -137,17 +143,11 @@ def phase(timings: dict[str, float], name: str) -> Iterator[None]:
     _log.info("%s done in %.1f s", name, timings[name])
 
 
-def _digest(obj: Any) -> str:
-    import hashlib
-
-    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
 def baseline_dir(cfg: Any, config: dict) -> Path:
     """Where the baseline of this (model, data, optim, trainer) is trained once and shared by all jobs."""
     key = {k: config[k] for k in ("model", "data", "optim")}
     key["trainer"] = {k: v for k, v in config["trainer"].items() if k not in ("progress", "log_every", "resume")}
-    return Path(cfg.paths.log_dir) / "baselines" / f"{cfg.model.name}-{cfg.data.name}-{_digest(key)}"
+    return Path(cfg.paths.log_dir) / "baselines" / f"{cfg.model.name}-{cfg.data.name}-{json_digest(key)}"
 
 
 def load_or_train_baseline(cfg: Any, data: Any, config: dict) -> tuple[nn.Module, Path]:
@@ -241,9 +241,7 @@ def choose_plan(cfg: Any, table: Any, options: list[list[Choice]]) -> tuple[dict
     """Run the configured search; an unreachable budget names the best achievable speed-up."""
     target, budget = budget_for(cfg, table)
     try:
-        kwargs = {"bins": cfg.prune.bins} if cfg.prune.search == "dp" else {}
-        if cfg.prune.search == "random":
-            kwargs = {"seed": cfg.prune.seed}
+        kwargs = {"dp": {"bins": cfg.prune.bins}, "random": {"seed": cfg.prune.seed}}.get(cfg.prune.search, {})
         result = search(cfg.prune.search, options, budget, **kwargs)
     except BudgetError as exc:
         fastest = table.fixed_cost() + sum(min(c.latency for c in seg) for seg in options)

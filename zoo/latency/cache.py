@@ -9,7 +9,6 @@ the next write.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -20,7 +19,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from ..checkpoint import atomic_write
+from ..checkpoint import atomic_write, json_digest
 
 CACHE_FORMAT = 1
 CACHE_ENV = "DEPTHZOO_CACHE"
@@ -59,7 +58,7 @@ class LatencyCache:
     def __init__(self, key: dict[str, Any], cache_dir: str | Path | None = None):
         self.key = json.loads(json.dumps(key, sort_keys=True))  # as it reads back from JSON (tuples -> lists)
         self.dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-        digest = hashlib.sha1(json.dumps(self.key, sort_keys=True).encode()).hexdigest()[:12]
+        digest = json_digest(self.key)
         parts = [self.key.get("device_name", "device"), self.key.get("dtype", ""), f"b{self.key.get('batch_size')}",
                  "x".join(map(str, self.key.get("input_size") or ())), self.key.get("layout", "")]
         self.path = self.dir / f"{'_'.join(_slug(str(p)) for p in parts if p)}-{digest}.json"
