@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import os
 import platform
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from zoo.latency import Bench, resolve_device, resolve_dtype
-from zoo.latency.device import device_name, timing_context
+from zoo.latency import CalibrationSettings, resolve_device, resolve_dtype
+from zoo.latency.calibrate import time_interleaved
+from zoo.latency.device import device_name
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -35,24 +35,16 @@ def environment(device: torch.device, dtype: torch.dtype, batch: int, threads: i
 def interleaved(callables: Mapping[str, Any], args: Sequence[Any], device: str | torch.device = "cpu",
                 dtype: str = "float32", threads: int = 1, warmup_s: float = 2.0, rounds: int = 15,
                 runs_per_round: int = 5, max_time_s: float = 60.0, cuda_graph: bool = False) -> dict[str, dict]:
-    """Time several callables on the same inputs in interleaved rounds (A B C A B C ...), so drift hits all alike.
+    """Time several callables on the same inputs in `rounds` interleaved rounds, so drift hits all alike.
 
     Returns each callable's robust summary (median_ms, iqr_ms, rel_uncertainty, ...).
     """
     dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, dev)
-    benches = {name: Bench(fn, tuple(args), {}, dev, cuda_graph) for name, fn in callables.items()}
-    with timing_context(dev, torch_dtype, threads):
-        next(iter(benches.values())).warmup(warmup_s)
-        for bench in benches.values():
-            bench.warmup(min(0.5, warmup_s))
-        start = time.perf_counter()
-        for _ in range(rounds):
-            for bench in benches.values():
-                bench.run(min_runs=runs_per_round, discard=1)
-            if time.perf_counter() - start > max_time_s:
-                break
-    return {name: bench.summary() for name, bench in benches.items()}
+    settings = CalibrationSettings(warmup_s=warmup_s, net_warmup_s=min(0.5, warmup_s), runs_per_round=runs_per_round,
+                                   min_rounds=rounds, max_rounds=rounds, rel_tol=0.0, max_time_s=max_time_s)
+    benches = time_interleaved(list(callables.values()), args, {}, dev, resolve_dtype(dtype, dev), threads, settings,
+                               cuda_graph)
+    return {name: bench.summary() for name, bench in zip(callables, benches)}
 
 
 def write_result(name: str, payload: dict[str, Any], out: str | Path | None = None) -> Path:

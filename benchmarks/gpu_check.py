@@ -34,6 +34,7 @@ import zoo  # noqa: E402
 from zoo.importance import score_variants  # noqa: E402
 from zoo.latency import CalibrationSettings, TableSettings, build_table, measure  # noqa: E402
 from zoo.latency.calibrate import time_networks  # noqa: E402
+from zoo.latency.device import synchronize  # noqa: E402
 from zoo.latency.table import prepare  # noqa: E402
 from zoo.search import BudgetError, Choice, dp_search  # noqa: E402
 from zoo.surgery import apply_plan  # noqa: E402
@@ -71,13 +72,11 @@ def wall_clock_ratio(model: torch.nn.Module, x: torch.Tensor, device: str, media
     net, x = copy.deepcopy(model).to(dev), x.to(dev)
     for _ in range(5):
         net(x)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    synchronize(dev)
     start = time.perf_counter()
     for _ in range(calls):
         net(x)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    synchronize(dev)
     wall_ms = (time.perf_counter() - start) / calls * 1e3
     return {"wall_ms": wall_ms, "measured_median_ms": median_ms, "ratio": wall_ms / median_ms}
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import zoo
+from zoo.latency.device import synchronize
 from zoo.retnet import GatedFFN, RetNet, RMSNorm
 
 RESULTS = Path(__file__).resolve().parent / "results" / "retnet_decode.json"
@@ -97,19 +98,14 @@ def transformer_like(model: RetNet) -> KVCacheTransformer:
 # -- timing helpers ------------------------------------------------------------------------------------------
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_calls(fn: Callable[[], Any], count: int, device: torch.device) -> list[float]:
     """Seconds of `count` separate calls of fn."""
     times = []
     for _ in range(count):
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return times
 
@@ -120,7 +116,7 @@ def warm_up(fns: list[Callable[[], Any]], seconds: float, device: torch.device) 
     while time.perf_counter() < end:
         for fn in fns:
             fn()
-    _sync(device)
+    synchronize(device)
 
 
 def cache_bytes(cache: list[tuple[torch.Tensor, torch.Tensor]]) -> int:

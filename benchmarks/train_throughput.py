@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from zoo.latency.device import synchronize
+
 RESULTS = Path(__file__).resolve().parent / "results" / "train_throughput.json"
 MODEL = "mobilenetv2_050"
 
@@ -52,16 +54,11 @@ def hand_loop(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Any, d
     return seen
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _timed(fn: Any, device: torch.device) -> float:
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     fn()
-    _sync(device)
+    synchronize(device)
     return time.perf_counter() - start
 
 

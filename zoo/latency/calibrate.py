@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..surgery import Segment, apply_plan
@@ -119,20 +120,27 @@ def random_plans(segs: Sequence[Segment], n: int, seed: int = 0, fraction: tuple
     return plans
 
 
-def time_networks(nets: Sequence[nn.Module], example: Any, forward_kwargs: Mapping[str, Any], table: LatencyTable,
-                  settings: CalibrationSettings) -> list[Bench]:
-    """Time whole networks in interleaved rounds under the table's conditions; one bench per network."""
-    device = next(iter(table.model.parameters())).device
-    dtype = resolve_dtype(table.condition["dtype"], device)
-    benches = [Bench(net, (example,), forward_kwargs, device, table.settings.cuda_graph, table.settings.clock)
-               for net in nets]
-    with timing_context(device, dtype, table.settings.threads):
+def time_interleaved(callables: Sequence[Any], args: Sequence[Any], kwargs: Mapping[str, Any], device: torch.device,
+                     dtype: torch.dtype, threads: int, settings: CalibrationSettings, cuda_graph: bool = False,
+                     clock: str = "wall") -> list[Bench]:
+    """Time callables on the same inputs in interleaved rounds (A B C A B C ...); one bench per callable."""
+    benches = [Bench(fn, tuple(args), kwargs, device, cuda_graph, clock) for fn in callables]
+    with timing_context(device, dtype, threads):
         benches[0].warmup(settings.warmup_s)
         for bench in benches:
             bench.warmup(settings.net_warmup_s)
         time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round, settings.rel_tol,
                     settings.max_time_s)
     return benches
+
+
+def time_networks(nets: Sequence[nn.Module], example: Any, forward_kwargs: Mapping[str, Any], table: LatencyTable,
+                  settings: CalibrationSettings) -> list[Bench]:
+    """Time whole networks in interleaved rounds under the table's conditions; one bench per network."""
+    device = next(iter(table.model.parameters())).device
+    dtype = resolve_dtype(table.condition["dtype"], device)
+    return time_interleaved(nets, (example,), forward_kwargs, device, dtype, table.settings.threads, settings,
+                            table.settings.cuda_graph, table.settings.clock)
 
 
 def pruned_network(table: LatencyTable, plan: Mapping[str, Any]) -> nn.Module:
@@ -221,5 +229,5 @@ def calibrate(table: LatencyTable, n_plans: int = 5, seed: int = 0, settings: Ca
 
 
 __all__ = ["CalibrationSettings", "Evaluation", "NetworkResult", "calibrate", "evaluate", "fit_correction",
-           "random_plans", "time_networks"]
+           "random_plans", "time_interleaved", "time_networks"]
 
