@@ -204,20 +204,26 @@ def bench_train(model: RetNet, cfg: dict, device: torch.device, batch: int) -> l
 # -- entry points --------------------------------------------------------------------------------------------
 
 
-def run(quick: bool = False, device: str = "cpu", threads: int | None = None, batch: int = 1) -> dict[str, Any]:
-    """Run the decode and training benchmarks; `quick` is a seconds-long smoke configuration."""
+def run(quick: bool = False, device: str = "cpu", threads: int | None = None, batch: int = 1, train: bool = True,
+        model_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the decode (and, with `train`, the training) benchmarks; `quick` is a seconds-long smoke configuration.
+
+    model_kwargs: extra arguments of the RetNet (e.g. ``{"use_fla": False}`` for the PyTorch path on CUDA).
+    """
     previous_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
     try:
-        return _run(QUICK if quick else FULL, quick, torch.device(device), batch)
+        cfg = QUICK if quick else FULL
+        cfg = {**cfg, "overrides": {**cfg["overrides"], **(model_kwargs or {})}}
+        return _run(cfg, quick, torch.device(device), batch, train)
     finally:  # leave the process as it was (the smoke test runs inside pytest)
         torch.set_flush_denormal(False)
         torch.set_num_threads(previous_threads)
 
 
-def _run(cfg: dict, quick: bool, dev: torch.device, batch: int) -> dict[str, Any]:
+def _run(cfg: dict, quick: bool, dev: torch.device, batch: int, train: bool = True) -> dict[str, Any]:
     torch.manual_seed(0)
     retnet = zoo.create_model(cfg["model"], **cfg["overrides"]).to(dev).eval()
     transformer = transformer_like(retnet).to(dev).eval()
@@ -225,7 +231,7 @@ def _run(cfg: dict, quick: bool, dev: torch.device, batch: int) -> dict[str, Any
            "batch": batch, "threads": torch.get_num_threads(), "torch": torch.__version__}
     warm_up([lambda: retnet(retnet.example_input(batch, (16,)))], cfg["warmup_s"], dev)
     decode = [{**row, **env} for row in bench_decode(retnet, transformer, cfg, dev, batch)]
-    train = [{**row, **env} for row in bench_train(retnet, cfg, dev, batch)]
+    train_rows = [{**row, **env} for row in bench_train(retnet, cfg, dev, batch)] if train else []
     ratios = {}
     for name in ("retnet", "transformer"):
         ms = {r["context"]: r["ms_per_token"] for r in decode if r["model"] == name}
@@ -234,7 +240,7 @@ def _run(cfg: dict, quick: bool, dev: torch.device, batch: int) -> dict[str, Any
         "benchmark": "retnet_decode", "quick": quick, "model": cfg["model"], **env,
         "params": {"retnet": sum(p.numel() for p in retnet.parameters()),
                    "transformer": sum(p.numel() for p in transformer.parameters())},
-        "decode": decode, "train": train, "latency_ratio_longest_to_shortest": ratios,
+        "decode": decode, "train": train_rows, "latency_ratio_longest_to_shortest": ratios,
     }
 
 
@@ -252,8 +258,10 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{ret['cache_bytes'] / 2**20:.2f} | {tra['cache_bytes'] / 2**20:.2f} | {env} |")
     ratios = result["latency_ratio_longest_to_shortest"]
     lines += ["", f"Per-token latency ratio longest/shortest context: RetNet {ratios['retnet']:.2f}, "
-              f"Transformer {ratios['transformer']:.2f}.", "",
-              f"Training step (forward + backward + AdamW), RetNet parallel vs chunkwise (chunk "
+              f"Transformer {ratios['transformer']:.2f}."]
+    if not result["train"]:
+        return "\n".join(lines)
+    lines += ["", f"Training step (forward + backward + AdamW), RetNet parallel vs chunkwise (chunk "
               f"{result['train'][0]['chunk_size']}); memory: {result['train'][0]['memory']}", "",
               f"| length | parallel ms | chunkwise ms | parallel MiB | chunkwise MiB | {env_cols} |",
               "|---:|---:|---:|---:|---:|---|---|---:|---:|---|"]

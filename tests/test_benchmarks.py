@@ -35,8 +35,23 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert set(report["steps"]) == {"measurement", "lut", "prune_search", "retnet_decode", "fla"}
     assert all(step["ok"] for step in report["steps"].values())
-    assert report["steps"]["lut"]["mobilenetv2_035"]["entries"] > 0
-    assert report["steps"]["prune_search"]["target_1.5"]["measured_ms"] > 0
+    assert report["environment"]["device"] == "cpu (dry run)" and report["environment"]["timm"]
+    label = "mobilenetv2_035/float32/contiguous/b2/auto"
+    assert report["steps"]["lut"][label]["entries"] > 0 and report["steps"]["lut"][label]["n_plans"] == 2
+    assert report["steps"]["prune_search"][label]["target_1.5"]["measured_ms"] > 0
+    outputs = report["steps"]["measurement"]["outputs"]
+    assert outputs["channels_last"]["ok"] and outputs["fused"]["ok"]
+    assert report["steps"]["retnet_decode"]["batch_1"]["decode"]
+    assert f"prune {label} target 1.5: measured" in proc.stdout
+
+
+def test_gpu_check_skips_work_past_its_time_budget(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu",
+                           "--steps", "lut", "retnet_decode", "--budget-s", "-1"], capture_output=True, text=True,
+                          env={**ENV, "OUT": str(tmp_path), "TMPDIR": str(tmp_path)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = json.loads((tmp_path / "gpu_check.json").read_text())["steps"]
+    assert set(steps) == {"lut", "retnet_decode"} and all("time budget" in s["skipped"] for s in steps.values())
 
 
 def test_docs_sections_are_replaced_in_place(tmp_path):

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,63 @@ def test_retnet_segments_take_kwargs_and_hit_the_cache(tmp_path: Path) -> None:
     assert again.n_measured == 0 and again.n_cached == first.n_measured
     plan = {"remove": [first.segments[0].name]}
     assert 0 < first.predict(plan) < first.predict({})
+
+
+# -- CUDA timing protocols (run on a GPU machine; skipped elsewhere) -------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _tiny_kernels(x: torch.Tensor, count: int = 200) -> torch.Tensor:
+    """`count` tiny kernels: launching them takes the host far longer than the device takes to run them."""
+    for _ in range(count):
+        x = x + 1
+    return x
+
+
+@needs_cuda
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_cuda_queued_bench_times_the_device_not_the_host_launch(cuda_graph: bool) -> None:
+    from zoo.latency.device import timing_context
+    from zoo.latency.measure import Bench
+
+    dev = torch.device("cuda")
+    x = torch.zeros(16, device=dev)
+    benches = {queued: Bench(_tiny_kernels, (x,), {}, dev, cuda_graph=cuda_graph, queued=queued)
+               for queued in (False, True)}
+    with timing_context(dev, torch.float32, threads=1):
+        for _ in range(3):  # interleaved, so clock changes hit both alike
+            for bench in benches.values():
+                bench.warmup(0.05)
+                bench.run(seconds=0.2, min_runs=5)
+    isolated, queued = (benches[q].summary()["median_ms"] for q in (False, True))
+    assert 0 < queued <= isolated
+    if not cuda_graph:  # eager: 200 launches of ~5 us on the host vs ~2 us kernels on the device
+        assert queued < 0.8 * isolated, (queued, isolated)
+
+
+@needs_cuda
+def test_cuda_table_records_its_timing_protocol(tmp_path: Path) -> None:
+    def build(timing: str) -> zoo.latency.LatencyTable:
+        return build_table(MODEL, input_size=SIZE, device="cuda", cache_dir=str(tmp_path),
+                           settings=replace(FAST, cuda_timing=timing))
+
+    queued, isolated, auto = build("queued"), build("isolated"), build("auto")
+    assert queued.condition["protocol"].endswith("-queued") and isolated.condition["protocol"].endswith("-isolated")
+    assert queued.n_measured > 0 and isolated.n_measured > 0  # one cache file per protocol
+    assert queued.overhead_ms < isolated.overhead_ms  # an empty call costs the device ~nothing when queued
+    probe = auto.timing_probe  # auto resolves to one of the two, and its cache is that protocol's
+    chosen = "queued" if probe["device_ms"] >= 0.8 * probe["latency_ms"] else "isolated"
+    assert auto.condition["protocol"].endswith(f"-{chosen}") and auto.n_measured == 0
+
+
+def test_cpu_tables_ignore_the_cuda_timing_protocol(tmp_path: Path) -> None:
+    auto = build_table(MODEL, input_size=SIZE, device="cpu", cache_dir=str(tmp_path), settings=FAST)
+    queued = build_table(MODEL, input_size=SIZE, device="cpu", cache_dir=str(tmp_path),
+                         settings=replace(FAST, cuda_timing="queued"))
+    assert auto.timing_probe == {} and auto.condition == queued.condition and queued.n_measured == 0
+
+
+def test_unknown_cuda_timing_is_refused() -> None:
+    with pytest.raises(ValueError, match="cuda_timing"):
+        TableSettings(cuda_timing="fast")

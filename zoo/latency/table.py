@@ -41,7 +41,7 @@ from filelock import Timeout
 from torch import nn
 
 from ..depth import module_signature
-from ..errors import PlanError
+from ..errors import PlanError, ZooError
 from ..surgery import Segment, build_segment, segments
 from .cache import LatencyCache, LatencyCacheWarning
 from .device import device_name, dtype_name, resolve_device, resolve_dtype, timing_context
@@ -54,6 +54,8 @@ OVERHEAD = "call-overhead"
 
 
 ESTIMATORS = ("median", "p10", "min")
+CUDA_TIMINGS = ("auto", "queued", "isolated")
+DEVICE_BOUND = 0.8  # auto: queued when the device is busy for at least this share of the network's latency
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,12 @@ class TableSettings:
     clock: CPU ``wall`` or ``thread`` time (see :class:`~zoo.latency.measure.MeasureSettings`).
     deploy: measure every entry (and every whole network in calibration) in its deploy form, :func:`zoo.fuse`
         (BatchNorm folded, weight standardisation precomputed), the form a pruned network is served in.
+    cuda_timing: on CUDA, ``queued`` times each entry's device time with its kernels already queued (as inside a
+        device-bound network, where the host runs ahead; see :class:`~zoo.latency.measure.Bench`); ``isolated``
+        times each entry from an idle device, host launch time included (closer when the host is the bottleneck:
+        small batches without CUDA graphs); ``auto`` times the whole network both ways first and takes ``queued``
+        when its device time is at least 80% of its latency, else ``isolated``. Whole networks (calibration,
+        side-by-side) are always timed isolated: that is the latency a user sees.
     """
 
     warmup_s: float = 3.0
@@ -87,10 +95,13 @@ class TableSettings:
     estimator: str = "p10"
     clock: str = "wall"
     deploy: bool = True
+    cuda_timing: str = "auto"
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
-            raise ValueError(f"Unknown estimator {self.estimator!r}; allowed are {', '.join(ESTIMATORS)}.")
+            raise ZooError(f"Unknown estimator {self.estimator!r}; allowed are {', '.join(ESTIMATORS)}.")
+        if self.cuda_timing not in CUDA_TIMINGS:
+            raise ZooError(f"Unknown cuda_timing {self.cuda_timing!r}; allowed are {', '.join(CUDA_TIMINGS)}.")
 
 
 @dataclass(frozen=True)
@@ -275,7 +286,8 @@ def time_rounds(benches: Sequence[Bench], rounds: tuple[int, int], runs_per_roun
 def measure_rounds(pending: Sequence[Pending], device: torch.device, settings: TableSettings
                    ) -> dict[str, dict[str, Any]]:
     """Time every pending entry in interleaved rounds; returns cache records keyed by entry key."""
-    benches = [Bench(p.module, p.capture.args, p.capture.kwargs, device, settings.cuda_graph, settings.clock)
+    queued = settings.cuda_timing == "queued"
+    benches = [Bench(p.module, p.capture.args, p.capture.kwargs, device, settings.cuda_graph, settings.clock, queued)
                for p in pending]
     for bench in benches:
         bench.warmup(settings.entry_warmup_s)
@@ -316,6 +328,7 @@ class LatencyTable:
     forward_kwargs: dict[str, Any] = field(default_factory=dict, repr=False)
     merge: bool = True
     settings: TableSettings = field(default_factory=TableSettings)
+    timing_probe: dict[str, float] = field(default_factory=dict)  # cuda_timing="auto": what decided the protocol
 
     # -- costs -----------------------------------------------------------------------------------------------
 
@@ -416,7 +429,8 @@ class LatencyTable:
         return {"model": self.model_name, **self.condition, "entries": self.n_entries,
                 "measured_now": self.n_measured, "from_cache": self.n_cached, "build_s": self.build_s,
                 "fixed_ms": self.fixed_raw_ms, "overhead_ms": self.overhead_ms,
-                "predicted_original_ms": self.predict(corrected=False), "correction": asdict(self.correction)}
+                "predicted_original_ms": self.predict(corrected=False), "correction": asdict(self.correction),
+                "timing_probe": self.timing_probe}
 
     def describe_condition(self) -> str:
         c = self.condition
@@ -451,7 +465,8 @@ def condition_key(device: torch.device, dtype: torch.dtype, batch_size: int, inp
             "dtype": dtype_name(dtype), "batch_size": int(batch_size), "input_size": list(input_size),
             "layout": "channels_last" if channels_last else "contiguous", "threads": int(settings.threads),
             "workload": workload, "cuda_graph": bool(settings.cuda_graph and device.type == "cuda"),
-            "protocol": f"round-robin-{settings.runs_per_round}", "clock": settings.clock,
+            "protocol": f"round-robin-{settings.runs_per_round}" + (f"-{settings.cuda_timing}" if device.type == "cuda"
+                                                                     else ""), "clock": settings.clock,
             "form": "deploy" if settings.deploy else "eager"}
 
 
@@ -481,6 +496,23 @@ def _variant_entries(model: nn.Module, segs: Sequence[Segment], captures: Sequen
 def _overhead_pending(device: torch.device) -> Pending:
     capture = Capture((torch.zeros(1, device=device),), {})
     return Pending(entry_key(OVERHEAD, nn.Identity(), [], capture), nn.Identity(), capture, "nn.Identity call")
+
+
+def resolve_cuda_timing(model: nn.Module, example: Any, forward_kwargs: Mapping[str, Any], device: torch.device,
+                        settings: TableSettings) -> tuple[str, dict[str, float]]:
+    """The timing protocol for ``cuda_timing="auto"``, from the whole network timed queued and isolated.
+
+    Returns ("queued" or "isolated", {"device_ms", "latency_ms"}). Call inside the table's timing context.
+    """
+    benches = [Bench(model, (example,), forward_kwargs, device, settings.cuda_graph, queued=queued)
+               for queued in (True, False)]
+    benches[0].warmup(settings.warmup_s)
+    time_rounds(benches, (10, 50), 1, 0.01, 10.0)
+    device_ms, latency_ms = (b.summary()["median_ms"] for b in benches)
+    choice = "queued" if device_ms >= DEVICE_BOUND * latency_ms else "isolated"
+    logger.info("latency table: the network keeps the device busy %.0f%% of its %.3f ms latency, so entries are "
+                "timed %s", 100 * device_ms / latency_ms, latency_ms, choice)
+    return choice, {"device_ms": device_ms, "latency_ms": latency_ms}
 
 
 def _store(cache: LatencyCache, records: dict[str, dict[str, Any]], known: dict[str, dict[str, Any]]
@@ -538,6 +570,11 @@ def build_table(
         example = example.contiguous(memory_format=torch.channels_last)
     call_kwargs = dict(forward_kwargs or {})
     segs = segments(model)
+    probe: dict[str, float] = {}
+    if dev.type == "cuda" and settings.cuda_timing == "auto":
+        with timing_context(dev, torch_dtype, settings.threads):
+            timing, probe = resolve_cuda_timing(model, example, call_kwargs, dev, settings)
+        settings = replace(settings, cuda_timing=timing)
     condition = condition_key(dev, torch_dtype, batch_size, size, channels_last, workload, settings)
     cache = LatencyCache(condition, cache_dir)
     with timing_context(dev, torch_dtype, settings.threads):
@@ -563,6 +600,7 @@ def build_table(
         records={p.key: known[p.key] for p in pending}, fixed_key=fixed.key, overhead_key=pending[-1].key,
         n_measured=len(missing), n_cached=len(pending) - len(missing), build_s=time.perf_counter() - start,
         sources=sources, model=model, example=example, forward_kwargs=call_kwargs, merge=merge, settings=settings,
+        timing_probe=probe,
     )
 
 
