@@ -28,6 +28,7 @@ import platform
 import sys
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -197,36 +198,36 @@ def table_for(cond: Condition, cfg: Config, device: str):
                        channels_last=cond.channels_last, settings=settings, cache_dir=CACHE_DIR)
 
 
+def within_budget(items: Sequence[Any], label: Callable[[Any], str], run: Callable[[Any], dict[str, Any]],
+                  cfg: Config, budget: Budget) -> dict[str, Any]:
+    """``{label(item): run(item)}``, with the items that would start too late recorded as skipped."""
+    out: dict[str, Any] = {}
+    for item in items:
+        too_late = budget.left() < cfg.min_step_s
+        out[label(item)] = {"skipped": f"time budget ({budget.left():.0f} s left)"} if too_late else run(item)
+    return out
+
+
 def check_lut(device: str, cfg: Config, budget: Budget) -> dict[str, Any]:
     """Build each table (cold), calibrate on random plans, report errors beside the noise floor."""
-    out: dict[str, Any] = {}
-    for cond in cfg.lut:
-        if budget.left() < cfg.min_step_s:
-            out[cond.label] = {"skipped": f"time budget ({budget.left():.0f} s left)"}
-            continue
-        table = table_for(cond, cfg, device)
-        evaluation = table.calibrate(cfg.plans, settings=cfg.timing)
-        capped = sum(bool(table.records[k].get("cap_hit")) for k in table.records)
-        out[cond.label] = {"entries": table.n_entries, "measured": table.n_measured, "build_s": table.build_s,
-                           "entries_capped": capped, "condition": table.condition, "summary": table.summary(),
-                           "protocol": table.condition["protocol"],
-                           **evaluation.summary(),
-                           "within_target": evaluation.max_error(corrected=False) <= TABLE_ERROR_TARGET,
-                           "table": evaluation.format()}
-    return out
+    return within_budget(cfg.lut, lambda cond: cond.label, lambda cond: lut_one(device, cfg, cond), cfg, budget)
+
+
+def lut_one(device: str, cfg: Config, cond: Condition) -> dict[str, Any]:
+    table = table_for(cond, cfg, device)
+    evaluation = table.calibrate(cfg.plans, settings=cfg.timing)
+    capped = sum(bool(table.records[k].get("cap_hit")) for k in table.records)
+    return {"entries": table.n_entries, "measured": table.n_measured, "build_s": table.build_s,
+            "entries_capped": capped, "condition": table.condition, "summary": table.summary(),
+            "protocol": table.condition["protocol"], **evaluation.summary(),
+            "within_target": evaluation.max_error(corrected=False) <= TABLE_ERROR_TARGET, "table": evaluation.format()}
 
 
 # -- 3. pruning search ----------------------------------------------------------------------------------------
 
 
 def check_prune_search(device: str, cfg: Config, budget: Budget) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for cond in cfg.prune:
-        if budget.left() < cfg.min_step_s:
-            out[cond.label] = {"skipped": f"time budget ({budget.left():.0f} s left)"}
-            continue
-        out[cond.label] = prune_one(device, cfg, cond)
-    return out
+    return within_budget(cfg.prune, lambda cond: cond.label, lambda cond: prune_one(device, cfg, cond), cfg, budget)
 
 
 def prune_one(device: str, cfg: Config, cond: Condition, targets: tuple[float, ...] = (1.5, 2.0)) -> dict[str, Any]:
@@ -274,17 +275,14 @@ def check_retnet_decode(device: str, cfg: Config, budget: Budget) -> dict[str, A
     """Per-token decode latency vs context at each batch (training scaling at the first batch only)."""
     from benchmarks import retnet_decode
 
-    out: dict[str, Any] = {"path": "PyTorch (use_fla=False; the fla step compares the fused kernels)"}
-    for i, batch in enumerate(cfg.decode_batches):
-        if budget.left() < cfg.min_step_s:
-            out[f"batch_{batch}"] = {"skipped": f"time budget ({budget.left():.0f} s left)"}
-            continue
-        result = retnet_decode.run(quick=device != "cuda", device=device, batch=batch, train=i == 0,
-                                   model_kwargs={"use_fla": False})
-        out[f"batch_{batch}"] = {"latency_ratio_longest_to_shortest": result["latency_ratio_longest_to_shortest"],
-                                 "decode": result["decode"], "train": result["train"],
-                                 "markdown": retnet_decode.markdown(result)}
-    return out
+    def decode_at(batch: int) -> dict[str, Any]:
+        result = retnet_decode.run(quick=device != "cuda", device=device, batch=batch,
+                                   train=batch == cfg.decode_batches[0], model_kwargs={"use_fla": False})
+        return {"latency_ratio_longest_to_shortest": result["latency_ratio_longest_to_shortest"],
+                "decode": result["decode"], "train": result["train"], "markdown": retnet_decode.markdown(result)}
+
+    return {"path": "PyTorch (use_fla=False; the fla step compares the fused kernels)",
+            **within_budget(cfg.decode_batches, lambda batch: f"batch_{batch}", decode_at, cfg, budget)}
 
 
 # -- 5. flash-linear-attention --------------------------------------------------------------------------------

@@ -288,6 +288,18 @@ def test_cuda_table_records_its_timing_protocol(tmp_path: Path) -> None:
     assert auto.condition["protocol"].endswith(f"-{chosen}") and auto.n_measured == 0
 
 
+def test_auto_timing_probe_compares_device_time_with_latency() -> None:
+    from zoo.latency.device import timing_context
+    from zoo.latency.table import resolve_cuda_timing
+
+    # on the CPU both probes are plain isolated timings of the same call, so the "device" is busy ~100 % of it
+    model, cpu = zoo.create_model(MODEL).eval(), torch.device("cpu")
+    with timing_context(cpu, torch.float32, threads=1):
+        choice, probe = resolve_cuda_timing(model, model.example_input(1, (3, SIZE, SIZE)), {}, cpu, FAST)
+    assert set(probe) == {"device_ms", "latency_ms"} and min(probe.values()) > 0
+    assert choice == ("queued" if probe["device_ms"] >= 0.8 * probe["latency_ms"] else "isolated")
+
+
 def test_cpu_tables_ignore_the_cuda_timing_protocol(tmp_path: Path) -> None:
     auto = build_table(MODEL, input_size=SIZE, device="cpu", cache_dir=str(tmp_path), settings=FAST)
     queued = build_table(MODEL, input_size=SIZE, device="cpu", cache_dir=str(tmp_path),

@@ -572,8 +572,9 @@ def build_table(
     segs = segments(model)
     probe: dict[str, float] = {}
     if dev.type == "cuda" and settings.cuda_timing == "auto":
+        whole = prepare(measured_form(model, settings), dev, channels_last)  # the form calibration times
         with timing_context(dev, torch_dtype, settings.threads):
-            timing, probe = resolve_cuda_timing(model, example, call_kwargs, dev, settings)
+            timing, probe = resolve_cuda_timing(whole, example, call_kwargs, dev, settings)
         settings = replace(settings, cuda_timing=timing)
     condition = condition_key(dev, torch_dtype, batch_size, size, channels_last, workload, settings)
     cache = LatencyCache(condition, cache_dir)
