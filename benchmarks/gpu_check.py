@@ -292,7 +292,7 @@ def check_retnet_decode(device: str, cfg: Config, budget: Budget) -> dict[str, A
 def check_fla(device: str, cfg: Config, budget: Budget) -> dict[str, Any]:
     """Fused retention kernels vs the PyTorch path: outputs and latency of the chunkwise forward (model level) and
     of the recurrent kernel on one token and on 64 tokens (op level); TF32 as the likely source of differences."""
-    from zoo.retnet import _fla_kernels, decay_logs, retention_fla, retention_recurrent
+    from zoo.retnet import _fla_kernels, retention_fla, retention_recurrent
 
     if device != "cuda":
         return {"skipped": "flash-linear-attention needs CUDA"}
@@ -321,7 +321,7 @@ def check_fla(device: str, cfg: Config, budget: Budget) -> dict[str, Any]:
         "chunkwise_fla_ms": measure(lambda: fused(ids, mode="chunkwise"), (), "cuda", **quick).median_ms}
     out["chunkwise_speedup"] = out["chunkwise_torch_ms"] / out["chunkwise_fla_ms"]
     layer = ours.blocks[0].retention
-    log_gamma = torch.tensor(decay_logs(layer.heads), device="cuda")
+    log_gamma = layer.constant("log_gamma", torch.device("cuda"), torch.float32)
     state = torch.randn(4, layer.heads, layer.key_dim, layer.value_dim, device="cuda")
     for tokens in (1, 64):
         q, k = (torch.randn(4, layer.heads, tokens, layer.key_dim, device="cuda") for _ in range(2))

@@ -2,9 +2,9 @@
 
 Decode: per-token latency and cache memory of ``retnet_small`` (recurrent state, O(1) in the context) and of
 a Transformer decoder of the same width, depth, heads and FFN with a KV cache over
-``scaled_dot_product_attention`` (O(context)), at context lengths 128 ... 8192. Each model is prefilled to the
-context with its own parallel pass (RetNet: chunkwise), then one decode step at that context is timed many
-times; RetNet and Transformer blocks are interleaved so drift hits both alike.
+``scaled_dot_product_attention`` (O(context)), at context lengths 128 ... 8192. Each model is prefilled to every
+context with its own parallel pass (RetNet: chunkwise), then one decode step at each context is timed many
+times, in blocks interleaved over contexts and models so that drift hits all of them alike.
 Training: forward + backward + AdamW step of RetNet in the parallel and the chunkwise form vs length; peak
 memory is ``torch.cuda.max_memory_allocated`` on CUDA and, on CPU, the bytes of the tensors autograd saves
 for backward (the activation memory that grows with length).
@@ -34,7 +34,7 @@ from zoo.retnet import GatedFFN, RetNet, RMSNorm
 RESULTS = Path(__file__).resolve().parent / "results" / "retnet_decode.json"
 
 FULL = dict(model="retnet_small", overrides={}, contexts=(128, 256, 512, 1024, 2048, 4096, 8192),
-            train_lengths=(256, 512, 1024, 2048, 4096), warmup_s=1.0, steps=40, blocks=3, train_repeats=3)
+            train_lengths=(256, 512, 1024, 2048, 4096), warmup_s=1.0, steps=20, blocks=6, train_repeats=3)
 QUICK = dict(model="retnet_tiny", overrides={"vocab_size": 64}, contexts=(16, 64), train_lengths=(32, 64),
              warmup_s=0.05, steps=5, blocks=1, train_repeats=1)
 
@@ -129,31 +129,28 @@ def cache_bytes(cache: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
 @torch.inference_mode()
 def bench_decode(retnet: RetNet, transformer: KVCacheTransformer, cfg: dict, device: torch.device,
                  batch: int) -> list[dict[str, Any]]:
-    rows = []
+    """Per-token latency at every context, timed in interleaved blocks over contexts and models, so that a drift
+    of the machine's speed hits every context alike (the claim is a ratio between contexts)."""
     vocab = retnet.vocab_size
     token = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    steps: dict[tuple[str, int], Callable[[], Any]] = {}
+    memory: dict[tuple[str, int], int] = {}
     for context in cfg["contexts"]:
         prompt = torch.randint(0, vocab, (batch, context), device=device)
         _, state = retnet(prompt, mode="chunkwise", return_state=True)
         cache = transformer.new_cache(batch, context + 1)
         transformer(prompt, cache, 0)
-
-        def retnet_step(state=state):
-            return retnet(token, mode="recurrent", state=state, return_state=True)
-
-        def transformer_step(cache=cache, context=context):
-            return transformer(token, cache, context)
-
-        warm_up([retnet_step, transformer_step], cfg["warmup_s"] / 2, device)
-        times: dict[str, list[float]] = {"retnet": [], "transformer": []}
-        for _ in range(cfg["blocks"]):  # interleaved A/B blocks
-            times["retnet"] += time_calls(retnet_step, cfg["steps"], device)
-            times["transformer"] += time_calls(transformer_step, cfg["steps"], device)
-        memory = {"retnet": state.nbytes(), "transformer": cache_bytes(cache)}
-        for name in ("retnet", "transformer"):
-            rows.append({"model": name, "context": context, "ms_per_token": 1e3 * statistics.median(times[name]),
-                         "cache_bytes": memory[name]})
-    return rows
+        steps[("retnet", context)] = lambda state=state: retnet(token, mode="recurrent", state=state,
+                                                                 return_state=True)
+        steps[("transformer", context)] = lambda cache=cache, context=context: transformer(token, cache, context)
+        memory[("retnet", context)], memory[("transformer", context)] = state.nbytes(), cache_bytes(cache)
+    warm_up(list(steps.values()), cfg["warmup_s"], device)
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in steps}
+    for _ in range(cfg["blocks"]):
+        for key, step in steps.items():
+            times[key] += time_calls(step, cfg["steps"], device)
+    return [{"model": name, "context": context, "ms_per_token": 1e3 * statistics.median(times[(name, context)]),
+             "cache_bytes": memory[(name, context)]} for name, context in steps]
 
 
 # -- training ------------------------------------------------------------------------------------------------

@@ -99,14 +99,27 @@ def decay_logs(heads: int, variant: str = "torchscale") -> list[float]:
     return [math.log1p(-math.exp(lo + (hi - lo) * h / (heads - 1))) for h in range(heads)]
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
-    """Rotary position rotation of interleaved pairs (x0, x1), (x2, x3), ...; angles in fp64 (no length limit)."""
-    half = x.shape[-1] // 2
-    inv_freq = theta ** -torch.linspace(0, 1, half, dtype=torch.float64, device=x.device)
-    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    even, odd = x[..., 0::2], x[..., 1::2]
-    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+def rotary_frequencies(dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """Signed angular frequency of each of `dim` features (fp64): pair i turns at theta^(-i / (dim/2 - 1)), and
+    the first feature of each pair carries a minus sign, so that ``sin`` of the angles is the signed sine that
+    :func:`rotate` needs while ``cos`` (even) is unchanged."""
+    inv_freq = theta ** -torch.linspace(0, 1, dim // 2, dtype=torch.float64)
+    return torch.stack((-inv_freq, inv_freq), dim=-1).flatten()
+
+
+def rotary_tables(positions: torch.Tensor, frequencies: torch.Tensor, dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, signed sin) of the rotary angles at `positions`, [T, dim]; the angles are computed in fp64 (no
+    length limit) and the tables rounded to `dtype`."""
+    angles = positions.to(torch.float64)[:, None] * frequencies[None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary rotation of interleaved pairs (x0, x1), (x2, x3), ...: (x0 cos - x1 sin, x1 cos + x0 sin) per pair,
+    with the tables of :func:`rotary_tables`."""
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x1, x0), (x3, x2), ...
+    return x * cos + swapped * sin
 
 
 def decay_matrix(log_gamma: torch.Tensor, n: int) -> torch.Tensor:
@@ -155,7 +168,7 @@ def retention_recurrent(
     for t in range(q.shape[2]):
         state = gamma * state + k[:, :, t, :, None] * v[:, :, t, None, :]
         outs.append(q[:, :, t, None, :] @ state)
-    return torch.cat(outs, dim=2), state
+    return (torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]), state
 
 
 @functools.cache
@@ -213,7 +226,7 @@ class MultiScaleRetention(nn.Module):
         super().__init__()
         self.heads, self.key_dim, self.value_dim = heads, dim // heads, value_dim // heads
         self.log_decays = decay_logs(heads, decay)
-        self._log_gamma: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self._constants: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = {}
         self.norm_eps, self.rope_theta, self.use_fla = norm_eps, rope_theta, use_fla
         self.norm = RMSNorm(dim, norm_eps)
         self.q_proj = nn.Linear(dim, dim, bias=False)
@@ -225,14 +238,17 @@ class MultiScaleRetention(nn.Module):
     def state_shape(self, batch_size: int) -> tuple[int, int, int, int]:
         return (batch_size, self.heads, self.key_dim, self.value_dim)
 
-    def log_gamma(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """log(gamma) per head, made once per device and dtype: a host-to-device copy on every call would stall
-        the host until the GPU caught up (one stall per layer and token)."""
-        key = (device, dtype)
-        if key not in self._log_gamma:
+    def constant(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """``log_gamma`` (per head) or ``frequencies`` (signed rotary, per feature), made once per device and dtype:
+        a host-to-device copy on every call would stall the host until the GPU caught up, once per layer and
+        token."""
+        key = (name, device, dtype)
+        if key not in self._constants:
+            values = (torch.tensor(self.log_decays, dtype=torch.float64) if name == "log_gamma"
+                      else rotary_frequencies(self.key_dim, self.rope_theta))
             with torch.inference_mode(False):  # a normal tensor, usable in training and in inference mode
-                self._log_gamma[key] = torch.tensor(self.log_decays, dtype=dtype, device=device)
-        return self._log_gamma[key]
+                self._constants[key] = values.to(device=device, dtype=dtype)
+        return self._constants[key]
 
     def forward(self, x: torch.Tensor, mode: str = "parallel", chunk_size: int = 64,
                 state: torch.Tensor | None = None, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,10 +269,11 @@ class MultiScaleRetention(nn.Module):
         core = torch.promote_types(q.dtype, torch.float32)
         with _no_autocast(q.device):
             q, k, v = q.to(core), k.to(core), v.to(core)
-            positions = torch.arange(offset, offset + q.shape[2], device=q.device)
-            q = rotate(q, positions, self.rope_theta)
-            k = rotate(k, positions, self.rope_theta) * self.key_dim**-0.5
-            log_gamma = self.log_gamma(q.device, core)
+            positions = torch.arange(offset, offset + q.shape[2], dtype=torch.float64, device=q.device)
+            cos, sin = rotary_tables(positions, self.constant("frequencies", q.device, torch.float64), core)
+            q = rotate(q, cos, sin)
+            k = rotate(k, cos, sin) * self.key_dim**-0.5
+            log_gamma = self.constant("log_gamma", q.device, core)
             if state is None:
                 state = q.new_zeros(self.state_shape(q.shape[0]))
             state = state.to(core)
