@@ -268,7 +268,7 @@ def test_cuda_queued_bench_times_the_device_not_the_host_launch(cuda_graph: bool
                 bench.warmup(0.05)
                 bench.run(seconds=0.2, min_runs=5)
     isolated, queued = (benches[q].summary()["median_ms"] for q in (False, True))
-    assert 0 < queued <= isolated
+    assert 0 < queued <= 1.05 * isolated  # with graphs the two differ only by one graph launch
     if not cuda_graph:  # eager: 200 launches of ~5 us on the host vs ~2 us kernels on the device
         assert queued < 0.8 * isolated, (queued, isolated)
 
@@ -283,9 +283,29 @@ def test_cuda_table_records_its_timing_protocol(tmp_path: Path) -> None:
     assert queued.condition["protocol"].endswith("-queued") and isolated.condition["protocol"].endswith("-isolated")
     assert queued.n_measured > 0 and isolated.n_measured > 0  # one cache file per protocol
     assert queued.overhead_ms < isolated.overhead_ms  # an empty call costs the device ~nothing when queued
-    probe = auto.timing_probe  # auto resolves to one of the two, and its cache is that protocol's
-    chosen = "queued" if probe["device_ms"] >= 0.8 * probe["latency_ms"] else "isolated"
-    assert auto.condition["protocol"].endswith(f"-{chosen}") and auto.n_measured == 0
+    # with both protocols' caches present, auto probes the network and reuses the chosen protocol's entries
+    probe = auto.timing_probe
+    ratio = probe["host_ms"] <= 0.8 * probe["latency_ms"] if probe["syncs"] else probe["device_ms"] >= 0.8 * probe[
+        "latency_ms"]
+    assert auto.condition["protocol"].endswith("-queued" if ratio else "-isolated") and auto.n_measured == 0
+
+
+@needs_cuda
+def test_cuda_auto_timing_keeps_the_protocol_of_an_existing_cache(tmp_path: Path) -> None:
+    settings = replace(FAST, cuda_timing="isolated")
+    build_table(MODEL, input_size=SIZE, device="cuda", cache_dir=str(tmp_path), settings=settings)
+    auto = build_table(MODEL, input_size=SIZE, device="cuda", cache_dir=str(tmp_path), settings=FAST)
+    assert auto.timing_probe == {} and auto.condition["protocol"].endswith("-isolated") and auto.n_measured == 0
+
+
+@needs_cuda
+def test_cuda_probe_sees_a_call_that_synchronises() -> None:
+    from zoo.latency.measure import Bench
+    from zoo.latency.table import host_launch
+
+    x = torch.zeros(4, device="cuda")
+    assert host_launch(Bench(lambda: (x + 1).sum().item(), device=torch.device("cuda")))[1] is True
+    assert host_launch(Bench(lambda: (x + 1).sum(), device=torch.device("cuda")))[1] is False
 
 
 def test_auto_timing_probe_compares_device_time_with_latency() -> None:
@@ -296,7 +316,8 @@ def test_auto_timing_probe_compares_device_time_with_latency() -> None:
     model, cpu = zoo.create_model(MODEL).eval(), torch.device("cpu")
     with timing_context(cpu, torch.float32, threads=1):
         choice, probe = resolve_cuda_timing(model, model.example_input(1, (3, SIZE, SIZE)), {}, cpu, FAST)
-    assert set(probe) == {"device_ms", "latency_ms"} and min(probe.values()) > 0
+    assert set(probe) == {"device_ms", "latency_ms", "host_ms", "syncs"} and probe["syncs"] is False
+    assert min(probe["device_ms"], probe["latency_ms"], probe["host_ms"]) > 0
     assert choice == ("queued" if probe["device_ms"] >= 0.8 * probe["latency_ms"] else "isolated")
 
 

@@ -119,7 +119,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     """Rotary rotation of interleaved pairs (x0, x1), (x2, x3), ...: (x0 cos - x1 sin, x1 cos + x0 sin) per pair,
     with the tables of :func:`rotary_tables`."""
     swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x1, x0), (x3, x2), ...
-    return x * cos + swapped * sin
+    return (x * cos + swapped * sin).contiguous()  # a no-op for one token; the matmuls after it want rows
 
 
 def decay_matrix(log_gamma: torch.Tensor, n: int) -> torch.Tensor:
@@ -241,14 +241,21 @@ class MultiScaleRetention(nn.Module):
     def constant(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """``log_gamma`` (per head) or ``frequencies`` (signed rotary, per feature), made once per device and dtype:
         a host-to-device copy on every call would stall the host until the GPU caught up, once per layer and
-        token."""
+        token. Moving or casting the module, copying or pickling it starts an empty cache."""
         key = (name, device, dtype)
         if key not in self._constants:
-            values = (torch.tensor(self.log_decays, dtype=torch.float64) if name == "log_gamma"
-                      else rotary_frequencies(self.key_dim, self.rope_theta))
             with torch.inference_mode(False):  # a normal tensor, usable in training and in inference mode
-                self._constants[key] = values.to(device=device, dtype=dtype)
+                values = (torch.tensor(self.log_decays, dtype=torch.float64) if name == "log_gamma"
+                          else rotary_frequencies(self.key_dim, self.rope_theta))
+                self._constants[key] = values.to(device=device, dtype=dtype, copy=True)
         return self._constants[key]
+
+    def _apply(self, fn: Any, recurse: bool = True) -> MultiScaleRetention:
+        self._constants = {}
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_constants": {}}
 
     def forward(self, x: torch.Tensor, mode: str = "parallel", chunk_size: int = 64,
                 state: torch.Tensor | None = None, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -150,7 +150,7 @@ class Bench:
         self.device = device if device is not None else torch.device("cpu")
         self.clock = clock
         self.cuda_graph = cuda_graph and self.device.type == "cuda"
-        self.queued = queued and self.device.type == "cuda" and _can_sleep()
+        self.queued = queued and self.device.type == "cuda" and can_queue()
         self._sleep_cycles = 0
         self.times_ms: list[float] = []
         self.time_s = 0.0
@@ -249,7 +249,7 @@ class Bench:
         return len(self.times_ms) >= min_runs and self.summary()["rel_uncertainty"] <= rel_tol
 
 
-def _can_sleep() -> bool:
+def can_queue() -> bool:
     """Whether this PyTorch has the GPU sleep kernel queued timing needs (else benches time isolated calls)."""
     if hasattr(torch.cuda, "_sleep"):
         return True

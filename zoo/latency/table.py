@@ -30,9 +30,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import statistics
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -44,8 +45,8 @@ from ..depth import module_signature
 from ..errors import PlanError, ZooError
 from ..surgery import Segment, build_segment, segments
 from .cache import LatencyCache, LatencyCacheWarning
-from .device import device_name, dtype_name, resolve_device, resolve_dtype, timing_context
-from .measure import Bench, check_clock, peak_memory
+from .device import device_name, dtype_name, resolve_device, resolve_dtype, synchronize, timing_context
+from .measure import Bench, can_queue, check_clock, peak_memory
 
 logger = logging.getLogger("zoo.latency")
 
@@ -78,9 +79,10 @@ class TableSettings:
     cuda_timing: on CUDA, ``queued`` times each entry's device time with its kernels already queued (as inside a
         device-bound network, where the host runs ahead; see :class:`~zoo.latency.measure.Bench`); ``isolated``
         times each entry from an idle device, host launch time included (closer when the host is the bottleneck:
-        small batches without CUDA graphs); ``auto`` times the whole network both ways first and takes ``queued``
-        when its device time is at least 80% of its latency, else ``isolated``. Whole networks (calibration,
-        side-by-side) are always timed isolated: that is the latency a user sees.
+        small batches without CUDA graphs); ``auto`` keeps the protocol of an existing cache file for the
+        condition, else times the whole network both ways and takes ``queued`` when the device is busy for at least
+        80% of its latency (see :func:`resolve_cuda_timing`). Whole networks (calibration, side-by-side) are always
+        timed isolated: that is the latency a user sees.
     """
 
     warmup_s: float = 3.0
@@ -328,7 +330,7 @@ class LatencyTable:
     forward_kwargs: dict[str, Any] = field(default_factory=dict, repr=False)
     merge: bool = True
     settings: TableSettings = field(default_factory=TableSettings)
-    timing_probe: dict[str, float] = field(default_factory=dict)  # cuda_timing="auto": what decided the protocol
+    timing_probe: dict[str, Any] = field(default_factory=dict)  # cuda_timing="auto": what decided the protocol
 
     # -- costs -----------------------------------------------------------------------------------------------
 
@@ -499,20 +501,69 @@ def _overhead_pending(device: torch.device) -> Pending:
 
 
 def resolve_cuda_timing(model: nn.Module, example: Any, forward_kwargs: Mapping[str, Any], device: torch.device,
-                        settings: TableSettings) -> tuple[str, dict[str, float]]:
-    """The timing protocol for ``cuda_timing="auto"``, from the whole network timed queued and isolated.
+                        settings: TableSettings) -> tuple[str, dict[str, Any]]:
+    """The timing protocol for ``cuda_timing="auto"``; call inside the table's timing context.
 
-    Returns ("queued" or "isolated", {"device_ms", "latency_ms"}). Call inside the table's timing context.
+    The whole network is timed isolated (its latency) and queued (its device time); entries are timed queued
+    when the device is busy for at least 80 % of the latency, else isolated. A network whose call synchronises
+    with the host (RetNet's token-id check does) defeats the queued timing of the whole call, so for it the host's
+    launch time from an idle device decides: queued when it is at most 80 % of the latency.
     """
     benches = [Bench(model, (example,), forward_kwargs, device, settings.cuda_graph, queued=queued)
                for queued in (True, False)]
     benches[0].warmup(settings.warmup_s)
     time_rounds(benches, (10, 50), 1, 0.01, 10.0)
     device_ms, latency_ms = (b.summary()["median_ms"] for b in benches)
-    choice = "queued" if device_ms >= DEVICE_BOUND * latency_ms else "isolated"
-    logger.info("latency table: the network keeps the device busy %.0f%% of its %.3f ms latency, so entries are "
-                "timed %s", 100 * device_ms / latency_ms, latency_ms, choice)
-    return choice, {"device_ms": device_ms, "latency_ms": latency_ms}
+    host_ms, syncs = host_launch(benches[1])
+    busy = host_ms <= DEVICE_BOUND * latency_ms if syncs else device_ms >= DEVICE_BOUND * latency_ms
+    choice = "queued" if busy else "isolated"
+    logger.info("latency table: latency %.3f ms, device time %.3f ms, host launch %.3f ms%s: entries are timed %s",
+                latency_ms, device_ms, host_ms, " (the call synchronises)" if syncs else "", choice)
+    return choice, {"device_ms": device_ms, "latency_ms": latency_ms, "host_ms": host_ms, "syncs": syncs}
+
+
+def host_launch(bench: Bench, calls: int = 5) -> tuple[float, bool]:
+    """Median host time (ms) to issue one call of `bench` from an idle device, and whether the call synchronises
+    with a CUDA device (``torch.cuda.set_sync_debug_mode`` warns on every synchronising operation)."""
+    cuda = bench.device.type == "cuda"
+    times = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        previous = torch.cuda.get_sync_debug_mode() if cuda else 0
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(calls):
+                synchronize(bench.device)
+                start = time.perf_counter()
+                bench.call()
+                times.append((time.perf_counter() - start) * 1e3)
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode(previous)
+            synchronize(bench.device)
+    syncs = any("synchronizing CUDA operation" in str(w.message) for w in caught)
+    return statistics.median(times), syncs
+
+
+def choose_cuda_timing(model: nn.Module, example: Any, forward_kwargs: Mapping[str, Any], device: torch.device,
+                       dtype: torch.dtype, channels_last: bool, condition: Callable[[TableSettings], dict[str, Any]],
+                       cache_dir: str | None, settings: TableSettings) -> tuple[TableSettings, dict[str, Any]]:
+    """`settings` with a concrete CUDA protocol: the one of an existing cache file for this condition (so repeated
+    builds neither probe again nor flip between protocols), else :func:`resolve_cuda_timing`'s; ``isolated``
+    where PyTorch lacks the sleep kernel queued timing needs."""
+    if settings.cuda_timing == "isolated" or not can_queue():
+        return replace(settings, cuda_timing="isolated"), {}
+    if settings.cuda_timing == "queued":
+        return settings, {}
+    cached = [timing for timing in ("queued", "isolated")
+              if LatencyCache(condition(replace(settings, cuda_timing=timing)), cache_dir).path.exists()]
+    if len(cached) == 1:
+        return replace(settings, cuda_timing=cached[0]), {}
+    whole = prepare(measured_form(model, settings), device, channels_last)  # the form calibration times
+    with timing_context(device, dtype, settings.threads):
+        timing, probe = resolve_cuda_timing(whole, example, forward_kwargs, device, settings)
+    return replace(settings, cuda_timing=timing), probe
 
 
 def _store(cache: LatencyCache, records: dict[str, dict[str, Any]], known: dict[str, dict[str, Any]]
@@ -570,12 +621,13 @@ def build_table(
         example = example.contiguous(memory_format=torch.channels_last)
     call_kwargs = dict(forward_kwargs or {})
     segs = segments(model)
-    probe: dict[str, float] = {}
-    if dev.type == "cuda" and settings.cuda_timing == "auto":
-        whole = prepare(measured_form(model, settings), dev, channels_last)  # the form calibration times
-        with timing_context(dev, torch_dtype, settings.threads):
-            timing, probe = resolve_cuda_timing(whole, example, call_kwargs, dev, settings)
-        settings = replace(settings, cuda_timing=timing)
+    probe: dict[str, Any] = {}
+    if dev.type == "cuda":
+        def condition_of(s: TableSettings) -> dict[str, Any]:
+            return condition_key(dev, torch_dtype, batch_size, size, channels_last, workload, s)
+
+        settings, probe = choose_cuda_timing(model, example, call_kwargs, dev, torch_dtype, channels_last,
+                                             condition_of, cache_dir, settings)
     condition = condition_key(dev, torch_dtype, batch_size, size, channels_last, workload, settings)
     cache = LatencyCache(condition, cache_dir)
     with timing_context(dev, torch_dtype, settings.threads):
