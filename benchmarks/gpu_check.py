@@ -38,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import zoo  # noqa: E402
+from benchmarks.common import results_dir  # noqa: E402
 from zoo.importance import score_variants  # noqa: E402
 from zoo.latency import CalibrationSettings, TableSettings, build_table, measure  # noqa: E402
 from zoo.latency.calibrate import time_networks  # noqa: E402
@@ -426,8 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     cfg = GPU if args.device == "cuda" else DRY
     budget = Budget(args.budget_s)
-    out_dir = Path(args.out or os.environ.get("OUT") or Path(__file__).resolve().parent / "results")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = results_dir(args.out)
     report: dict[str, Any] = {"environment": environment(args.device), "budget_s": args.budget_s, "steps": {}}
     steps = {"measurement": check_measurement, "lut": check_lut, "prune_search": check_prune_search,
              "retnet_decode": check_retnet_decode, "fla": check_fla}

@@ -249,8 +249,10 @@ class Bench:
         return len(self.times_ms) >= min_runs and self.summary()["rel_uncertainty"] <= rel_tol
 
 
+@functools.cache
 def can_queue() -> bool:
-    """Whether this PyTorch has the GPU sleep kernel queued timing needs (else benches time isolated calls)."""
+    """Whether this PyTorch has the GPU sleep kernel queued timing needs (else benches time isolated calls); the
+    warning that it lacks one is given once."""
     if hasattr(torch.cuda, "_sleep"):
         return True
     warnings.warn("torch.cuda._sleep is missing in this PyTorch, so CUDA latency-table entries are timed as "
