@@ -14,7 +14,10 @@ skipped (recorded as such) once the time budget (``--budget-s``) is spent:
 5. ``fla``: flash-linear-attention's fused retention vs our PyTorch path, when ``fla`` is importable.
 
 Results: ``$OUT/gpu_check.json`` when ``$OUT`` is set, else ``benchmarks/results/gpu_check.json``; a digest of
-the numbers is printed at the end.
+the numbers is printed at the end. Every step's ``status`` is computed from its ``verdicts``, each a recorded number
+against a stated target (:func:`verdicts`): ``passed`` only when every check ran and met its target; ``failed``,
+``error``, ``skipped`` and ``incomplete`` otherwise. Exit status 0 means every step passed, 1 that one failed or
+raised, 3 that work was skipped. ``--verdicts REPORT.json`` recomputes the verdicts of a recorded report.
 """
 
 from __future__ import annotations
@@ -185,8 +188,7 @@ def output_agreement(model: torch.nn.Module, x: torch.Tensor, device: str) -> di
     # fp32 on CUDA may use TF32 convolutions (cuDNN's default), hence 1e-2 where layouts pick other kernels
     tolerance = {"channels_last": 1e-2, "fused": 1e-2, "autocast_bf16": 1e-1, "graph_replay": 1e-5,
                  "graph_replay_new_input": 1e-2}
-    return {name: {"max_rel_diff": d, "tolerance": tolerance[name], "ok": d <= tolerance[name]}
-            for name, d in diffs.items()}
+    return {name: {"max_rel_diff": d, "tolerance": tolerance[name]} for name, d in diffs.items()}
 
 
 # -- 2. latency tables ----------------------------------------------------------------------------------------
@@ -221,7 +223,7 @@ def lut_one(device: str, cfg: Config, cond: Condition) -> dict[str, Any]:
     return {"entries": table.n_entries, "measured": table.n_measured, "build_s": table.build_s,
             "entries_capped": capped, "condition": table.condition, "summary": table.summary(),
             "protocol": table.condition["protocol"], **evaluation.summary(),
-            "within_target": evaluation.max_error(corrected=False) <= TABLE_ERROR_TARGET, "table": evaluation.format()}
+            "table": evaluation.format()}
 
 
 # -- 3. pruning search ----------------------------------------------------------------------------------------
@@ -264,7 +266,7 @@ def prune_one(device: str, cfg: Config, cond: Condition, targets: tuple[float, .
         ms = bench.summary()[estimate]
         target = float(label.split("_")[1])
         entry = out[label]
-        entry.update({"measured_ms": ms, "measured_speedup": base_ms / ms, "reached": base_ms / ms >= 0.9 * target,
+        entry.update({"measured_ms": ms, "measured_speedup": base_ms / ms,
                       "prediction_error": entry["predicted_ms"] / ms - 1.0})
     return out
 
@@ -338,6 +340,81 @@ def check_fla(device: str, cfg: Config, budget: Budget) -> dict[str, Any]:
     return out
 
 
+# -- verdicts -------------------------------------------------------------------------------------------------
+# Every pass/fail is derived here from the recorded numbers and a stated target; a step passes only when every one
+# of its verdicts holds. Work that was skipped (time budget, no fla) is recorded as None: skipped is not passed.
+
+DECODE_FLATNESS_TARGET = 1.2  # RetNet per-token latency at the longest context / at the shortest
+SPEEDUP_FRACTION = 0.9  # a pruned network reaches its target speed-up at >= 0.9 x target
+
+
+def verdicts(name: str, step: dict[str, Any]) -> dict[str, bool | None]:
+    """Each check of a step and whether it met its target (None: not run)."""
+    if "skipped" in step:
+        return {name: None}
+    out: dict[str, bool | None] = {}
+    if name == "measurement":
+        for mode, o in step.get("outputs", {}).items():
+            out[f"output {mode} within {o['tolerance']:g}"] = o["max_rel_diff"] <= o["tolerance"]
+    elif name == "lut":
+        for label, t in step.items():
+            if isinstance(t, dict):
+                out[f"{label} max error <= {TABLE_ERROR_TARGET:.0%}"] = (
+                    None if "skipped" in t else t["max_abs_error_raw"] <= TABLE_ERROR_TARGET)
+    elif name == "prune_search":
+        for label, p in step.items():
+            if not isinstance(p, dict):
+                continue
+            if "skipped" in p:
+                out[label] = None
+                continue
+            for key, r in p.items():
+                if key.startswith("target_"):
+                    target = float(key.removeprefix("target_"))
+                    out[f"{label} {key} >= {SPEEDUP_FRACTION} x target"] = (
+                        "measured_speedup" in r and r["measured_speedup"] >= SPEEDUP_FRACTION * target)
+    elif name == "retnet_decode":
+        for key, r in step.items():
+            if isinstance(r, dict):
+                out[f"{key} RetNet latency ratio <= {DECODE_FLATNESS_TARGET}"] = (
+                    None if "skipped" in r else
+                    r["latency_ratio_longest_to_shortest"]["retnet"] <= DECODE_FLATNESS_TARGET)
+    elif name == "fla":
+        out["chunkwise forward faster than the PyTorch path"] = step["chunkwise_speedup"] > 1.0
+    return out
+
+
+def status(step: dict[str, Any], checks: dict[str, bool | None]) -> str:
+    """``error`` (raised), ``failed`` (a verdict is false), ``skipped`` (nothing ran), ``incomplete`` (some
+    checks skipped) or ``passed`` (every check ran and met its target)."""
+    if "error" in step:
+        return "error"
+    results = list(checks.values())
+    if any(r is False for r in results):
+        return "failed"
+    if not results or all(r is None for r in results):
+        return "skipped" if results else "passed"
+    return "incomplete" if any(r is None for r in results) else "passed"
+
+
+def judge(report: dict[str, Any]) -> dict[str, Any]:
+    """Add ``verdicts`` and ``status`` to every step of a report (a fresh one or a recorded JSON) and return it."""
+    for name, step in report["steps"].items():
+        if "error" not in step:
+            step["verdicts"] = verdicts(name, step)
+        step["status"] = status(step, step.get("verdicts", {}))
+        step.pop("ok", None)
+    return report
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    """0: every step passed; 1: a step failed or raised; 3: nothing failed but some work was skipped."""
+    statuses = {step["status"] for step in report["steps"].values()}
+    if statuses & {"failed", "error"}:
+        return 1
+    return 0 if statuses == {"passed"} else 3
+
+
 # -- the run --------------------------------------------------------------------------------------------------
 
 
@@ -370,8 +447,10 @@ def digest(report: dict[str, Any]) -> str:
     lines = [f"device {report['environment'].get('device')}, torch {report['environment']['torch']}"]
     steps = report["steps"]
     for name, step in steps.items():
-        status = "ok" if step.get("ok") else f"FAILED: {step.get('error')}"
-        lines.append(f"{name}: {status} ({step.get('seconds')} s)")
+        state = step["status"] + (f": {step['error']}" if "error" in step else "")
+        failed = [check for check, ok in step.get("verdicts", {}).items() if ok is False]
+        lines.append(f"{name}: {state} ({step.get('seconds')} s)" + (f"; not met: {'; '.join(failed)}" if failed
+                                                                      else ""))
     meas = steps.get("measurement", {})
     for mode in measure_modes("cuda"):
         if mode in meas:
@@ -379,7 +458,9 @@ def digest(report: dict[str, Any]) -> str:
             lines.append(f"  {mode}: {m['median_ms']:.3f} ms (IQR {m['iqr_ms']:.3f}, n={m['n_runs']}), "
                          f"wall/events {m['wall_vs_events']['ratio']:.3f}")
     for name, o in meas.get("outputs", {}).items():
-        lines.append(f"  output {name}: rel diff {o['max_rel_diff']:.2e} ({'ok' if o['ok'] else 'OUT OF TOLERANCE'})")
+        within = o["max_rel_diff"] <= o["tolerance"]
+        lines.append(f"  output {name}: rel diff {o['max_rel_diff']:.2e} ({'within' if within else 'OUT OF'} "
+                     f"tolerance {o['tolerance']:g})")
     for label, t in steps.get("lut", {}).items():
         if isinstance(t, dict) and "mean_abs_error_raw" in t:
             lines.append(f"  lut {label}: {t['entries']} entries in {t['build_s']:.0f} s, error mean "
@@ -420,7 +501,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", nargs="+", default=list(STEPS), choices=STEPS)
     parser.add_argument("--budget-s", type=float, default=360.0, help="stop starting new work after this long")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--verdicts", metavar="REPORT", help="recompute the verdicts of a recorded gpu_check.json")
     args = parser.parse_args(argv)
+    if args.verdicts:
+        return main_verdicts(args.verdicts)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: no CUDA device; run with --device cpu for the dry run", file=sys.stderr)
         return 2
@@ -434,20 +518,27 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.steps:
         start = time.perf_counter()
         if budget.left() < cfg.min_step_s:
-            report["steps"][name] = {"ok": True, "skipped": f"time budget ({budget.left():.0f} s left)"}
+            report["steps"][name] = {"skipped": f"time budget ({budget.left():.0f} s left)"}
         else:
             try:
-                report["steps"][name] = {"ok": True, **steps[name](args.device, cfg, budget)}
+                report["steps"][name] = steps[name](args.device, cfg, budget)
             except Exception as exc:  # noqa: BLE001 - a failing step is recorded and the others still run
-                report["steps"][name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
-                                         "traceback": traceback.format_exc()}
+                report["steps"][name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
                 print(report["steps"][name]["traceback"], file=sys.stderr, flush=True)
         report["steps"][name]["seconds"] = round(time.perf_counter() - start, 1)
-        print(f"[gpu_check] {name}: {'ok' if report['steps'][name]['ok'] else 'FAILED'} "
-              f"({report['steps'][name]['seconds']} s)", flush=True)
+        judge({"steps": {name: report["steps"][name]}})
+        print(f"[gpu_check] {name}: {report['steps'][name]['status']} ({report['steps'][name]['seconds']} s)",
+              flush=True)
         (out_dir / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
     print(digest(report), flush=True)
-    return 0 if all(step["ok"] for step in report["steps"].values()) else 1
+    return exit_code(report)
+
+
+def main_verdicts(path: str) -> int:
+    """``--verdicts REPORT.json``: recompute the verdicts of a recorded report and print its digest."""
+    report = judge(json.loads(Path(path).read_text()))
+    print(digest(report))
+    return exit_code(report)
 
 
 if __name__ == "__main__":

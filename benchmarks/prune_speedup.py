@@ -33,8 +33,8 @@ def compose(overrides: list[str], output_dir: Path) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from zoo.entry import register_resolvers
     from zoo.pruning import register_configs
-    from zoo.training.distributed import register_resolvers
 
     register_configs(CONF)
     register_resolvers()

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import zoo
+from zoo.entry import register_resolvers
 from zoo.training import (
     Callback,
     CheckpointError,
@@ -32,7 +33,6 @@ from zoo.training import (
 from zoo.training import checkpointing as ckpt
 from zoo.training.config import register_configs, validate
 from zoo.training.data import read_text_files, stdlib_corpus, unigram_entropy
-from zoo.training.distributed import register_resolvers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from wandb_reader import find_run_files, read_run  # noqa: E402
@@ -253,12 +253,29 @@ def test_evaluate_distillation_and_callback_progress(tmp_path):
     assert metrics["acc1"] == pytest.approx(result.metrics["val/acc1"])
 
 
+BF16_RUN = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from test_train import tiny_cfg, fresh_trainer
+from pathlib import Path
+torch.set_num_threads(1)
+cfg = tiny_cfg(Path({tmp!r}), "trainer.max_epochs=1", "trainer.precision=bf16", "trainer.channels_last=true",
+               "trainer.accum_steps=3", "trainer.label_smoothing=0.1", "optim.clip_grad=1.0", "optim=sgd",
+               "optim.lr=0.05")
+result = fresh_trainer(cfg).fit()
+print("steps", result.steps, "finite", bool(torch.isfinite(torch.tensor(result.metrics["val/loss"]))))
+"""
+
+
 def test_bf16_channels_last_accumulation_clipping_smoothing_run(tmp_path):
-    cfg = tiny_cfg(tmp_path, "trainer.max_epochs=1", "trainer.precision=bf16", "trainer.channels_last=true",
-                   "trainer.accum_steps=3", "trainer.label_smoothing=0.1", "optim.clip_grad=1.0", "optim=sgd",
-                   "optim.lr=0.05")
-    result = fresh_trainer(cfg).fit()
-    assert result.steps == 2 and torch.isfinite(torch.tensor(result.metrics["val/loss"]))
+    """In a fresh process: on this CPU, oneDNN's bf16 channels_last depthwise-conv backward returns NaN weight
+    gradients after the same process ran other conv shapes (seen after tests/test_surgery.py's TResNet merges;
+    torch 2.14.1), which is PyTorch's state, not this engine's."""
+    code = BF16_RUN.format(tests=str(Path(__file__).parent), tmp=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=env_for(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "steps 2 finite True" in proc.stdout
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -436,7 +453,7 @@ def test_train_py_help_lists_the_groups(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, code, message", [
-    (["data=imagenot"], 1, "Available options in 'data'"),
+    (["data=imagenot"], 2, "data=imagenot is not an option of the data group. Did you mean imagefolder?"),
     (["data=cifar10", "data.root=/nonexistent/cifar"], 2, "not found or corrupted"),
     (["model.num_classes=7"], 2, "model.num_classes=7 but the data set has 10 classes"),
     (["model=mobilenetv2_050", "trainer.resume={resume}"], 2, "written for model=mobilenetv2_035"),
@@ -468,7 +485,7 @@ def test_train_py_bytes_language_model(tmp_path):
 @pytest.mark.slow
 def test_sigint_saves_last_then_resume_auto_finishes(tmp_path):
     run_dir = tmp_path / "run"
-    args = tiny("logger=none", "trainer.max_epochs=40", "trainer.limit_train_batches=null")
+    args = tiny("logger=none", "trainer.max_epochs=6", "trainer.limit_train_batches=null")
     proc = subprocess.Popen(train_cmd(*args, run_dir=run_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env_for(tmp_path), cwd=tmp_path)
     last = run_dir / "checkpoints" / "last.safetensors"
@@ -479,14 +496,13 @@ def test_sigint_saves_last_then_resume_auto_finishes(tmp_path):
     proc.send_signal(signal.SIGINT)
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode == 128 + signal.SIGINT, output[-3000:]
-    assert "saved" in output and zoo.load(last).num_classes == 10
+    assert "saved" in output and "trainer.resume=auto" in output and zoo.load(last).num_classes == 10
     state = ckpt.load_state(run_dir / "checkpoints" / "last.state.pt")
-    assert state["epoch"] >= 1 and state["epoch"] < 40
-    resumed = run_train(*tiny("logger=none", f"trainer.max_epochs={state['epoch'] + 1}",
-                             "trainer.limit_train_batches=null", "trainer.resume=auto"), run_dir=run_dir)
+    assert 1 <= state["epoch"] < 6
+    resumed = run_train(*args, "trainer.resume=auto", run_dir=run_dir)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert "Resumed from" in resumed.stdout + resumed.stderr
-    assert json.loads((run_dir / "results.json").read_text())["epochs"] == state["epoch"] + 1
+    assert json.loads((run_dir / "results.json").read_text())["epochs"] == 6
 
 
 @pytest.mark.slow

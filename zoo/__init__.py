@@ -6,9 +6,10 @@
 from . import mobilenetv2, resnetv2, retnet, tresnet  # noqa: F401 - importing registers the families
 from ._registry import create_model, get_entry, is_model, list_models, model_info, register_model
 from .checkpoint import load, read_checkpoint_meta, save_checkpoint
-from .depth import DepthUnit, apply_plan, depth_units, remove_units
+from .depth import DepthUnit, depth_units
 from .errors import PlanError, UnknownModelError, WeightsError, ZooError
 from .fuse import fuse
+from .surgery import apply_plan, remove_units
 
 __version__ = "0.1.0"
 

@@ -7,7 +7,7 @@ import json
 import sys
 
 from . import list_models, model_info
-from .errors import ZooError
+from .errors import UnknownModelError, ZooError
 
 
 def _format_params(count: int) -> str:
@@ -16,7 +16,11 @@ def _format_params(count: int) -> str:
 
 def print_table(pattern: str = "*") -> None:
     """Print name, family, parameters, input size and default pretrained tag of matching models."""
-    rows = [model_info(name) for name in list_models(pattern)]
+    names = list_models(pattern)
+    if not names:
+        raise UnknownModelError(f"No registered model matches {pattern!r}; `python -m zoo list` lists all "
+                                f"{len(list_models())} (patterns are shell-style, e.g. 'mobilenetv2_*').")
+    rows = [model_info(name) for name in names]
     header = f"{'model':<22} {'family':<12} {'params':>9}  {'input':<14} pretrained"
     print(header)
     print("-" * len(header))

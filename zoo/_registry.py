@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import inspect
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import UnknownModelError
+from .errors import ModelOptionError, UnknownModelError
 
 _logger = logging.getLogger(__name__)
 
@@ -69,7 +71,19 @@ def get_entry(name: str) -> ModelEntry:
 def build_model(name: str, **kwargs: Any) -> nn.Module:
     """Build the architecture with random weights and attach its name, overrides and default_cfg."""
     entry = get_entry(name)
-    model = entry.builder(**kwargs)
+    try:
+        model = entry.builder(**kwargs)
+    except TypeError as exc:
+        bad = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        options = ", ".join(builder_options(entry))
+        if bad is not None:
+            raise ModelOptionError(f"{name} has no option {bad.group(1)!r} (from create_model(..., "
+                                   f"{bad.group(1)}=...) or model.overrides); its options are: {options}.") from None
+        given = {k: v for k, v in kwargs.items() if k != "num_classes"}
+        if not given:
+            raise
+        raise ModelOptionError(f"{name} cannot be built with options {given} ({exc}); its options are: "
+                               f"{options}.") from None
     cfg = dict(entry.default_cfg)
     cfg["architecture"] = name
     if "num_classes" in kwargs:
@@ -79,6 +93,13 @@ def build_model(name: str, **kwargs: Any) -> nn.Module:
     model.zoo_name = name
     model.zoo_overrides = {k: v for k, v in kwargs.items() if k != "num_classes"}
     return model
+
+
+def builder_options(entry: ModelEntry) -> list[str]:
+    """The keyword options a registered model's class takes (what ``create_model(name, **options)`` accepts)."""
+    with torch.device("meta"):
+        model = entry.builder()
+    return [p for p in inspect.signature(type(model).__init__).parameters if p not in ("self", "args", "kwargs")]
 
 
 def create_model(
@@ -116,9 +137,13 @@ def create_model(
         kwargs["num_classes"] = num_classes
     model = build_model(name, **kwargs)
     if meta is not None and meta.get("plan"):
-        from .depth import apply_plan
+        from .surgery import apply_plan
 
         model = apply_plan(model, meta["plan"])
+    if meta is not None and meta.get("fused"):
+        from .fuse import fuse
+
+        model = fuse(model, inplace=True)
     if source is not None:
         _pretrained.load_into(model, source)
     return model

@@ -3,11 +3,7 @@ in the file's metadata, written atomically (temp file + fsync + rename)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,30 +12,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from .files import atomic_write, json_digest  # noqa: F401 - kept importable from here (older code)
+
 META_KEY = "depthzoo"
 FORMAT_VERSION = 1
-
-
-def json_digest(obj: Any, length: int = 12) -> str:
-    """A short, stable hash of JSON-like data (keys sorted): names cache files and shared run directories."""
-    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:length]
-
-
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call `write(tmp_path)` then rename the temp file over `path`: readers never see a partial file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        write(tmp_path)
-        with open(tmp_path, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp_path, path)
-    finally:
-        tmp_path.unlink(missing_ok=True)
-    return path
 
 
 def tied_aliases(model: nn.Module) -> dict[str, str]:
@@ -72,6 +48,7 @@ def checkpoint_meta(model: nn.Module, **extra: Any) -> dict[str, Any]:
         "overrides": dict(getattr(model, "zoo_overrides", {})),
         "num_classes": getattr(model, "num_classes", None),
         "plan": getattr(model, "zoo_plan", None),
+        "fused": bool(getattr(model, "zoo_fused", False)),
         **extra,
     }
 

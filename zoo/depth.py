@@ -6,12 +6,12 @@ whether removal keeps shapes valid, whether the convolutions around an activatio
 measurements) with one hooked forward pass. Removing a unit always means the same thing: the module at
 its path is replaced by ``nn.Identity``. For a residual unit (kind ``block``, ``retention``, ``ffn``) that
 leaves the shortcut; for an activation (kind ``act``) it linearises the unit, after which the
-convolutions on either side can be merged into one (see the prune surgery).
+convolutions on either side can be merged into one. :mod:`zoo.surgery` does the removing (``remove_units``,
+``apply_plan``); this module only describes.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -130,7 +130,9 @@ def depth_units(model: nn.Module, input_size: Sequence[int] | None = None) -> li
     return units
 
 
-def _check_names(model: nn.Module, names: Iterable[str]) -> dict[str, DepthUnit]:
+def check_removable(model: nn.Module, names: Iterable[str]) -> dict[str, DepthUnit]:
+    """The model's depth units by name, after checking that every name in `names` is one that may be removed."""
+    names = list(names)
     by_name = {u.name: u for u in model.depth_unit_specs()}
     bad = [n for n in names if n not in by_name]
     if bad:
@@ -148,21 +150,3 @@ def _check_names(model: nn.Module, names: Iterable[str]) -> dict[str, DepthUnit]
             f"(a block with a downsampling or projection shortcut). Only units with removable=True can be."
         )
     return by_name
-
-
-def remove_units(model: nn.Module, names: Iterable[str], inplace: bool = False) -> nn.Module:
-    """Replace the named units by identity (residual units: keep the shortcut; activations: linearise)."""
-    names = list(names)
-    _check_names(model, names)
-    if not inplace:
-        model = copy.deepcopy(model)
-    for name in names:
-        model.set_submodule(name, nn.Identity())
-    return model
-
-
-def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, **kwargs: Any) -> nn.Module:
-    """Apply a plain-data plan ``{"remove": [unit names], "merge": bool}``; see :mod:`zoo.surgery`."""
-    from .surgery import apply_plan as _apply
-
-    return _apply(model, plan, inplace=inplace, **kwargs)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -22,10 +24,11 @@ import torch.nn.functional as F
 from filelock import FileLock
 from torch import nn
 
-from .checkpoint import atomic_write, json_digest
-from .errors import ZooError
+from .errors import CorruptFileError, ZooError
+from .files import json_digest, read_sealed_json, write_sealed_json
 from .surgery import Segment, apply_plan
 
+_log = logging.getLogger(__name__)
 Batch = tuple[torch.Tensor, torch.Tensor]
 SCORES = ("loss", "similarity", "finetune")
 
@@ -127,21 +130,44 @@ def weights_digest(model: nn.Module) -> str:
     return digest.hexdigest()[:20]
 
 
-def cached_scores(cache_dir: str | Path, key: dict, compute: Callable[[], list[dict[frozenset[str], float]]]
+def _decode(stored: dict, key: dict, segments: Sequence[Segment]) -> list[dict[frozenset[str], float]]:
+    """Scores from a cache payload, checked against the key and the segments (raises CorruptFileError)."""
+    if stored.get("key") != json.loads(json.dumps(key, default=str)):
+        raise CorruptFileError("it was written for another key")
+    rows = stored.get("scores")
+    if not isinstance(rows, list) or len(rows) != len(segments):
+        count = len(rows) if isinstance(rows, list) else "no"
+        raise CorruptFileError(f"it holds {count} segments, the model has {len(segments)}")
+    scores = []
+    for seg, row in zip(segments, rows):
+        if not isinstance(row, dict):
+            raise CorruptFileError(f"segment {seg.name} is not a mapping")
+        damages = {frozenset(k.split("|")) if k else frozenset(): v for k, v in row.items()}
+        if set(damages) != set(seg.variants()) or not all(
+                isinstance(v, (int, float)) and math.isfinite(v) for v in damages.values()):
+            raise CorruptFileError(f"segment {seg.name} does not hold one finite score per variant")
+        scores.append(damages)
+    return scores
+
+
+def cached_scores(cache_dir: str | Path, key: dict, segments: Sequence[Segment],
+                  compute: Callable[[], list[dict[frozenset[str], float]]]
                   ) -> tuple[list[dict[frozenset[str], float]], bool]:
-    """Scores from the cache file for `key`, or computed (under a file lock, so concurrent jobs compute once)."""
+    """Scores from the cache file for `key`, or computed (under a file lock, so concurrent jobs compute once).
+
+    A cache file is used only when it is intact (its checksum), written for `key`, and holds one finite score for
+    every variant of every segment; anything else is reported once and recomputed.
+    """
     name = json_digest(key, 20)
     path = Path(cache_dir) / f"importance-{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
         if path.is_file():
             try:
-                stored = json.loads(path.read_text())
-                return [{frozenset(k.split("|")) if k else frozenset(): v for k, v in seg.items()}
-                        for seg in stored["scores"]], True
-            except (ValueError, KeyError, AttributeError):
-                pass  # corrupt: recompute and overwrite
+                return _decode(read_sealed_json(path), key, segments), True
+            except CorruptFileError as exc:
+                _log.warning("Importance cache %s is not usable (%s): the scores are computed again.", path, exc)
         scores = compute()
         payload = {"key": key, "scores": [{"|".join(sorted(k)): v for k, v in seg.items()} for seg in scores]}
-        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=1)))
+        write_sealed_json(path, payload)
     return scores, False

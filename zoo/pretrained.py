@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,14 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             state = load_file(str(path), device="cpu")
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"(unsupported GLOBAL \S+|Unsupported global: \S+[^\n]*)", str(exc))
+        what = found.group(1).rstrip(".") if found else "objects other than tensors"
+        raise WeightsError(
+            f"{path} is refused for safety: it is a pickle that holds Python objects besides tensors ({what}), "
+            f"and loading those could run arbitrary code. Only plain state dicts (tensors) are loaded; convert the "
+            f"file to .safetensors where you trust its source."
+        ) from None
     except Exception as exc:  # noqa: BLE001 - any decode failure means the same thing to the user
         raise WeightsError(
             f"Cannot read weight file {path}: {type(exc).__name__}: {exc}. The file is unreadable, truncated "
@@ -65,24 +75,80 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in state.items()}
 
 
-def _download_from_hub(hub_id: str) -> Path:
-    """Fetch a repo's weights through huggingface_hub (its cache; HF_HUB_OFFLINE=1 uses the cache only)."""
-    from huggingface_hub import hf_hub_download
+HUB_FILES = ("model.safetensors", "pytorch_model.bin")
 
+
+def download_command(hub_id: str) -> str:
+    """The shell command that fetches `hub_id` with the installed huggingface_hub (``hf`` from 0.34 on)."""
+    import huggingface_hub
+
+    major, minor = (int(p) for p in re.findall(r"\d+", huggingface_hub.__version__)[:2])
+    return f"hf download {hub_id}" if (major, minor) >= (0, 34) else f"huggingface-cli download {hub_id}"
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hub's host resolves and accepts a connection (a quick check before hf_hub_download's retries)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _download_from_hub(hub_id: str) -> Path:
+    """A repo's weights from the local Hugging Face cache, else downloaded; fails at once, with the command that
+    downloads it, when the Hub cannot be reached (offline, or HF_HUB_OFFLINE=1)."""
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.utils import EntryNotFoundError, RepositoryNotFoundError
+
+    for filename in HUB_FILES:
+        try:
+            return Path(hf_hub_download(hub_id, filename, local_files_only=True))
+        except Exception:  # noqa: BLE001 - not in the cache (the error type varies by version)
+            continue
+    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    if offline or not _hub_reachable():
+        why = "HF_HUB_OFFLINE=1 is set" if offline else "the Hub cannot be reached from here"
+        raise WeightsError(
+            f"Hub id {hub_id!r} is not in the local Hugging Face cache and {why}, so it cannot be checked or "
+            f"downloaded now. Check the spelling; download it where there is network with `{download_command(hub_id)}`"
+            f" (same HF_HOME), or pass a local file: zoo.create_model(name, pretrained='path/to/model.safetensors')."
+        )
     errors = []
-    for filename in ("model.safetensors", "pytorch_model.bin"):
+    for filename in HUB_FILES:
         try:
             return Path(hf_hub_download(hub_id, filename))
-        except Exception as exc:  # noqa: BLE001 - hub errors vary by version; all end the same way
+        except RepositoryNotFoundError:
+            raise WeightsError(f"Hub id {hub_id!r} does not exist on the Hugging Face Hub (or is private). Check "
+                               f"the spelling, e.g. 'timm/mobilenetv2_100.ra_in1k'.") from None
+        except EntryNotFoundError:
+            errors.append(f"{filename}: not in the repo")
+        except Exception as exc:  # noqa: BLE001 - network errors vary by version; all end the same way
             errors.append(f"{filename}: {type(exc).__name__}")
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-    mode = " with HF_HUB_OFFLINE=1" if offline else ""
-    raise WeightsError(
-        f"Could not get weights for hub id {hub_id!r} ({'; '.join(errors)}){mode}. "
-        f"They are neither in the local Hugging Face cache nor downloadable now. Download them where there is "
-        f"network (e.g. `huggingface-cli download {hub_id}`) or pass a local file: "
-        f"zoo.create_model(name, pretrained='path/to/model.safetensors')."
-    )
+    raise WeightsError(f"Could not download weights for hub id {hub_id!r} ({'; '.join(errors)}). Download them with "
+                       f"`{download_command(hub_id)}` or pass a local file.")
+
+
+def is_local(pretrained: str | Path) -> bool:
+    """Whether a ``pretrained`` string names a local file (an existing path, a weight-file suffix, or no ``/``)."""
+    text = str(pretrained)
+    return Path(text).expanduser().exists() or text.endswith(WEIGHT_SUFFIXES) or "/" not in text
+
+
+def check_source(pretrained: bool | str | Path | None) -> None:
+    """Before any work: a ``pretrained`` local file must exist (a hub id is resolved when the model is built)."""
+    if pretrained in (None, False, True, "", "false", "False") or not is_local(pretrained):
+        return
+    if not Path(str(pretrained)).expanduser().is_file():
+        raise WeightsError(f"Weight file {pretrained} does not exist. Give an existing "
+                           f"{'/'.join(WEIGHT_SUFFIXES)} file, a hub id such as 'timm/mobilenetv2_100.ra_in1k', "
+                           f"true (the default tag) or false.")
 
 
 def resolve_source(entry: ModelEntry, pretrained: bool | str | Path) -> WeightSource:
@@ -98,7 +164,7 @@ def resolve_source(entry: ModelEntry, pretrained: bool | str | Path) -> WeightSo
     else:
         text = str(pretrained)
         local = Path(text).expanduser()
-        if local.exists() or text.endswith(WEIGHT_SUFFIXES) or "/" not in text:
+        if is_local(text):
             path, origin = local, str(local)
         else:
             hub_id = text.removeprefix("hf-hub:")

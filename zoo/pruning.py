@@ -25,10 +25,12 @@ from filelock import FileLock
 from torch import nn
 
 from . import surgery
-from .checkpoint import atomic_write, json_digest, save_checkpoint
+from .checkpoint import save_checkpoint
 from .errors import ZooError
+from .files import write_json
 from .importance import SCORES, cached_scores, score_variants, weights_digest
 from .search import SEARCHES, BudgetError, Choice, pareto_front, search
+from .training.config import TrainConfig
 from .training.engine import Callback
 
 _log = logging.getLogger(__name__)
@@ -75,22 +77,23 @@ class FinetuneSettings:
     linearise_fraction: float = 0.5
 
 
-def register_configs(config_dir: str | Path | None = None) -> None:
-    """Store ``prune_schema`` (the training schema plus ``checkpoint``, ``prune`` and ``finetune``)."""
-    from dataclasses import make_dataclass
+@dataclass
+class PruneConfig(TrainConfig):
+    """The root schema of ``conf/prune.yaml``: the training schema plus ``checkpoint``, ``prune`` and ``finetune``."""
 
+    checkpoint: str | None = None
+    prune: PruneSettings = field(default_factory=PruneSettings)
+    finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
+
+
+def register_configs(config_dir: str | Path | None = None) -> None:
+    """Store ``prune_schema`` (:class:`PruneConfig`) and the training schemas in Hydra's ConfigStore."""
     from hydra.core.config_store import ConfigStore
 
-    from .training.config import TrainConfig
     from .training.config import register_configs as register_train
 
     register_train(config_dir)
-    schema = make_dataclass("PruneConfig", [
-        ("checkpoint", str | None, None),
-        ("prune", PruneSettings, field(default_factory=PruneSettings)),
-        ("finetune", FinetuneSettings, field(default_factory=FinetuneSettings)),
-    ], bases=(TrainConfig,))
-    ConfigStore.instance().store(name="prune_schema", node=schema)
+    ConfigStore.instance().store(name="prune_schema", node=PruneConfig)
 
 
 def _is_recurrent(entry: Any) -> bool:
@@ -102,7 +105,7 @@ def _is_recurrent(entry: Any) -> bool:
 def validate_prune(cfg: Any) -> None:
     """Checks before any long work: budget, choices, device (raises ZooError)."""
     from ._registry import get_entry
-    from .latency.device import resolve_device
+    from .latency.device import resolve_device, resolve_dtype
 
     p = cfg.prune
     if p.target_latency_ms is None and p.target_speedup is None:
@@ -127,7 +130,42 @@ def validate_prune(cfg: Any) -> None:
         raise ZooError("prune.batch_size and prune.calib_batches must be >= 1, prune.bins >= 10.")
     if cfg.finetune.epochs < 0 or not 0.0 <= cfg.finetune.linearise_fraction <= 1.0:
         raise ZooError("finetune.epochs must be >= 0 and finetune.linearise_fraction within [0, 1].")
-    resolve_device(p.device)
+    if p.threads is not None and p.threads < 1:
+        raise ZooError(f"prune.threads={p.threads} must be >= 1 (or null for the latency package's default).")
+    if p.plan and not Path(p.plan).is_file():
+        raise ZooError(f"prune.plan={p.plan} does not exist. Give a JSON plan file such as "
+                       '{"remove": ["blocks.2.1"], "merge": true}.')
+    if cfg.checkpoint and not Path(cfg.checkpoint).is_file():
+        raise ZooError(f"checkpoint={cfg.checkpoint} does not exist. Give a depthzoo checkpoint (.safetensors) or "
+                       "leave checkpoint=null to train the baseline.")
+    lut_settings(p)
+    measure_settings(p)
+    resolve_dtype(p.dtype, resolve_device(p.device))
+
+
+def _settings(kind: type, values: Any, key: str) -> Any:
+    """A settings dataclass from a ``prune.lut``/``prune.measure`` mapping; an unknown key is a clear error."""
+    from dataclasses import fields
+
+    allowed = [f.name for f in fields(kind)]
+    unknown = sorted(set(values or {}) - set(allowed))
+    if unknown:
+        raise ZooError(f"{key} has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}.")
+    return kind(**dict(values or {}))
+
+
+def lut_settings(p: Any) -> Any:
+    """The latency table's settings from ``prune.lut`` (defaults where unset)."""
+    from .latency import TableSettings
+
+    return _settings(TableSettings, p.lut, "prune.lut")
+
+
+def measure_settings(p: Any) -> Any:
+    """The final side-by-side timing's settings from ``prune.measure``."""
+    from .latency import CalibrationSettings
+
+    return _settings(CalibrationSettings, p.measure, "prune.measure")
 
 
 # ----------------------------------------------------------------------------------------------- phases
@@ -143,19 +181,95 @@ def phase(timings: dict[str, float], name: str) -> Iterator[None]:
     _log.info("%s done in %.1f s", name, timings[name])
 
 
+BASELINE_OUTPUTS = ("checkpoints", "trained.json")
+PRUNE_OUTPUTS = ("results.json", "plan.json", "finetune", "pruned.safetensors")
+
+
+def baseline_config(config: dict) -> dict:
+    """The part of a prune config that determines its baseline training: model, data, optim, trainer."""
+    return {k: config[k] for k in ("model", "data", "optim", "trainer")}
+
+
 def baseline_dir(cfg: Any, config: dict) -> Path:
     """Where the baseline of this (model, data, optim, trainer) is trained once and shared by all jobs."""
-    key = {k: config[k] for k in ("model", "data", "optim")}
-    key["trainer"] = {k: v for k, v in config["trainer"].items() if k not in ("progress", "log_every", "resume")}
-    return Path(cfg.paths.log_dir) / "baselines" / f"{cfg.model.name}-{cfg.data.name}-{json_digest(key)}"
+    from .runs import fingerprint
+
+    digest = fingerprint(baseline_config(config))[:12]
+    return Path(cfg.paths.log_dir) / "baselines" / f"{cfg.model.name}-{cfg.data.name}-{digest}"
+
+
+def finished_baseline(directory: Path, config: dict) -> Path | None:
+    """The cached baseline's ``best`` checkpoint if its training completed and every file is intact, else None.
+
+    A damaged, foreign or half-written entry is reported once and discarded (it will be trained again).
+    """
+    from .errors import CorruptFileError
+    from .files import file_digest, read_sealed_json
+    from .runs import clear_outputs, fingerprint
+
+    marker = directory / "trained.json"
+    if not marker.exists():
+        return None
+    try:
+        done = read_sealed_json(marker)
+        best = directory / done["checkpoint"]
+        if done.get("fingerprint") != fingerprint(config):
+            raise CorruptFileError(f"{marker} records another config")
+        if not best.is_file() or file_digest(best) != done.get("checkpoint_sha256"):
+            raise CorruptFileError(f"{best} is missing or does not match its recorded checksum")
+        return best
+    except (CorruptFileError, KeyError, TypeError) as exc:
+        _log.warning("The cached baseline in %s is not usable (%s): it is trained again.", directory, exc)
+        clear_outputs(directory, BASELINE_OUTPUTS)
+        return None
+
+
+def train_baseline(cfg: Any, data: Any, config: dict, directory: Path) -> Path:
+    """Train (or resume the interrupted training of) the baseline in `directory`; mark it complete. Returns best."""
+    from .errors import RunConflictError
+    from .files import file_digest, write_sealed_json
+    from .runs import check_reuse, clear_outputs, fingerprint, write_record
+    from .training import checkpointing as ckpt
+    from .training import fit, seed_everything
+    from .training.runner import build_model
+
+    own = baseline_config(config)
+    try:
+        state = check_reuse(directory, "baseline", own, outputs=BASELINE_OUTPUTS, finished=None, new_only=False,
+                            force_hint="", dir_hint="")
+    except RunConflictError as exc:
+        _log.warning("The cached baseline in %s is not usable (%s): it is trained again.", directory, exc)
+        clear_outputs(directory, BASELINE_OUTPUTS)
+        state = "fresh"
+    write_record(directory, "baseline", own)
+    resume = ckpt.resolve_resume("auto", directory) if state == "resume" else None
+    if resume is not None:
+        try:
+            epoch = ckpt.load_state(resume)["epoch"]
+            _log.info("resuming the interrupted baseline training in %s from epoch %d", directory, epoch)
+        except ckpt.CheckpointError as exc:
+            _log.warning("The interrupted baseline in %s cannot be resumed (%s): it is trained again.", directory, exc)
+            clear_outputs(directory, BASELINE_OUTPUTS)
+            write_record(directory, "baseline", own)
+            resume = None
+    else:
+        _log.info("training the baseline in %s (shared by every job with the same config)", directory)
+    seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
+    model = build_model(cfg.model, data)
+    hint = " Run the same command again: the baseline's training resumes where it stopped."
+    result = fit(model, data, cfg.optim, cfg.trainer, None, output_dir=directory, config=config, resume_from=resume,
+                 resume_hint=hint)
+    best = result.best_checkpoint or result.last_checkpoint
+    write_sealed_json(directory / "trained.json", {
+        "fingerprint": fingerprint(own), "checkpoint": str(best.relative_to(directory)),
+        "checkpoint_sha256": file_digest(best), "epochs": result.epochs, "metrics": result.metrics})
+    return best
 
 
 def load_or_train_baseline(cfg: Any, data: Any, config: dict) -> tuple[nn.Module, Path]:
     """The baseline model and its checkpoint: ``checkpoint=...`` or a cached training (trained once, locked)."""
     from . import load
     from .training import checkpointing as ckpt
-    from .training import fit
-    from .training.runner import build_model
 
     if cfg.checkpoint:
         path = Path(cfg.checkpoint)
@@ -166,14 +280,9 @@ def load_or_train_baseline(cfg: Any, data: Any, config: dict) -> tuple[nn.Module
         return load(path), path
     directory = baseline_dir(cfg, config)
     directory.mkdir(parents=True, exist_ok=True)
-    best = ckpt.checkpoint_dir(directory) / "best.safetensors"
     with FileLock(str(directory / ".lock")):
-        if not best.is_file():
-            _log.info("training the baseline in %s (shared by every job with the same config)", directory)
-            model = build_model(cfg.model, data)
-            resume = ckpt.resolve_resume("auto", directory)
-            fit(model, data, cfg.optim, cfg.trainer, None, output_dir=directory, config=config, resume_from=resume)
-            atomic_write(directory / "trained.json", lambda tmp: tmp.write_text(json.dumps({"by": str(Path.cwd())})))
+        own = baseline_config(config)
+        best = finished_baseline(directory, own) or train_baseline(cfg, data, config, directory)
     return load(best), best
 
 
@@ -277,12 +386,17 @@ class Linearise(Callback):
 
 def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, logger: Any, output_dir: Path,
              config: dict) -> tuple[nn.Module, dict[str, float]]:
-    """Apply the plan as a linearised network, fine-tune it (distilling from `baseline`), then merge."""
+    """Apply the plan as a linearised network, fine-tune it (distilling from `baseline`), then merge.
+
+    Seeded anew (``trainer.seed``), so the result does not depend on what ran before it in this process (a baseline
+    trained now or read from the cache); an interrupted fine-tuning resumes from ``finetune/checkpoints``.
+    """
     from omegaconf import OmegaConf
 
     from .training import checkpointing as ckpt
-    from .training import evaluate, fit
+    from .training import evaluate, fit, seed_everything
 
+    seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     fading = cfg.finetune.linearise_fraction > 0 and cfg.finetune.epochs > 0
     model = surgery.apply_plan(baseline, {**plan, "merge": False}, inplace=False, blend=fading)
     if cfg.finetune.epochs > 0:
@@ -293,9 +407,9 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
         resume = ckpt.resolve_resume("auto", output_dir / "finetune")
         fit(model, data, optim_cfg, trainer_cfg, logger, teacher=baseline, distill_weight=cfg.finetune.distill_weight,
             distill_temperature=cfg.finetune.distill_temperature, callbacks=[callback],
-            output_dir=output_dir / "finetune", config=config, resume_from=resume)
+            output_dir=output_dir / "finetune", config=config, resume_from=resume,
+            resume_hint=" Run the same command again: fine-tuning resumes where it stopped, with the same plan.")
     model = surgery.finalize_merges(model) if cfg.prune.merge else model
-    model.zoo_plan = {"remove": plan["remove"], "merge": cfg.prune.merge}
     device = next(baseline.parameters()).device
     metrics = evaluate(model.to(device).eval(), data.val, task=data.task)
     return model, metrics
@@ -318,40 +432,27 @@ def _state_to(state: Any, device: torch.device) -> Any:
     return type(state)(layers, state.offset)
 
 
-def device_lock(cfg: Any) -> FileLock:
-    """One timing at a time per device and cache: concurrent sweep jobs take turns to build tables and measure."""
-    from .latency.cache import default_cache_dir
-    from .latency.device import device_name, resolve_device
-
-    name = "".join(c if c.isalnum() else "-" for c in device_name(resolve_device(cfg.prune.device)))
-    directory = Path(cfg.prune.cache_dir or default_cache_dir())
-    directory.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(directory / f"timing-{name}.lock"))
-
-
 def build_lut(cfg: Any, baseline: nn.Module, data: Any) -> Any:
     """The latency table of `baseline` for the configured device, batch, dtype, layout and workload."""
-    from .latency import TableSettings, build_table
+    from .latency import build_table
     from .latency.device import resolve_device
 
     p = cfg.prune
     kwargs: dict[str, Any] = {"input_size": data.input_size}
-    if p.lut:
-        kwargs["settings"] = TableSettings(**dict(p.lut))
     if p.workload == "decode":
         state = _state_to(baseline.init_state(p.batch_size), resolve_device(p.device))
         kwargs = {"input_size": (1,), "workload": "decode", "forward_kwargs": {"mode": "recurrent", "state": state}}
     return build_table(baseline, batch_size=p.batch_size, device=p.device, dtype=p.dtype,
                        channels_last=p.channels_last, threads=p.threads, cache_dir=p.cache_dir, merge=p.merge,
-                       **kwargs)
+                       settings=lut_settings(p), **kwargs)
 
 
-def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: dict[str, Any] | None = None
+def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any = None
                          ) -> dict[str, dict[str, float]]:
     """Latency statistics (ms) of each network, timed in interleaved rounds under the table's conditions.
 
     Each network runs in the form the table measures (its deploy form, :func:`zoo.fuse`, by default) and, as
-    ``<name>_eager``, as it is.
+    ``<name>_eager``, as it is. `settings`: a :class:`~zoo.latency.CalibrationSettings` (None: its defaults).
     """
     from .latency.calibrate import CalibrationSettings, time_networks
     from .latency.table import measured_form, prepare
@@ -365,7 +466,7 @@ def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: dict[
     prepared = [prepare(copy.deepcopy(net), device, channels_last) for net in forms.values()]
     if table.condition.get("workload") == "decode":
         prepared = [DecodeStep(net, table.example.shape[0]) for net in prepared]
-    benches = time_networks(prepared, table.example, {}, table, CalibrationSettings(**(settings or {})))
+    benches = time_networks(prepared, table.example, {}, table, settings or CalibrationSettings())
     return {name: {k: round(v, 5) for k, v in bench.summary().items()} for name, bench in zip(forms, benches)}
 
 
@@ -377,22 +478,60 @@ def count_params(model: nn.Module) -> int:
 
 
 def run(cfg: Any) -> dict[str, Any]:
-    """Validate, get the baseline, build the table, score, search, fine-tune, measure; write ``results.json``."""
-    from . import get_entry
-    from .training import build_loaders, create_logger, evaluate, seed_everything
+    """Validate, claim the run directory, then prune (:func:`prune_in`); a finished job's results are returned as
+    they are (``prune.force=true`` runs it again), an interrupted job of the same config resumes."""
+    from .entry import close_run_files, in_multirun, open_run_files
+    from .files import read_sealed_json
+    from .runs import claimed
     from .training.config import validate
-    from .training.runner import hydra_context, to_container
+    from .training.runner import to_container
 
-    validate(cfg)
+    validate(cfg, PruneConfig)
     validate_prune(cfg)
-    timings: dict[str, float] = {}
-    output_dir = Path(cfg.paths.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    finished = output_dir / "results.json"
-    if finished.is_file() and not cfg.prune.force:  # a rerun of a sweep skips the jobs that finished
-        _log.info("%s exists: this job already finished (prune.force=true runs it again)", finished)
-        return json.loads(finished.read_text())
     config = to_container(cfg)
+    output_dir = Path(cfg.paths.output_dir)
+    dir_hint = "a new hydra.sweep.dir" if in_multirun() else "a new hydra.run.dir"
+    with claimed(output_dir, "prune", config, outputs=PRUNE_OUTPUTS, finished="results.json", force=cfg.prune.force,
+                 force_hint="prune.force=true", dir_hint=dir_hint) as claim:
+        if claim.state == "finished":
+            _log.info("%s exists: this job already finished (prune.force=true runs it again)",
+                      output_dir / "results.json")
+            return read_sealed_json(output_dir / "results.json")
+        handler = open_run_files(output_dir, cfg)
+        try:
+            return prune_in(cfg, config, output_dir, resumed=claim.state == "resume")
+        finally:
+            close_run_files(handler)
+
+
+def resumed_plan(path: Path, baseline: nn.Module) -> dict[str, Any] | None:
+    """The plan an interrupted run of the same config chose (``plan.json``), or None if there is none or it is
+    damaged (then the search runs again)."""
+    from .errors import PlanError
+
+    if not path.is_file():
+        return None
+    try:
+        plan = read_plan(path, baseline)
+    except PlanError as exc:
+        _log.warning("%s is not usable (%s): searching again", path, exc)
+        return None
+    _log.info("resuming with the plan this run chose before it was interrupted (%s)", path)
+    return plan
+
+
+def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[str, Any]:
+    """The prune run in a claimed directory: baseline -> table -> importance -> plan -> fine-tune -> measure.
+
+    W&B is finished before ``results.json`` (sealed, with the config's fingerprint) is written, last.
+    """
+    from . import get_entry
+    from .entry import hydra_context
+    from .files import write_sealed_json
+    from .runs import fingerprint
+    from .training import build_loaders, create_logger, evaluate, seed_everything
+
+    timings: dict[str, float] = {}
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=get_entry(cfg.model.name).default_cfg)
     with phase(timings, "baseline"):
@@ -400,52 +539,58 @@ def run(cfg: Any) -> dict[str, Any]:
         baseline.eval()
         given_plan = read_plan(cfg.prune.plan, baseline) if cfg.prune.plan else None
     logger = create_logger(job_logger_cfg(cfg), config=config, group=hydra_context().get("group"))
-    exit_code = 1
     try:
-        with phase(timings, "latency_table"), device_lock(cfg):
+        with phase(timings, "latency_table"):
             table = build_lut(cfg, baseline, data)
             calibration = table.calibrate(cfg.prune.calibrate_plans) if cfg.prune.calibrate_plans else None
         with phase(timings, "importance"):  # (also with a given plan: it is logged beside the table)
-            batches = calibration_batches(data, cfg.prune.calib_batches)
-            key = {"weights": weights_digest(baseline), "score": cfg.prune.importance, "data": config["data"],
-                   "calib_batches": cfg.prune.calib_batches, "segments": [s.name for s in table.segments]}
-            cache = Path(cfg.prune.cache_dir or Path(cfg.paths.log_dir) / "cache")
-            damages, importance_cached = cached_scores(cache, key, lambda: score_variants(
-                baseline, table.segments, batches, cfg.prune.importance, train_batches=batches))
+            damages, importance_cached = importance_of(cfg, config, baseline, table, data)
         with phase(timings, "search"):
             options = build_options(table, damages, cfg.prune.max_memory_mb)
             plan_file = output_dir / "plan.json"
-            if given_plan is not None:
-                plan, result = given_plan, None
-            elif plan_file.is_file():  # a rerun of an interrupted job keeps its plan (and resumes fine-tuning)
-                plan, result = json.loads(plan_file.read_text()), None
-            else:
+            plan, result = given_plan, None
+            if plan is None and resumed:  # an interrupted run of this config keeps its plan
+                plan = resumed_plan(plan_file, baseline)
+            if plan is None:
                 plan, result = choose_plan(cfg, table, options)
-                atomic_write(plan_file, lambda tmp: tmp.write_text(json.dumps(plan, indent=1)))
+                write_json(plan_file, plan)
         with phase(timings, "finetune"):
             base_metrics = evaluate(baseline, data.val, task=data.task)
             pruned, pruned_metrics = finetune(cfg, baseline, plan, data, logger, output_dir, config)
-        with phase(timings, "measure"), device_lock(cfg):
+        with phase(timings, "measure"):
             measured = measure_side_by_side(table, {"baseline": baseline, "pruned": pruned.eval()},
-                                            dict(cfg.prune.measure))
+                                            measure_settings(cfg.prune))
         checkpoint = save_checkpoint(pruned, output_dir / "pruned.safetensors", metrics=pruned_metrics,
                                      baseline=str(baseline_path), target_speedup=cfg.prune.target_speedup)
         results = assemble_results(cfg, table, plan, result, baseline, pruned, base_metrics, pruned_metrics,
                                    measured, timings, checkpoint, calibration, importance_cached)
-        atomic_write(output_dir / "results.json", lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
+        results["fingerprint"] = fingerprint(config)
         log_to_wandb(logger, table, options, damages, plan, results)
-        print(format_summary(results))
-        exit_code = 0
-        return results
-    finally:
-        logger.finish(exit_code=exit_code)
+    except BaseException:
+        logger.finish(exit_code=1)
+        raise
+    logger.finish(exit_code=0)
+    write_sealed_json(output_dir / "results.json", results)
+    print(format_summary(results))
+    return results
+
+
+def importance_of(cfg: Any, config: dict, baseline: nn.Module, table: Any, data: Any
+                  ) -> tuple[list[dict[frozenset[str], float]], bool]:
+    """Damage of every segment variant (cached per weights, score, data and segments) and whether it was cached."""
+    batches = calibration_batches(data, cfg.prune.calib_batches)
+    key = {"weights": weights_digest(baseline), "score": cfg.prune.importance, "data": config["data"],
+           "calib_batches": cfg.prune.calib_batches, "segments": [s.name for s in table.segments]}
+    cache = Path(cfg.prune.cache_dir or Path(cfg.paths.log_dir) / "cache")
+    return cached_scores(cache, key, table.segments, lambda: score_variants(
+        baseline, table.segments, batches, cfg.prune.importance, train_batches=batches))
 
 
 def job_logger_cfg(cfg: Any) -> Any:
     """The logger config; in a multirun each W&B run is named after its job's overrides (same group)."""
     from omegaconf import OmegaConf
 
-    from .training.runner import hydra_context
+    from .entry import hydra_context
 
     context = hydra_context()
     if cfg.logger.run_name or "job_num" not in context:

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
-
-from .checkpoint import atomic_write
+from .entry import SweepCallback
 from .errors import ZooError
+from .files import atomic_write
 
 COLUMNS = ("model", "search", "importance", "target_speedup", "device", "baseline_ms", "predicted_ms", "measured_ms",
            "measured_speedup", "prediction_error", "params", "baseline_params", "metric", "baseline_metric",
@@ -36,43 +36,71 @@ def _metric_name(results: dict[str, Any]) -> str:
     return next((k for k in ("val/acc1", "val/ppl", "val/loss") if k in metrics), next(iter(metrics), ""))
 
 
-def row_of(results: dict[str, Any], job: str) -> dict[str, Any]:
-    """One report row from one job's ``results.json``."""
-    metric = _metric_name(results)
-    return {
-        "model": results["model"], "search": results.get("search", "dp"), "importance": results.get("importance"),
-        "target_speedup": results.get("target_speedup"), "device": results["device"],
-        "condition": json.dumps(results.get("condition", {}), sort_keys=True),
-        "baseline_ms": results["baseline"]["latency_ms"], "predicted_ms": results["predicted_latency_ms"],
-        "measured_ms": results["pruned"]["latency_ms"], "measured_speedup": results["measured_speedup"],
-        "prediction_error": results["prediction_error"], "params": results["pruned"]["params"],
-        "baseline_params": results["baseline"]["params"], "metric": metric,
-        "baseline_metric": results["baseline"]["metrics"].get(metric),
-        "pruned_metric": results["pruned"]["metrics"].get(metric), "job": job,
-    }
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ReportError(f"{what} is {value!r}, not a number")
+    return float(value)
+
+
+def row_of(results: Any, job: str) -> dict[str, Any]:
+    """One report row from one job's ``results.json``; raises ReportError naming what is missing or malformed."""
+    if not isinstance(results, dict):
+        raise ReportError(f"results.json holds a {type(results).__name__}, not an object")
+    try:
+        metric = _metric_name(results)
+        if not metric:
+            raise ReportError("results.json has no validation metric (pruned.metrics is empty)")
+        return {
+            "model": results["model"], "search": results.get("search", "dp"), "importance": results.get("importance"),
+            "target_speedup": results.get("target_speedup"), "device": results["device"],
+            "condition": json.dumps(results.get("condition", {}), sort_keys=True),
+            "baseline_ms": _number(results["baseline"]["latency_ms"], "baseline.latency_ms"),
+            "predicted_ms": _number(results["predicted_latency_ms"], "predicted_latency_ms"),
+            "measured_ms": _number(results["pruned"]["latency_ms"], "pruned.latency_ms"),
+            "measured_speedup": _number(results["measured_speedup"], "measured_speedup"),
+            "prediction_error": _number(results["prediction_error"], "prediction_error"),
+            "params": results["pruned"]["params"], "baseline_params": results["baseline"]["params"], "metric": metric,
+            "baseline_metric": _number(results["baseline"]["metrics"].get(metric), f"baseline {metric}"),
+            "pruned_metric": _number(results["pruned"]["metrics"].get(metric), f"pruned {metric}"), "job": job,
+        }
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ReportError(f"results.json lacks {exc}") from None
+
+
+def _failure(path: Path) -> dict[str, str]:
+    """What a job's ``failed.json`` says: its one-line error and overrides (or that the file is unreadable)."""
+    try:
+        failed = json.loads(path.read_text())
+        if not isinstance(failed, dict):
+            raise ValueError("not an object")
+    except (OSError, ValueError) as exc:
+        return {"status": "failed", "reason": f"failed.json is unreadable ({exc})", "overrides": ""}
+    reason = f"{failed.get('error', 'error')}: {failed.get('message', '')}"
+    return {"status": "failed", "reason": reason[:300], "overrides": " ".join(map(str, failed.get("overrides", [])))}
 
 
 def collect(sweep_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """(rows of finished jobs, problems: failed or unfinished jobs with the reason)."""
+    """(rows of finished jobs, problems: failed, unreadable or unfinished jobs with the reason)."""
     root = Path(sweep_dir)
     if not root.is_dir():
         raise ReportError(f"Sweep directory {root} does not exist. Give the directory a `prune.py -m` run wrote "
-                          f"(it holds one numbered subdirectory per job).")
+                          f"(it holds one subdirectory per job).")
     rows, problems = [], []
-    job_dirs = sorted({p.parent for p in root.rglob(".hydra")} | {p.parent for p in root.rglob("results.json")})
-    for job in job_dirs:
+    found = {p.parent for p in root.rglob(".hydra")} | {p.parent for p in root.rglob("results.json")} | {
+        p.parent for p in root.rglob("failed.json")}
+    for job in sorted(found):
         name = str(job.relative_to(root)) or "."
         results, failed = job / "results.json", job / "failed.json"
         if results.is_file():
             try:
                 rows.append(row_of(json.loads(results.read_text()), name))
-            except (ValueError, KeyError) as exc:
-                problems.append({"job": name, "status": "unreadable", "reason": f"{type(exc).__name__}: {exc}"})
+            except (ValueError, ReportError) as exc:
+                problems.append({"job": name, "status": "unreadable", "reason": str(exc), "overrides": ""})
         elif failed.is_file():
-            reason = json.loads(failed.read_text()).get("message", "")
-            problems.append({"job": name, "status": "failed", "reason": reason[:300]})
+            problems.append({"job": name, **_failure(failed)})
         else:
-            problems.append({"job": name, "status": "missing", "reason": "no results.json (still running or killed)"})
+            problems.append({"job": name, "status": "missing", "reason": "no results.json (still running or killed)",
+                             "overrides": ""})
     return rows, problems
 
 
@@ -88,16 +116,6 @@ def check_devices(rows: list[dict[str, Any]], allow_mixed: bool) -> None:
             f"batch, input size, threads); they cannot share a curve. Report those jobs separately, or pass "
             f"--allow-mixed-devices to plot them anyway."
         )
-
-
-def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    def write(tmp: Path) -> None:
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
-
-    atomic_write(path, write)
 
 
 def markdown(rows: list[dict[str, Any]], problems: list[dict[str, str]]) -> str:
@@ -119,13 +137,14 @@ def markdown(rows: list[dict[str, Any]], problems: list[dict[str, str]]) -> str:
                          f" {row['params']:,} | {row['baseline_metric']:.3f} | {row['pruned_metric']:.3f} |")
         lines.append("")
     if problems:
-        lines += ["## Jobs without results", "", "| job | status | reason |", "|---|---|---|"]
-        lines += [f"| {p['job']} | {p['status']} | {p['reason'].replace('|', '/')} |" for p in problems]
+        lines += ["## Jobs without results", "", "| job | status | overrides | reason |", "|---|---|---|---|"]
+        lines += [f"| {p['job']} | {p['status']} | {p.get('overrides', '')} | {p['reason'].replace('|', '/')} |"
+                  for p in problems]
         lines.append("")
     return "\n".join(lines)
 
 
-def pareto_plot(rows: list[dict[str, Any]], path: Path) -> None:
+def pareto_figure(rows: list[dict[str, Any]]) -> Any:
     """Measured latency vs metric, one curve per (model, search method), each model's baseline as a star."""
     import matplotlib
 
@@ -150,23 +169,43 @@ def pareto_plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    return fig
+
+
+def csv_text(rows: list[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def png_bytes(fig: Any) -> bytes:
+    import matplotlib.pyplot as plt
+
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=120)
     plt.close(fig)
+    return out.getvalue()
 
 
 def make_report(sweep_dir: str | Path, allow_mixed_devices: bool = False, log_wandb: bool = False) -> dict[str, Any]:
-    """Write report.csv, report.md and pareto.png into `sweep_dir`; returns paths, rows and problems."""
+    """Write report.csv, report.md and pareto.png into `sweep_dir`; returns paths, rows and problems.
+
+    All three are made in memory first and then written (each atomically), so a report that cannot be made
+    leaves the previous files as they were.
+    """
     root = Path(sweep_dir)
     rows, problems = collect(root)
     if not rows:
         listed = "; ".join(f"{p['job']}: {p['status']}" for p in problems) or "no job directories found"
         raise ReportError(f"No finished job in {root} ({listed}). Nothing to report yet.")
     check_devices(rows, allow_mixed_devices)
-    write_csv(rows, root / "report.csv")
-    text = markdown(rows, problems)
-    atomic_write(root / "report.md", lambda tmp: tmp.write_text(text))
-    pareto_plot(rows, root / "pareto.png")
-    paths = {name: str(root / name) for name in ("report.csv", "report.md", "pareto.png")}
+    contents = {"report.csv": csv_text(rows).encode(), "report.md": markdown(rows, problems).encode(),
+                "pareto.png": png_bytes(pareto_figure(rows))}
+    for name, data in contents.items():
+        atomic_write(root / name, lambda tmp, data=data: tmp.write_bytes(data))
+    paths = {name: str(root / name) for name in contents}
     if log_wandb:
         _log_wandb(root, rows, paths)
     return {"rows": rows, "problems": problems, "paths": paths}
@@ -184,8 +223,9 @@ def _log_wandb(root: Path, rows: list[dict[str, Any]], paths: dict[str, str]) ->
         run.finish()
 
 
-class ReportCallback(Callback):
-    """Hydra callback: ``hydra.callbacks.report._target_: zoo.report.ReportCallback`` reports each sweep at its end."""
+class ReportCallback(SweepCallback):
+    """Hydra callback (``hydra.callbacks.outcome._target_: zoo.report.ReportCallback``): at the end of each sweep,
+    write its report, then exit with status 1 if any job of this launch failed (:class:`zoo.entry.SweepCallback`)."""
 
     def __init__(self, allow_mixed_devices: bool = False, log_wandb: bool = False):
         self.allow_mixed_devices, self.log_wandb = allow_mixed_devices, log_wandb
@@ -197,6 +237,7 @@ class ReportCallback(Callback):
                   f"{len(result['problems'])} without results)")
         except ReportError as exc:
             print(f"report: {exc}", file=sys.stderr)
+        self.finish(config.hydra.sweep.dir)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,7 +63,8 @@ DECAYS = ("torchscale", "linspace")
 
 
 class RetNetInputError(ZooError):
-    """Input a RetNet cannot take: bad token ids, mode, chunk size or recurrent state."""
+    """Input a RetNet cannot take: bad sizes (dim, heads, depth, vocabulary, decay), token ids, mode, chunk size or
+    recurrent state."""
 
 
 @dataclass
@@ -340,14 +341,14 @@ class RetNet(DepthMixin, nn.Module):
         super().__init__()
         value_dim = int(dim * value_factor)
         if vocab_size < 1 or depth < 1 or heads < 1:
-            raise ValueError(f"vocab_size, depth and heads must be >= 1, got {vocab_size}, {depth}, {heads}.")
+            raise RetNetInputError(f"vocab_size, depth and heads must be >= 1, got {vocab_size}, {depth}, {heads}.")
         if dim % heads or (dim // heads) % 2 or value_dim % heads:
-            raise ValueError(
+            raise RetNetInputError(
                 f"dim={dim} and value dim={value_dim} must be divisible by heads={heads}, with an even key "
                 f"head dim (rotary rotates pairs); got key head dim {dim / heads}."
             )
         if decay not in DECAYS:
-            raise ValueError(f"Unknown decay {decay!r}; allowed are {', '.join(DECAYS)}.")
+            raise RetNetInputError(f"Unknown decay {decay!r}; allowed are {', '.join(DECAYS)}.")
         _check_chunk_size(chunk_size)
         self.vocab_size, self.dim, self.depth, self.heads = vocab_size, dim, depth, heads
         self.ffn_dim = ffn_dim or 2 * dim

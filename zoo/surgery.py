@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .depth import _check_names
+from .depth import check_removable
 from .errors import PlanError
 from .fuse import fold_bn_into_conv
 
@@ -129,12 +129,24 @@ def compose_convs(a: nn.Conv2d, b: nn.Conv2d) -> nn.Conv2d:
 
 
 class LinearisingAct(nn.Module):
-    """``alpha * x + (1 - alpha) * act(x)``: an activation blended towards identity while fine-tuning."""
+    """``alpha * x + (1 - alpha) * act(x)``: an activation blended towards identity while fine-tuning.
+
+    `alpha` is a buffer, so checkpoints taken while it fades hold it and reload exactly.
+    """
 
     def __init__(self, act: nn.Module, alpha: float = 0.0):
         super().__init__()
         self.act = act
-        self.alpha = alpha
+        self.register_buffer("blend", torch.tensor(float(alpha)))
+        self.alpha = float(alpha)
+
+    def set_alpha(self, alpha: float) -> None:
+        self.alpha = float(alpha)
+        self.blend.fill_(self.alpha)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self.alpha = float(self.blend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.alpha >= 1.0:
@@ -243,25 +255,48 @@ def _block_of(unit_name: str, block_names: list[str]) -> str:
     raise PlanError(f"Activation unit {unit_name!r} lies in no block of the model.")
 
 
+PLAN_KEYS = ("remove", "merge", "blend", "model", "meta")
+
+
 def _validate_plan(plan: dict[str, Any]) -> None:
     if not isinstance(plan, dict) or not isinstance(plan.get("remove", []), list):
         raise PlanError(f"A plan is a mapping {{'remove': [unit names], 'merge': bool}}; got {plan!r}.")
-    unknown = set(plan) - {"remove", "merge", "model", "meta"}
+    unknown = set(plan) - set(PLAN_KEYS)
     if unknown:
-        raise PlanError(f"Unknown plan keys {sorted(unknown)}; allowed: remove, merge, model, meta.")
+        raise PlanError(f"Unknown plan keys {sorted(unknown)}; allowed: {', '.join(PLAN_KEYS)}.")
+    if not all(isinstance(name, str) for name in plan.get("remove", [])):
+        raise PlanError(f"A plan's 'remove' list holds unit names (strings); got {plan['remove']!r}.")
 
 
-def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, blend: bool = False) -> nn.Module:
+def _combined(model: nn.Module, removed: list[str], merge: bool, blend: bool) -> dict[str, Any]:
+    """The plan recorded on `model` after this one: an earlier plan's removals come first (same merge/blend)."""
+    before = getattr(model, "zoo_plan", None) or {"remove": []}
+    if before["remove"] and (bool(before.get("merge", True)) != merge or bool(before.get("blend")) != blend):
+        raise PlanError(f"This model was pruned with merge={before.get('merge', True)}, "
+                        f"blend={bool(before.get('blend'))}; a further plan must use the same settings.")
+    plan: dict[str, Any] = {"remove": [*before["remove"], *removed], "merge": merge}
+    if blend:
+        plan["blend"] = True
+    return plan
+
+
+def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, blend: bool | None = None) -> nn.Module:
     """Apply `plan` (see module docstring) and record it on the model as ``model.zoo_plan``.
 
-    ``blend=True`` (with ``merge: false``) keeps removed activations as fading :class:`LinearisingAct`
-    modules for progressive linearisation; :func:`finalize_merges` merges afterwards.
+    ``blend=True`` (with ``merge: false``; or ``"blend": true`` in the plan) keeps removed activations as fading
+    :class:`LinearisingAct` modules for progressive linearisation; :func:`finalize_merges` merges afterwards.
+    A model pruned before records the union of both plans, so ``zoo.load(zoo.save_checkpoint(model))`` rebuilds it.
     """
     _validate_plan(plan)
     if plan.get("model") and getattr(model, "zoo_name", None) and plan["model"] != model.zoo_name:
         raise PlanError(f"The plan was made for {plan['model']!r}, not for {model.zoo_name!r}.")
     removed = list(plan.get("remove", []))
-    units = _check_names(model, removed)
+    merge = bool(plan.get("merge", True))
+    blend = bool(plan.get("blend", False)) if blend is None else blend
+    if blend and merge:
+        raise PlanError("A blended plan (fading activations) must have merge: false; merge with finalize_merges.")
+    units = check_removable(model, removed)
+    record = _combined(model, removed, merge, blend)
     if not inplace:
         model = copy.deepcopy(model)
     block_names = [u.name for u in units.values() if u.kind == "block"]
@@ -273,21 +308,29 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
     for name in removed:
         if units[name].kind != "act":
             model.set_submodule(name, nn.Identity())
-    merge = bool(plan.get("merge", True))
     for block_name, acts in acts_by_block.items():
         if block_name in removed:
             continue
         block = model.get_submodule(block_name)
         model.set_submodule(block_name, rebuild_block(block, acts, merge, blend))
-    model.zoo_plan = {"remove": removed, "merge": merge}
+    model.zoo_plan = record
     return model
+
+
+def remove_units(model: nn.Module, names: list[str] | tuple[str, ...], inplace: bool = False) -> nn.Module:
+    """Remove depth units: residual units become their shortcut, removed activations linearise their block.
+
+    The same as ``apply_plan(model, {"remove": names, "merge": False})``: the convs around a removed activation stay
+    separate (BatchNorm folded) and the plan is recorded, so a saved model reloads exactly.
+    """
+    return apply_plan(model, {"remove": list(names), "merge": False}, inplace=inplace)
 
 
 def set_linearisation(model: nn.Module, alpha: float) -> None:
     """Set the blend of every fading activation (0: original activation, 1: identity)."""
     for module in model.modules():
         if isinstance(module, LinearisingAct):
-            module.alpha = float(alpha)
+            module.set_alpha(alpha)
 
 
 def finalize_merges(model: nn.Module) -> nn.Module:
@@ -297,7 +340,7 @@ def finalize_merges(model: nn.Module) -> nn.Module:
         if isinstance(module, ChainBlock):
             model.set_submodule(name, merge_chain_block(module))
     if getattr(model, "zoo_plan", None):
-        model.zoo_plan = {**model.zoo_plan, "merge": True}
+        model.zoo_plan = {"remove": model.zoo_plan["remove"], "merge": True}
     return model
 
 
@@ -338,4 +381,4 @@ def build_segment(model: nn.Module, segment: Segment, removed: frozenset[str], m
 
 
 __all__ = ["Chain", "ChainBlock", "ConvOp", "LinearRun", "LinearisingAct", "Segment", "apply_plan", "build_segment",
-           "compose_convs", "finalize_merges", "rebuild_block", "segments", "set_linearisation"]
+           "compose_convs", "finalize_merges", "rebuild_block", "remove_units", "segments", "set_linearisation"]

@@ -53,11 +53,28 @@ def parse_args(argv: list[str]) -> LatencyConfig:
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(LatencyConfig), OmegaConf.from_dotlist(items))
     except OmegaConfBaseException as exc:
-        raise ZooError(f"Bad argument: {exc}. Keys: {', '.join(LatencyConfig.__annotations__)}.") from None
+        first = str(exc).splitlines()[0]
+        raise ZooError(f"Bad argument ({first}). Keys: {', '.join(LatencyConfig.__annotations__)}.") from None
     values = OmegaConf.to_container(cfg)
     if isinstance(values["input_size"], list):
         values["input_size"] = tuple(values["input_size"])
-    return LatencyConfig(**values)
+    return check(LatencyConfig(**values))
+
+
+def check(cfg: LatencyConfig) -> LatencyConfig:
+    """Checks that need no measurement, so a bad value never costs a table build (raises ZooError)."""
+    from pathlib import Path
+
+    for key in ("calibrate", "min_rounds", "max_rounds"):
+        if getattr(cfg, key) < (0 if key == "calibrate" else 1):
+            raise ZooError(f"{key}={getattr(cfg, key)} must be >= {0 if key == 'calibrate' else 1}.")
+    if cfg.warmup_s < 0:
+        raise ZooError(f"warmup_s={cfg.warmup_s} must be >= 0.")
+    if cfg.json:
+        folder = Path(cfg.json).expanduser().resolve().parent
+        if not folder.is_dir():
+            raise ZooError(f"json={cfg.json}: folder {folder} does not exist; create it or write elsewhere.")
+    return cfg
 
 
 def run(cfg: LatencyConfig) -> dict[str, Any]:

@@ -2,26 +2,32 @@
 
 A condition is (device name, torch version, dtype, batch size, input size, layout, threads, workload). Writers
 take a file lock, re-read the file, merge their entries and atomically replace it (temp file + ``os.replace``), so
-concurrent jobs (Hydra multirun) never lose or corrupt entries and readers never see a partial file. A corrupt or
-stale file is reported with a :class:`LatencyCacheWarning`, ignored (its entries are re-measured) and replaced on
-the next write.
+concurrent jobs (Hydra multirun) never lose or corrupt entries and readers never see a partial file. Files are
+sealed with a SHA-256 of their content; a corrupt, truncated, foreign or stale file is reported with a
+:class:`LatencyCacheWarning`, ignored (its entries are re-measured) and replaced on the next write.
+:func:`device_lock` keeps two processes from timing on one device at the same moment.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
-from ..checkpoint import atomic_write, json_digest
+from ..errors import CorruptFileError
+from ..files import SEAL_KEY, json_digest, read_sealed_json, write_sealed_json
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: sealed with a checksum of the content; 1 (no checksum) is still read and upgraded on write
+logger = logging.getLogger("zoo.latency")
 CACHE_ENV = "DEPTHZOO_CACHE"
 LOCK_TIMEOUT_S = 120.0
 
@@ -30,10 +36,39 @@ class LatencyCacheWarning(UserWarning):
     """A cache file could not be used (corrupt, stale or unreadable); its entries are measured again."""
 
 
-def default_cache_dir() -> Path:
-    """``$DEPTHZOO_CACHE/latency`` if the variable is set, else ``~/.cache/depthzoo/latency``."""
+def cache_root() -> Path:
+    """``$DEPTHZOO_CACHE`` if the variable is set, else ``~/.cache/depthzoo``."""
     root = os.environ.get(CACHE_ENV)
-    return (Path(root).expanduser() if root else Path.home() / ".cache" / "depthzoo") / "latency"
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "depthzoo"
+
+
+def default_cache_dir() -> Path:
+    """``<cache root>/latency``: where latency tables are cached unless a cache_dir is given."""
+    return cache_root() / "latency"
+
+
+_DEVICE_LOCKS: dict[str, FileLock] = {}
+
+
+@contextmanager
+def device_lock(device: Any) -> Iterator[None]:
+    """Hold this machine's timing lock for `device` (a file lock under the cache root): two processes never time
+    on one device at the same moment. Re-entrant within a process; waits, with a log line, while another holds it."""
+    from .device import device_name
+
+    name = _slug(device_name(device)) or "device"
+    path = cache_root() / "locks" / f"timing-{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = _DEVICE_LOCKS.setdefault(str(path), FileLock(str(path)))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        logger.info("waiting for %s: another process is timing on this device", path)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _slug(text: str) -> str:
@@ -45,11 +80,6 @@ def _valid_entry(entry: Any) -> bool:
         return False
     values = [entry.get(name) for name in ("median_ms", "p10_ms", "min_ms")]
     return all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in values)
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
 
 
 class LatencyCache:
@@ -65,16 +95,23 @@ class LatencyCache:
         self.lock = FileLock(str(self.path) + ".lock", timeout=LOCK_TIMEOUT_S)
 
     def load(self) -> dict[str, dict[str, Any]]:
-        """The valid entries on disk ({} if none); a corrupt or stale file warns and counts as empty."""
+        """The valid entries on disk ({} if none); a corrupt, foreign or stale file warns and counts as empty."""
         if not self.path.exists():
             return {}
         try:
             data = json.loads(self.path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             return self._unusable(f"it is not readable JSON ({type(exc).__name__}: {exc})")
+        if isinstance(data, dict) and SEAL_KEY in data:
+            try:
+                data = read_sealed_json(self.path)
+            except CorruptFileError:
+                return self._unusable("its content does not match its checksum (truncated, edited or corrupted)")
+        elif isinstance(data, dict) and data.get("format") != 1:
+            return self._unusable("it has no checksum")
         if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
             return self._unusable("it has no 'entries' mapping")
-        if data.get("format") != CACHE_FORMAT or data.get("key") != self.key:
+        if data.get("format") not in (1, CACHE_FORMAT) or data.get("key") != self.key:
             return self._unusable(f"it is stale (format {data.get('format')!r}, or written for another condition)")
         entries = {k: v for k, v in data["entries"].items() if _valid_entry(v)}
         if len(entries) < len(data["entries"]):
@@ -95,6 +132,5 @@ class LatencyCache:
                 warnings.simplefilter("ignore", LatencyCacheWarning)  # already reported by the reader
                 entries = self.load()
             entries.update(new_entries)
-            data = {"format": CACHE_FORMAT, "key": self.key, "entries": entries}
-            atomic_write(self.path, lambda tmp: _write_json(tmp, data))
+            write_sealed_json(self.path, {"format": CACHE_FORMAT, "key": self.key, "entries": entries})
         return entries

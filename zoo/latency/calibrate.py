@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..surgery import Segment, apply_plan
+from .cache import device_lock
 from .device import resolve_dtype, timing_context
 from .measure import Bench
 from .table import Correction, LatencyTable, measured_form, prepare, time_rounds
@@ -125,7 +126,7 @@ def time_interleaved(callables: Sequence[Any], args: Sequence[Any], kwargs: Mapp
                      clock: str = "wall") -> list[Bench]:
     """Time callables on the same inputs in interleaved rounds (A B C A B C ...); one bench per callable."""
     benches = [Bench(fn, tuple(args), kwargs, device, cuda_graph, clock) for fn in callables]
-    with timing_context(device, dtype, threads):
+    with device_lock(device), timing_context(device, dtype, threads):
         benches[0].warmup(settings.warmup_s)
         for bench in benches:
             bench.warmup(settings.net_warmup_s)

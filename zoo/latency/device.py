@@ -39,9 +39,9 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
         return torch.device("cpu")
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
+    except (RuntimeError, TypeError):
         raise LatencyDeviceError(
-            f"Unknown device {device!r} ({exc}). Allowed devices are 'auto', 'cpu', 'cuda' and 'cuda:N'."
+            f"Unknown device {device!r}. Allowed devices are 'auto', 'cpu', 'cuda' and 'cuda:N'."
         ) from None
     if dev.type == "cpu":
         return torch.device("cpu")

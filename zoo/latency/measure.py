@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .cache import device_lock
 from .device import device_name, dtype_name, resolve_device, resolve_dtype, synchronize, timing_context
 
 # sqrt(pi/2) * 1.4826: asymptotic standard error of a median, in units of MAD / sqrt(n), for normal noise.
@@ -378,7 +379,7 @@ def measure(
         if channels_last:
             fn = fn.to(memory_format=torch.channels_last)
     bench = Bench(fn, args, call_kwargs, dev, settings.cuda_graph, settings.clock)
-    with timing_context(dev, torch_dtype, settings.threads):
+    with device_lock(dev), timing_context(dev, torch_dtype, settings.threads):
         mem = peak_memory(fn, args, call_kwargs, dev) if memory else (None, True)
         bench.warmup(settings.warmup_s)
         cap_hit = repeat_until_converged(bench, settings)

@@ -44,7 +44,7 @@ from torch import nn
 from ..depth import module_signature
 from ..errors import PlanError, ZooError
 from ..surgery import Segment, build_segment, segments
-from .cache import LatencyCache, LatencyCacheWarning
+from .cache import LatencyCache, LatencyCacheWarning, device_lock
 from .device import device_name, dtype_name, resolve_device, resolve_dtype, synchronize, timing_context
 from .measure import Bench, can_queue, check_clock, peak_memory
 
@@ -236,9 +236,18 @@ def normalise_input_size(model: nn.Module, input_size: int | Sequence[int] | Non
     default = tuple(model.default_cfg["input_size"])
     if input_size is None:
         return default
+    allowed = ("an int (the image side or sequence length) or a per-sample size such as [3, 224, 224] / [128]; "
+               "every value >= 1")
+    try:
+        values = [input_size] if isinstance(input_size, int) else [int(v) for v in input_size]
+    except (TypeError, ValueError):
+        raise ZooError(f"input_size={input_size!r} is not a size; give {allowed}.") from None
+    if isinstance(input_size, bool) or not values or min(values) < 1 or len(values) > len(default):
+        raise ZooError(f"input_size={input_size!r} does not fit {getattr(model, 'zoo_name', 'this model')} "
+                       f"(default {list(default)}); give {allowed}.")
     if isinstance(input_size, int):
         return (default[0], input_size, input_size) if len(default) == 3 else (*default[:-1], input_size)
-    size = tuple(int(v) for v in input_size)
+    size = tuple(values)
     return (default[0], *size) if len(default) == 3 and len(size) == 2 else size
 
 
@@ -602,6 +611,8 @@ def build_table(
     """
     start = time.perf_counter()
     settings = settings or TableSettings()
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ZooError(f"batch_size={batch_size!r} must be an integer >= 1.")
     if threads is not None:
         settings = replace(settings, threads=threads)
     dev = resolve_device(device)
@@ -626,8 +637,9 @@ def build_table(
         def condition_of(s: TableSettings) -> dict[str, Any]:
             return condition_key(dev, torch_dtype, batch_size, size, channels_last, workload, s)
 
-        settings, probe = choose_cuda_timing(model, example, call_kwargs, dev, torch_dtype, channels_last,
-                                             condition_of, cache_dir, settings)
+        with device_lock(dev):
+            settings, probe = choose_cuda_timing(model, example, call_kwargs, dev, torch_dtype, channels_last,
+                                                 condition_of, cache_dir, settings)
     condition = condition_key(dev, torch_dtype, batch_size, size, channels_last, workload, settings)
     cache = LatencyCache(condition, cache_dir)
     with timing_context(dev, torch_dtype, settings.threads):
@@ -641,11 +653,16 @@ def build_table(
         known = cache.load()
         missing = [p for p in pending if p.key not in known]
         if missing:
-            logger.info("latency table: measuring %d of %d entries on %s", len(missing), len(pending),
-                        condition["device_name"])
-            Bench(model, (example,), call_kwargs, dev, settings.cuda_graph, settings.clock).warmup(settings.warmup_s)
-            new = measure_rounds(missing, dev, settings)
-            known = _store(cache, new, known)
+            with device_lock(dev), warnings.catch_warnings():  # another process may have measured them meanwhile
+                warnings.simplefilter("ignore", LatencyCacheWarning)  # a damaged file was reported by the first read
+                known = cache.load()
+                missing = [p for p in pending if p.key not in known]
+                if missing:
+                    logger.info("latency table: measuring %d of %d entries on %s", len(missing), len(pending),
+                                condition["device_name"])
+                    Bench(model, (example,), call_kwargs, dev, settings.cuda_graph, settings.clock).warmup(
+                        settings.warmup_s)
+                    known = _store(cache, measure_rounds(missing, dev, settings), known)
     measured = {p.key for p in missing}
     sources = {p.key: "measured" if p.key in measured else "cached" for p in pending}
     return LatencyTable(

@@ -96,6 +96,7 @@ class TrainerConfig:
     monitor_mode: str | None = None
     save_checkpoints: bool = True
     resume: str | None = None
+    force: bool = False
 
 
 @dataclass
@@ -155,6 +156,45 @@ def register_configs(config_dir: str | Path | None = None) -> None:
             store.store(group="model", name=name, node=ModelConfig(name=name))
 
 
+SCHEDULERS = ("cosine", "tanh", "step", "multistep", "plateau", "poly", "wsd", "none", "constant")
+
+
+def check_optimizer(opt: str, sched: str) -> None:
+    """``optim.opt`` must name a timm optimizer (an optional ``lookahead_`` style prefix allowed) and ``optim.sched``
+    a timm scheduler, so a typo fails before any work."""
+    import difflib
+
+    from timm.optim import list_optimizers
+
+    known = list_optimizers()
+    name = str(opt).lower().split("_")[-1]
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        hint = f" Did you mean {' or '.join(close)}?" if close else ""
+        raise ConfigError(f"optim.opt={opt!r} is not a timm optimizer.{hint} "
+                          f"Common choices: adamw, sgd, lamb, lion, adam (`timm.optim.list_optimizers()` lists all).")
+    _choice(sched, SCHEDULERS, "optim.sched")
+
+
+def check_model(model_cfg: Any) -> None:
+    """``model.overrides`` must be options of the model (built on the meta device: no memory, no weights) and a
+    local ``model.pretrained`` file must exist, before any work."""
+    import torch
+
+    from .._registry import build_model
+    from ..pretrained import check_source
+
+    with torch.device("meta"):
+        build_model(model_cfg.name, **dict(model_cfg.overrides or {}))
+    check_source(model_cfg.pretrained)
+
+
+def _cuda_device(device: str) -> bool:
+    import torch
+
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+
+
 def _choice(value: Any, allowed: tuple[str, ...], key: str) -> None:
     if value not in allowed:
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}.")
@@ -165,11 +205,68 @@ def task_of(data_name: str) -> str:
     return "lm" if data_name in TEXT_DATASETS else "classification"
 
 
-def validate(cfg: Any) -> None:
-    """Check choices, ranges and model/data consistency of a composed config (raises ConfigError)."""
+def schema_keys(schema: type, prefix: str = "") -> tuple[set[str], set[str]]:
+    """(dotted keys of a schema dataclass, the keys of its dict-typed fields, under which any key is allowed)."""
+    from dataclasses import fields, is_dataclass
+
+    keys, open_keys = set(), set()
+    for f in fields(schema):
+        key = prefix + f.name
+        keys.add(key)
+        default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+        if is_dataclass(default):
+            sub, sub_open = schema_keys(type(default), key + ".")
+            keys |= sub
+            open_keys |= sub_open
+        elif isinstance(default, dict) or str(f.type).startswith("dict"):
+            open_keys.add(key)
+    return keys, open_keys
+
+
+def check_keys(cfg: Any, schema: type) -> None:
+    """Refuse keys the schema does not have (``+trainer.foo=1`` composes, then would be ignored) and mandatory
+    values left unset (``???``, e.g. ``data.root`` of ``data=imagefolder``). Reads nodes without resolving them."""
+    import difflib
+
+    from omegaconf import OmegaConf
+
+    keys, open_keys = schema_keys(schema)
+    missing: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        for key in node:
+            dotted = f"{prefix}{key}"
+            child = node._get_node(key)
+            if child._is_missing():
+                missing.append(dotted)
+            if dotted in open_keys:
+                continue
+            if dotted not in keys:
+                close = difflib.get_close_matches(dotted, sorted(keys), n=1, cutoff=0.75)
+                hint = f" Did you mean {close[0]}?" if close else ""
+                raise ConfigError(f"{dotted} is not a config key.{hint} (`--cfg job` prints every key.)")
+            if OmegaConf.is_dict(child) and not child._is_interpolation():
+                walk(child, dotted + ".")
+
+    walk(cfg, "")
+    if missing:
+        raise ConfigError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set; add "
+                          f"{' '.join(f'{k}=...' for k in missing)} to the command (data.root: a folder with train/ "
+                          f"and val/ class folders for data=imagefolder, text files for data=text's data.files).")
+
+
+def validate(cfg: Any, schema: type | None = None) -> None:
+    """Check keys, choices, ranges and model/data consistency of a composed config (raises ConfigError)."""
     import zoo
 
+    if schema is not None or hasattr(cfg, "_get_node"):
+        check_keys(cfg, schema or TrainConfig)
     _choice(cfg.data.name, IMAGE_DATASETS + TEXT_DATASETS, "data.name")
+    if cfg.data.name == "imagefolder" and not cfg.data.root:
+        raise ConfigError("data.root is not set: data=imagefolder needs data.root=<folder> holding train/ and val/, "
+                          "each with one sub-folder of images per class.")
+    if cfg.data.name == "text" and not cfg.data.files:
+        raise ConfigError("data.files is not set: data=text needs data.files='[notes.txt,docs/*.md]' (paths or globs).")
     _choice(cfg.trainer.precision, PRECISIONS, "trainer.precision")
     _choice(cfg.trainer.device, DEVICES, "trainer.device")
     _choice(cfg.logger.name, ("wandb", "none"), "logger.name")
@@ -182,12 +279,16 @@ def validate(cfg: Any) -> None:
             raise ConfigError(f"{key}={value} must be at least 1.")
     if cfg.optim.lr <= 0:
         raise ConfigError(f"optim.lr={cfg.optim.lr} must be positive.")
+    check_optimizer(cfg.optim.opt, cfg.optim.sched)
+    if cfg.trainer.precision == "fp16" and not _cuda_device(cfg.trainer.device):
+        raise ConfigError("trainer.precision=fp16 needs a CUDA device; on the CPU use trainer.precision=bf16 or fp32.")
     if not 0.0 < cfg.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1.")
     if cfg.trainer.mixup_alpha > 0 or cfg.trainer.cutmix_alpha > 0:
         if cfg.data.batch_size % 2:
             raise ConfigError("Mixup/CutMix needs an even data.batch_size (timm mixes a batch with its flip).")
     entry = zoo.get_entry(cfg.model.name)
+    check_model(cfg.model)
     model_is_lm = len(entry.default_cfg.get("input_size", (3, 0, 0))) == 1
     data_is_lm = task_of(cfg.data.name) == "lm"
     if model_is_lm != data_is_lm:

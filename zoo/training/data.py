@@ -246,6 +246,18 @@ def _cifar(cfg: Any, seed: int, model_cfg: dict | None) -> tuple[Dataset, Datase
     return train, val, classes, {"root": str(cfg.root)}
 
 
+def read_image(path: str) -> Any:
+    """An RGB PIL image; a file PIL cannot read is a DataError naming it (never skipped silently)."""
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as f:
+            return Image.open(f).convert("RGB")
+    except (OSError, ValueError) as exc:
+        raise DataError(f"Cannot read image {path} ({type(exc).__name__}: {exc}). Remove or replace the file: "
+                        f"data=imagefolder reads every image under data.root.") from None
+
+
 def _imagefolder(cfg: Any, seed: int, model_cfg: dict | None) -> tuple[Dataset, Dataset, int, dict]:
     from torchvision import datasets
 
@@ -256,8 +268,8 @@ def _imagefolder(cfg: Any, seed: int, model_cfg: dict | None) -> tuple[Dataset, 
                         f"missing: {', '.join(missing) or 'data.root'}.")
     train_tf, eval_tf = _transforms(cfg, model_cfg)
     try:
-        train = datasets.ImageFolder(str(root / "train"), transform=train_tf)
-        val = datasets.ImageFolder(str(root / "val"), transform=eval_tf)
+        train = datasets.ImageFolder(str(root / "train"), transform=train_tf, loader=read_image)
+        val = datasets.ImageFolder(str(root / "val"), transform=eval_tf, loader=read_image)
     except (FileNotFoundError, RuntimeError) as exc:
         raise DataError(f"Cannot read image folders under {root}: {exc}") from exc
     if train.classes != val.classes:

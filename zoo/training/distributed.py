@@ -1,11 +1,11 @@
-"""torchrun support: process-group setup (gloo on CPU, nccl on CUDA), a start time shared by all ranks
-(one output directory), and metric reduction. Everything is a no-op in a single process."""
+"""torchrun support: process-group setup (gloo on CPU, nccl on CUDA), broadcasting rank 0's values, and metric
+reduction. Everything is a no-op in a single process."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from datetime import datetime
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,9 +24,6 @@ class DistInfo:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-_START_TIME: datetime | None = None
 
 
 def launched_by_torchrun() -> bool:
@@ -55,32 +52,13 @@ def info() -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
-START_TIME_ENV = "DEPTHZOO_START_TIME"
-
-
-def shared_start_time() -> datetime:
-    """The run's start time, the same in every process of the run, so ``${dz_now:...}`` names one directory.
-
-    Rank 0's time is broadcast to the other DDP ranks; the time is also exported as ``DEPTHZOO_START_TIME`` so
-    that the worker processes of a multirun launcher (joblib, submitit) resolve the same sweep directory.
-    """
-    global _START_TIME
-    if _START_TIME is None:
-        inherited = os.environ.get(START_TIME_ENV)
-        stamp = [datetime.fromisoformat(inherited) if inherited else datetime.now()]
-        if setup().enabled:
-            dist.broadcast_object_list(stamp, src=0)
-        _START_TIME = stamp[0]
-        os.environ[START_TIME_ENV] = _START_TIME.isoformat()
-    return _START_TIME
-
-
-def register_resolvers() -> None:
-    """Register the ``dz_now`` OmegaConf resolver (like Hydra's ``now`` but equal on every rank)."""
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.has_resolver("dz_now"):
-        OmegaConf.register_new_resolver("dz_now", lambda fmt: shared_start_time().strftime(fmt))
+def broadcast_object(value: Any) -> Any:
+    """Rank 0's `value` on every rank (joins the torchrun process group if needed); `value` in a single process."""
+    if not setup().enabled:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:

@@ -164,13 +164,14 @@ class Trainer:
     def __init__(self, model: nn.Module, data: DataBundle, optim_cfg: Any, trainer_cfg: Any, logger: Any = None, *,
                  teacher: nn.Module | None = None, distill_weight: float = 0.0, distill_temperature: float = 2.0,
                  callbacks: Sequence[Callback] = (), output_dir: str | Path | None = None,
-                 config: dict | None = None):
+                 config: dict | None = None, resume_hint: str | None = None):
         from .logger import NullLogger
 
         self.cfg, self.optim_cfg, self.data = trainer_cfg, optim_cfg, data
         self.logger = logger or NullLogger()
         self.callbacks = list(callbacks)
         self.config = config or {}
+        self.resume_hint = resume_hint
         self.dist = dist_utils.info()
         self.device = resolve_device(trainer_cfg.device)
         if trainer_cfg.precision == "fp16" and self.device.type != "cuda":
@@ -386,10 +387,10 @@ class Trainer:
     def _interrupt(self) -> None:
         signum = self._stop_signal or signal.SIGTERM
         path = self.save()
+        hint = ""
         if path is not None:
-            _log.warning("Stopped by signal %d: saved %s; resume with trainer.resume=%s.", signum, path,
-                         ckpt.checkpoint_dir(self.output_dir))
-        raise TrainingInterrupted(signum, str(path) if path else None)
+            hint = self.resume_hint or (f" Resume with trainer.resume=auto hydra.run.dir={self.output_dir}.")
+        raise TrainingInterrupted(signum, str(path) if path else None, hint)
 
     def train_one_epoch(self) -> dict[str, float]:
         """Train from ``batch_in_epoch`` to the end of epoch ``epoch``; returns train metrics."""
@@ -566,18 +567,19 @@ class Trainer:
 def fit(model: nn.Module, data: DataBundle, optim_cfg: Any, trainer_cfg: Any, logger: Any = None, *,
         teacher: nn.Module | None = None, distill_weight: float = 0.0, distill_temperature: float = 2.0,
         callbacks: Sequence[Callback] = (), output_dir: str | Path | None = None, config: dict | None = None,
-        resume_from: str | Path | None = None) -> FitResult:
+        resume_from: str | Path | None = None, resume_hint: str | None = None) -> FitResult:
     """Train an already-built zoo model on `data` (from :func:`zoo.training.build_loaders`).
 
     `optim_cfg`/`trainer_cfg`: the ``optim`` and ``trainer`` config groups (any object with those
     attributes). `logger`: a :class:`~zoo.training.logger.NullLogger`-like object (None: no logging).
     `teacher`/`distill_weight`/`distill_temperature`: knowledge distillation (module docstring).
     `callbacks`: :class:`Callback` hooks. `output_dir`: checkpoints go to ``<output_dir>/checkpoints``
-    (None: no checkpoints). `config`: stored in checkpoints. `resume_from`: a ``last.state.pt``.
+    (None: no checkpoints). `config`: stored in checkpoints. `resume_from`: a ``last.state.pt``. `resume_hint`: what
+    the interruption's message tells the user to do (default: ``trainer.resume=auto`` with this run directory).
     Returns a :class:`FitResult` (final val metrics, ``last``/``best`` paths, epochs, steps, time).
     Raises NonFiniteLossError on a NaN/inf loss and TrainingInterrupted after SIGINT/SIGTERM (``last`` saved).
     """
     trainer = Trainer(model, data, optim_cfg, trainer_cfg, logger, teacher=teacher, distill_weight=distill_weight,
                       distill_temperature=distill_temperature, callbacks=callbacks, output_dir=output_dir,
-                      config=config)
+                      config=config, resume_hint=resume_hint)
     return trainer.fit(resume_from=resume_from)

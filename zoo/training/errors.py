@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import ZooError
+from ..errors import Interrupted, ZooError
 
 
 class ConfigError(ZooError):
@@ -21,10 +21,9 @@ class NonFiniteLossError(ZooError):
     """The loss became NaN or infinite; training stopped and kept the last good checkpoint."""
 
 
-class TrainingInterrupted(Exception):  # noqa: N818 - an interruption, not a failure of the code
+class TrainingInterrupted(Interrupted):
     """SIGINT/SIGTERM stopped training after `last` was saved; `signum` is the signal received."""
 
-    def __init__(self, signum: int, checkpoint: str | None):
-        self.signum = signum
+    def __init__(self, signum: int, checkpoint: str | None, hint: str = ""):
         self.checkpoint = checkpoint
-        super().__init__(f"Training interrupted by signal {signum}; saved {checkpoint or 'nothing'}.")
+        super().__init__(signum, f"Training interrupted by signal {signum}; saved {checkpoint or 'nothing'}.{hint}")

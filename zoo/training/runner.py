@@ -1,8 +1,12 @@
-"""A whole training run from a composed config: what ``train.py`` calls (and pruning can reuse piecewise)."""
+"""A whole training run from a composed config: what ``train.py`` calls (and pruning can reuse piecewise).
+
+The run directory is claimed first (:mod:`zoo.runs`): ``trainer.resume=null`` needs a directory without another
+run, ``trainer.resume=auto`` continues a run of the same config, an explicit state file must come from a run of the
+same config, and ``trainer.force=true`` discards what the directory held. ``results.json`` is written last.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,8 @@ from .data import BYTE_VOCAB, DataBundle, build_loaders
 from .engine import FitResult, fit, resolve_device, seed_everything
 from .errors import ConfigError
 
+TRAIN_OUTPUTS = ("results.json", "checkpoints")
+
 _log = logging.getLogger(__name__)
 
 
@@ -24,20 +30,6 @@ def to_container(cfg: Any) -> dict:
     from omegaconf import DictConfig, OmegaConf
 
     return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-
-
-def hydra_context() -> dict[str, Any]:
-    """The W&B group (the sweep directory in a multirun) and a job number, when running under Hydra."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        hydra_cfg = HydraConfig.get()
-    except (ImportError, ValueError):
-        return {}
-    if hydra_cfg.mode == RunMode.MULTIRUN:
-        return {"group": str(hydra_cfg.sweep.dir), "job_num": hydra_cfg.job.num}
-    return {}
 
 
 def model_kwargs(model_cfg: Any, data: DataBundle) -> dict[str, Any]:
@@ -82,8 +74,13 @@ def check_resume_target(resume_path: Path | None, model_name: str) -> None:
         )
 
 
-def write_results(path: Path, cfg: Any, data: DataBundle, model: nn.Module, result: FitResult) -> dict[str, Any]:
-    """``results.json``: model, data, final val metrics, best monitored value, epochs, time, checkpoint, params."""
+def write_results(path: Path, cfg: Any, data: DataBundle, model: nn.Module, result: FitResult,
+                  config: dict[str, Any]) -> dict[str, Any]:
+    """``results.json`` (sealed, with the config's fingerprint): model, data, final val metrics, best monitored
+    value, epochs, time, checkpoints, params."""
+    from ..files import write_sealed_json
+    from ..runs import fingerprint
+
     results = {
         "model": cfg.model.name,
         "data": cfg.data.name,
@@ -98,43 +95,94 @@ def write_results(path: Path, cfg: Any, data: DataBundle, model: nn.Module, resu
         "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
         "params": sum(p.numel() for p in model.parameters()),
         "data_info": {k: v for k, v in data.info.items() if isinstance(v, (int, float, str))},
+        "fingerprint": fingerprint(config),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2))
+    write_sealed_json(path, results)
     return results
 
 
+def check_resume_config(resume_path: Path | None, config: dict[str, Any]) -> None:
+    """An explicit state file to resume from must come from a run of the same config (its fingerprint)."""
+    from ..errors import RunConflictError
+    from ..runs import describe_differences, determining, fingerprint
+
+    if resume_path is None:
+        return
+    recorded = ckpt.load_state(resume_path).get("config") or {}
+    if fingerprint(recorded) != fingerprint(config):
+        raise RunConflictError(
+            f"trainer.resume={resume_path} was written by a run of another config "
+            f"({describe_differences(determining(recorded), determining(config))}). Resume only with that run's "
+            f"config, or start a new run from its weights with model.pretrained={resume_path.parent}/best.safetensors.")
+
+
+def claim_run_dir(cfg: Any, config: dict[str, Any], output_dir: Path) -> Any:
+    """Claim `output_dir` for this run (rank 0), or raise RunConflictError; other ranks get rank 0's verdict."""
+    from ..errors import RunConflictError
+    from ..runs import claim
+
+    error, taken = None, None
+    if dist_utils.info().is_main:
+        try:
+            taken = claim(output_dir, "train", config, outputs=TRAIN_OUTPUTS, new_only=cfg.trainer.resume in (None, ""),
+                          force=cfg.trainer.force, force_hint="trainer.force=true", dir_hint="a new hydra.run.dir")
+        except RunConflictError as exc:
+            error = str(exc)
+    error = dist_utils.broadcast_object(error)
+    if error is not None:
+        raise RunConflictError(error)
+    return taken
+
+
 def run(cfg: Any) -> dict[str, Any]:
-    """Validate, build data/model/logger, train, write ``results.json``; returns the results dict."""
+    """Validate, claim the run directory, build data/model/logger, train, write ``results.json`` (last)."""
+    from ..entry import close_run_files, hydra_context, open_run_files
     from .logger import create_logger
 
     dist = dist_utils.setup()
     validate(cfg)
+    config = to_container(cfg)
     output_dir = Path(cfg.paths.output_dir)
-    resume_path = ckpt.resolve_resume(cfg.trainer.resume, output_dir)
+    explicit = cfg.trainer.resume not in (None, "", "auto")
+    resume_path = ckpt.resolve_resume(cfg.trainer.resume, output_dir) if explicit else None
     check_resume_target(resume_path, cfg.model.name)
-    seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
-    device = resolve_device(cfg.trainer.device)
+    check_resume_config(resume_path, config)
+    taken = claim_run_dir(cfg, config, output_dir)
+    handler = open_run_files(output_dir, cfg) if dist.is_main else None
+    try:
+        if not explicit:
+            resume_path = ckpt.resolve_resume(cfg.trainer.resume, output_dir)
+        check_resume_target(resume_path, cfg.model.name)
+        return train(cfg, config, output_dir, resume_path, create_logger, hydra_context().get("group"))
+    finally:
+        close_run_files(handler)
+        if taken is not None:
+            taken.release()
+
+
+def train(cfg: Any, config: dict[str, Any], output_dir: Path, resume_path: Path | None, create_logger: Any,
+          group: str | None) -> dict[str, Any]:
+    """The training itself, in a claimed directory: W&B is finished before ``results.json`` is written."""
     import zoo
 
+    dist = dist_utils.info()
+    seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
+    device = resolve_device(cfg.trainer.device)
     data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=zoo.get_entry(cfg.model.name).default_cfg,
                          rank=dist.rank, world=dist.world, pin_memory=device.type == "cuda")
     model = build_model(cfg.model, data)
-    config = to_container(cfg)
-    context = hydra_context()
-    logger_cfg = cfg.logger
-    logger = create_logger(logger_cfg, config=config, is_main=dist.is_main, group=context.get("group"))
-    exit_code = 1
+    logger = create_logger(cfg.logger, config=config, is_main=dist.is_main, group=group)
     try:
         result = fit(model, data, cfg.optim, cfg.trainer, logger, output_dir=output_dir, config=config,
                      resume_from=resume_path)
-        results = write_results(output_dir / "results.json", cfg, data, model, result) if dist.is_main \
-            else {"metrics": result.metrics, "monitor": result.monitor}
-        logger.summary({"results/" + k: v for k, v in results["metrics"].items()})
-        exit_code = 0
-        return results
-    finally:
-        logger.finish(exit_code=exit_code)
-        if exit_code == 0:
-            dist_utils.barrier()
+        logger.summary({"results/" + k: v for k, v in result.metrics.items() if k.startswith("val/")})
+    except BaseException:
+        logger.finish(exit_code=1)
         dist_utils.cleanup()
+        raise
+    logger.finish(exit_code=0)
+    results = write_results(output_dir / "results.json", cfg, data, model, result, config) if dist.is_main \
+        else {"metrics": result.metrics, "monitor": result.monitor}
+    dist_utils.barrier()
+    dist_utils.cleanup()
+    return results

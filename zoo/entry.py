@@ -1,0 +1,336 @@
+"""What ``train.py`` and ``prune.py`` share around their run: directory names, run files, signals, failures, exit codes.
+
+* **Directory names.** ``${dz_now:FMT}`` is the launch's start time and ``${dz_launch:}`` a random id, both the same
+  in every torchrun rank and multirun worker of one launch, so default run directories are unique even for launches
+  in the same second. ``${dz_job_dir:${hydra.overrides.task}}`` names a multirun job's directory after its
+  overrides (sorted; keys that do not change results left out), so a re-run with an extended override list reuses
+  exactly the jobs it repeats.
+* **Run files.** Hydra writes nothing into a run directory by itself (``hydra.output_subdir: null`` and a
+  console-only job logging config); :func:`open_run_files` writes ``.hydra/`` and attaches ``<job>.log`` once the run
+  has claimed its directory (:mod:`zoo.runs`), so a refused command leaves the directory exactly as it was.
+* **Exit codes** (:func:`run_job`). A single run: a user error (:class:`~zoo.errors.ZooError`) is one logged line
+  and exit status 2; SIGINT/SIGTERM exit 128 + the signal (training saves ``last`` first); a bug keeps its
+  traceback (exit 1). In a multirun every job runs: a failing job leaves ``failed.json`` (its overrides, a one-line
+  error and, for a bug, the traceback) and a line in the launch's ledger, and :class:`SweepCallback` ends the
+  multirun with exit status 1 after the last job when any job of this launch failed.
+* **Composition errors** (:func:`guard`): a misspelt key, an unknown group option or a wrongly typed value is one
+  message (with the closest valid key) and exit status 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from .errors import Interrupted, RunConflictError, ZooError
+from .files import write_json
+from .runs import is_determining_key
+
+_log = logging.getLogger(__name__)
+
+START_TIME_ENV = "DEPTHZOO_START_TIME"
+LAUNCH_ID_ENV = "DEPTHZOO_LAUNCH_ID"
+LEDGER_DIR = ".launches"
+FAILED_FILE = "failed.json"
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+
+_LAUNCH: tuple[datetime, str] | None = None
+
+
+# ---------------------------------------------------------------------------------------- launch and names
+
+
+def launch() -> tuple[datetime, str]:
+    """(start time, id) of this launch: inherited from the environment (multirun workers), else made here and
+    broadcast from rank 0 (torchrun); exported so that every process of the launch resolves the same names."""
+    global _LAUNCH
+    if _LAUNCH is None:
+        from .training.distributed import broadcast_object
+
+        stamp, uid = os.environ.get(START_TIME_ENV), os.environ.get(LAUNCH_ID_ENV)
+        mine = (datetime.fromisoformat(stamp) if stamp else datetime.now(), uid or secrets.token_hex(3))
+        _LAUNCH = broadcast_object(mine)
+        os.environ[START_TIME_ENV], os.environ[LAUNCH_ID_ENV] = _LAUNCH[0].isoformat(), _LAUNCH[1]
+    return _LAUNCH
+
+
+def launch_id() -> str:
+    return launch()[1]
+
+
+def _override_key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def job_dir_name(overrides: Any, limit: int = 100) -> str:
+    """A multirun job's directory name from its overrides: the determining ones, sorted by key, readable when
+    they are plain and short, else shortened and suffixed with ``~`` and a hash of the full list."""
+    kept = sorted((str(o) for o in overrides if is_determining_key(_override_key(str(o)))), key=_override_key)
+    raw = ",".join(kept) or "defaults"
+    safe = re.sub(r"[^A-Za-z0-9._=,+-]", "_", raw)
+    if safe == raw and len(raw) <= limit:
+        return raw
+    return f"{safe[:limit - 9]}~{hashlib.sha1(raw.encode()).hexdigest()[:8]}"
+
+
+def register_resolvers() -> None:
+    """Register ``dz_now``, ``dz_launch`` and ``dz_job_dir`` (see the module docstring)."""
+    from omegaconf import OmegaConf
+
+    resolvers = {"dz_now": lambda fmt: launch()[0].strftime(fmt), "dz_launch": launch_id, "dz_job_dir": job_dir_name}
+    for name, fn in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
+
+
+# ----------------------------------------------------------------------------------------------- run files
+
+
+def hydra_context() -> dict[str, Any]:
+    """``{"group": sweep dir, "job_num": n, "overrides": [...]}`` in a multirun job; ``{}`` outside Hydra or in a
+    single run (``overrides`` is then present alone)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hydra_cfg = HydraConfig.get()
+    except (ImportError, ValueError):
+        return {}
+    overrides = list(hydra_cfg.overrides.task)
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        return {"group": str(hydra_cfg.sweep.dir), "job_num": hydra_cfg.job.num, "overrides": overrides}
+    return {"overrides": overrides}
+
+
+def in_multirun() -> bool:
+    return "job_num" in hydra_context()
+
+
+def open_run_files(output_dir: str | Path, cfg: Any) -> logging.Handler | None:
+    """Once a run owns `output_dir`: write ``.hydra/{config,hydra,overrides}.yaml`` and log to ``<job>.log`` there.
+
+    Returns the file handler (detach it with :func:`close_run_files`); nothing happens outside Hydra.
+    """
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf
+
+        hydra_cfg = HydraConfig.get()
+    except (ImportError, ValueError):
+        return None
+    folder = Path(output_dir) / ".hydra"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, node in (("config.yaml", cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
+                       ("overrides.yaml", hydra_cfg.overrides.task)):
+        OmegaConf.save(node, folder / name)
+    handler = logging.FileHandler(Path(output_dir) / f"{hydra_cfg.job.name}.log")
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.getLogger().addHandler(handler)
+    return handler
+
+
+def close_run_files(handler: logging.Handler | None) -> None:
+    if handler is not None:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+# ----------------------------------------------------------------------------------------------- signals
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGINT and SIGTERM raise :class:`~zoo.errors.Interrupted` (training overrides this to save ``last`` first)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: Any) -> None:
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+# ------------------------------------------------------------------------------------- failures and ledger
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an error's message (a DataLoader worker's wrapped error: the original one)."""
+    text = str(exc).strip()
+    match = re.search(r"^\w+(?:\.\w+)*(?:Error|Exception): (.+)$", text, re.M) if "Original Traceback" in text else None
+    return (match.group(1) if match else text.splitlines()[0] if text else type(exc).__name__)[:500]
+
+
+def _ledger(sweep_dir: str | Path) -> Path:
+    return Path(sweep_dir) / LEDGER_DIR / f"{launch_id()}.jsonl"
+
+
+def record_outcome(output_dir: str | Path, status: str, exc: BaseException | None = None) -> None:
+    """In a multirun job: append this job's outcome to the launch's ledger; a failure also writes ``failed.json``
+    into the job's directory, unless the job was refused that directory (it stays untouched)."""
+    context = hydra_context()
+    entry: dict[str, Any] = {"status": status, "job": Path(output_dir).name, "overrides": context.get("overrides", [])}
+    if exc is not None:
+        entry.update(error=type(exc).__name__, message=one_line(exc))
+        expected = isinstance(exc, ZooError)
+        if not isinstance(exc, RunConflictError):
+            write_json(Path(output_dir) / FAILED_FILE, {
+                **entry, "launch": launch_id(), "traceback": None if expected else traceback.format_exc()})
+    if "group" in context:
+        ledger = _ledger(context["group"])
+        ledger.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(ledger) + ".lock"), open(ledger, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def launch_outcomes(sweep_dir: str | Path) -> list[dict[str, Any]]:
+    """The outcome of every job of this launch in `sweep_dir` (from the ledger)."""
+    path = _ledger(sweep_dir)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_job(cfg: Any, run: Callable[[Any], dict[str, Any]], metric: Callable[[dict[str, Any]], float | None]
+            ) -> float | None:
+    """Run one job of an entry point with the exit-code rules of the module docstring; returns its metric."""
+    multirun = in_multirun()
+    output_dir = cfg.paths.output_dir
+    try:
+        with interruptible():
+            results = run(cfg)
+    except Interrupted as exc:
+        _log.warning("%s", exc)
+        raise SystemExit(128 + exc.signum) from None
+    except ZooError as exc:
+        _log.error("%s: %s", type(exc).__name__, one_line(exc))
+        if not multirun:
+            raise SystemExit(2) from None
+        record_outcome(output_dir, "failed", exc)
+        return None
+    except Exception as exc:
+        if not multirun:
+            raise
+        _log.exception("job failed with an unexpected error (a bug); traceback in %s", Path(output_dir) / FAILED_FILE)
+        record_outcome(output_dir, "failed", exc)
+        return None
+    if multirun:
+        record_outcome(output_dir, "completed")
+    return metric(results)
+
+
+def _hydra_callback_base() -> type:
+    try:
+        from hydra.experimental.callback import Callback
+
+        return Callback
+    except ImportError:  # pragma: no cover - Hydra is a dependency of the entry points
+        return object
+
+
+class SweepCallback(_hydra_callback_base()):
+    """Hydra callback: after the last job of a multirun, exit with status 1 if any job of this launch failed."""
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        self.finish(config.hydra.sweep.dir)
+
+    def finish(self, sweep_dir: str | Path) -> None:
+        outcomes = launch_outcomes(sweep_dir)
+        failed = [o for o in outcomes if o["status"] == "failed"]
+        if not failed:
+            return
+        print(f"{len(failed)} of {len(outcomes)} job(s) failed:", file=sys.stderr)
+        for o in failed:
+            print(f"  {o['job']} ({' '.join(o['overrides'])}): {o['error']}: {o['message']}", file=sys.stderr)
+        raise SystemExit(1)
+
+
+# ------------------------------------------------------------------------------------ composition errors
+
+
+def config_keys(schema: type) -> list[str]:
+    """Every dotted key of a structured config schema and each of its prefixes (``model``, ``model.name``)."""
+    from omegaconf import OmegaConf
+
+    from .runs import flatten
+
+    leaves = flatten(OmegaConf.to_container(OmegaConf.structured(schema)))
+    return sorted({".".join(key.split(".")[:i]) for key in leaves for i in range(1, key.count(".") + 2)})
+
+
+def closest(word: str, choices: list[str], cutoff: float = 0.75) -> list[str]:
+    """The choices most similar to `word` (those within 0.05 of the best score above `cutoff`)."""
+    scored = sorted(((difflib.SequenceMatcher(None, word, c).ratio(), c) for c in choices), reverse=True)
+    best = scored[0][0] if scored else 0.0
+    return [c for score, c in scored[:3] if score >= max(cutoff, best - 0.05)]
+
+
+def explain_composition_error(exc: BaseException, keys: list[str]) -> str:
+    """One message for a Hydra/OmegaConf composition error: a misspelt key gets the closest valid keys, an unknown
+    group option the closest options, a badly typed value what was expected."""
+    text, cause = str(exc).strip(), str(exc.__cause__ or "").strip()
+    unknown_key = re.search(r"Could not (?:override|append to config\.) '([^']+)'", text)
+    if unknown_key and ("not in" in cause or "To append" in text):
+        key = unknown_key.group(1)
+        close = closest(key, keys)
+        hint = f" Did you mean {' or '.join(close)}?" if close else ""
+        return f"{key} is not a config key.{hint} (`--cfg job` prints every key with its value.)"
+    missing = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+    if missing:
+        group, option = missing.groups()
+        options = re.findall(r"^\t(\S+)$", text, re.M)
+        close = closest(option, options, cutoff=0.5)
+        hint = f" Did you mean {' or '.join(close)}?" if close else ""
+        return f"{group}={option} is not an option of the {group} group.{hint} Options: {', '.join(options)}."
+    merging = re.match(r"Error merging override (.+)", text)
+    if merging and cause:
+        return f"{merging.group(1)}: {cause.splitlines()[0]}."
+    unknown_value = re.search(r"Key '([^']+)' not in '([^']+)'", cause or text)
+    if unknown_value:
+        return f"{unknown_value.group(1)} is not a key of {unknown_value.group(2)}."
+    if type(exc).__name__ == "OverrideParseException":
+        return f"{text.splitlines()[0]}: overrides are key=value (Hydra's override grammar)."
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def guard(main: Callable[[], Any], schema: type) -> None:
+    """Call a ``@hydra.main`` function so that composition errors become one message and exit status 2."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    previous = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing and exiting 1
+    try:
+        main()
+    except (HydraException, OmegaConfBaseException) as exc:
+        if previous == "1":  # the user asked for Hydra's full tracebacks
+            raise
+        print(f"error: {explain_composition_error(exc, config_keys(schema))}", file=sys.stderr)
+        raise SystemExit(2) from None
+    finally:
+        if previous is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = previous

@@ -1,0 +1,240 @@
+"""Run identity: which config produced a run directory's results, and when a directory may be reused.
+
+Every run directory (``train.py``, ``prune.py``, a cached baseline) holds ``run.json``: the kind of run and a
+**fingerprint** of the resolved config keys that determine its results (:func:`determining` drops output paths,
+logging and other keys that do not change what is computed; :data:`NON_DETERMINING` lists them). A directory is
+reused only by a run with the same fingerprint: a finished prune job is skipped, an interrupted one resumes, and
+``trainer.resume=auto`` continues training. Anything else is refused with a :class:`~zoo.errors.RunConflictError`
+naming the keys that differ, and the directory is left exactly as it was; ``force`` discards its results first.
+While a run works in a directory it holds ``.run.lock``, so two processes never share one.
+
+Nothing here imports Hydra; :mod:`zoo.entry` ties it to the entry points.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from .errors import CorruptFileError, RunConflictError
+from .files import json_digest, read_sealed_json, write_sealed_json
+
+_log = logging.getLogger(__name__)
+
+RUN_FILE = "run.json"
+LOCK_FILE = ".run.lock"
+
+# Dotted config keys that never change what a run computes: where it writes, how it logs, and how it was asked
+# to reuse a directory. Everything else in the resolved config is part of the fingerprint.
+NON_DETERMINING = (
+    "paths", "logger", "hydra", "task_name", "tags",
+    "trainer.progress", "trainer.log_every", "trainer.resume", "trainer.force", "trainer.save_checkpoints",
+    "data.num_workers", "data.download",
+    "prune.force", "prune.cache_dir",
+)
+
+
+def _drop(config: dict[str, Any], dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    node: Any = config
+    for key in parents:
+        node = node.get(key) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(leaf, None)
+
+
+def determining(config: dict[str, Any]) -> dict[str, Any]:
+    """The part of a resolved config that determines a run's results (a copy without :data:`NON_DETERMINING`)."""
+    kept = copy.deepcopy(config)
+    for key in NON_DETERMINING:
+        _drop(kept, key)
+    return kept
+
+
+def is_determining_key(key: str) -> bool:
+    """Whether an override of the dotted `key` (or config group `key`) can change a run's results."""
+    return not any(key == k or key.startswith(k + ".") for k in NON_DETERMINING)
+
+
+def fingerprint(config: dict[str, Any]) -> str:
+    """A stable hash of the determining part of a resolved config."""
+    return json_digest(determining(config), 16)
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b": value}`` for every leaf of nested dicts (lists are leaves)."""
+    if not isinstance(config, dict):
+        return {prefix: config}
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def describe_differences(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> str:
+    """``key: old -> new`` for the first keys where two determining configs differ."""
+    a, b = flatten(old), flatten(new)
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "<unset>") != b.get(k, "<unset>"))
+    parts = [f"{k}: {a.get(k, '<unset>')!r} -> {b.get(k, '<unset>')!r}" for k in keys[:limit]]
+    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
+    return "; ".join(parts) + more if parts else "no key differs, but the recorded fingerprint does"
+
+
+# ---------------------------------------------------------------------------------------------- run records
+
+
+def read_record(directory: str | Path) -> dict[str, Any] | None:
+    """The run record of a directory, None if it has none; raises CorruptFileError if it is not intact."""
+    path = Path(directory) / RUN_FILE
+    return read_sealed_json(path) if path.exists() else None
+
+
+def write_record(directory: str | Path, kind: str, config: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """Record that `directory` holds a `kind` run of `config` (its determining part and fingerprint)."""
+    record = {"kind": kind, "fingerprint": fingerprint(config), "config": determining(config),
+              "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra}
+    write_sealed_json(Path(directory) / RUN_FILE, record)
+    return record
+
+
+@dataclass
+class Claim:
+    """A run directory this process may work in. state: ``fresh``, ``resume`` (same config, unfinished) or
+    ``finished`` (same config, results present)."""
+
+    directory: Path
+    state: str
+    record: dict[str, Any]
+    lock: FileLock | None = None
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+def existing_outputs(directory: Path, outputs: Sequence[str]) -> list[str]:
+    return [name for name in outputs if (directory / name).exists()]
+
+
+def clear_outputs(directory: Path, outputs: Sequence[str]) -> None:
+    """Delete a run's outputs (files or folders) from `directory` (``force``)."""
+    for name in (*outputs, RUN_FILE):
+        path = directory / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def check_reuse(directory: str | Path, kind: str, config: dict[str, Any], *, outputs: Sequence[str],
+                finished: str | None, new_only: bool, force_hint: str, dir_hint: str) -> str:
+    """Read-only: what this run may do in `directory` (``fresh``, ``resume``, ``finished``) or a RunConflictError.
+
+    `outputs`: names of the files/folders a run of this kind leaves; `finished`: the one that marks it complete
+    (None: the kind is never skipped); `new_only`: any earlier run is a conflict (train.py without resume).
+    """
+    directory = Path(directory)
+    try:
+        record = read_record(directory)
+    except CorruptFileError as exc:
+        raise RunConflictError(f"{directory} holds a damaged run record ({exc}). Its files are kept: use "
+                               f"{dir_hint}, or {force_hint} to discard them and start over.") from None
+    present = existing_outputs(directory, outputs)
+    if record is None:
+        if present:
+            raise RunConflictError(
+                f"{directory} holds {', '.join(present)} of a run with no recorded config (an earlier depthzoo "
+                f"version or files put there by hand), so they cannot be matched to this config. They are kept: "
+                f"use {dir_hint}, or {force_hint} to discard them.")
+        return "fresh"
+    ours = fingerprint(config)
+    if record.get("kind") != kind or record.get("fingerprint") != ours:
+        what = record.get("kind", "unknown")
+        diff = describe_differences(record.get("config", {}), determining(config)) if what == kind else \
+            f"it is a {what} run, this is a {kind} run"
+        raise RunConflictError(
+            f"{directory} holds a {what} run of another config ({diff}). Its results are kept: use {dir_hint}, "
+            f"or {force_hint} to discard them and start over.")
+    if new_only and present:
+        raise RunConflictError(
+            f"{directory} already holds a {kind} run of this config. Continue it with trainer.resume=auto, start "
+            f"over with {force_hint}, or use {dir_hint}.")
+    if finished and (directory / finished).exists():
+        if _intact(directory / finished, record["fingerprint"]):
+            return "finished"
+        _log.warning("%s is damaged or belongs to another run: the run continues as if it had not finished",
+                     directory / finished)
+    return "resume" if present else "fresh"
+
+
+def _intact(path: Path, expected_fingerprint: str) -> bool:
+    """Whether a sealed results file is intact and records the expected fingerprint."""
+    try:
+        return read_sealed_json(path).get("fingerprint") == expected_fingerprint
+    except CorruptFileError:
+        return False
+
+
+def claim(directory: str | Path, kind: str, config: dict[str, Any], *, outputs: Sequence[str],
+          finished: str | None = None, new_only: bool = False, force: bool = False,
+          force_hint: str = "force=true", dir_hint: str = "a new directory") -> Claim:
+    """Take `directory` for a `kind` run of `config`: check it (see :func:`check_reuse`), lock it, record it.
+
+    Nothing is written when the run is refused. With `force` an earlier run's outputs are deleted first.
+    A ``finished`` claim holds no lock and writes nothing (the caller reports the existing results).
+    """
+    directory = Path(directory)
+    if not force:
+        state = check_reuse(directory, kind, config, outputs=outputs, finished=finished, new_only=new_only,
+                            force_hint=force_hint, dir_hint=dir_hint)
+        if state == "finished":
+            return Claim(directory, state, read_record(directory) or {})
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(directory / LOCK_FILE), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise RunConflictError(f"Another process is running in {directory} (it holds {LOCK_FILE}). Wait for it "
+                               f"to finish, or use {dir_hint}.") from None
+    try:
+        if force:
+            present = existing_outputs(directory, outputs)
+            if present:
+                _log.warning("%s: discarding %s of an earlier run (force)", directory, ", ".join(present))
+            clear_outputs(directory, outputs)
+            state = "fresh"
+        else:  # re-check under the lock: another process may have finished or claimed it in between
+            state = check_reuse(directory, kind, config, outputs=outputs, finished=finished, new_only=new_only,
+                                force_hint=force_hint, dir_hint=dir_hint)
+        record = read_record(directory) if state != "fresh" else None
+        if record is None:
+            record = write_record(directory, kind, config, pid=os.getpid())
+    except BaseException:
+        lock.release()
+        raise
+    return Claim(directory, state, record, lock)
+
+
+@contextmanager
+def claimed(directory: str | Path, kind: str, config: dict[str, Any], **kwargs: Any) -> Iterator[Claim]:
+    """:func:`claim` as a context manager that releases the directory's lock at the end."""
+    taken = claim(directory, kind, config, **kwargs)
+    try:
+        yield taken
+    finally:
+        taken.release()
+
+
+__all__ = ["NON_DETERMINING", "Claim", "check_reuse", "claim", "claimed", "clear_outputs", "describe_differences",
+           "determining", "fingerprint", "flatten", "is_determining_key", "read_record", "write_record"]
