@@ -131,7 +131,6 @@ def test_checkpoint_of_another_model_is_refused(digits_prune, tmp_path):
     assert proc.returncode == 2 and "holds model 'mobilenetv2_050'" in proc.stdout + proc.stderr
 
 
-@pytest.mark.skipif(not zoo.is_model("retnet_tiny"), reason="RetNet not available")
 @pytest.mark.parametrize("workload", ["forward", "decode"])
 def test_prune_py_bytes_language_model(workload, tmp_path):
     proc = run_prune(*TINY_LM, f"prune.workload={workload}", base=tmp_path)
@@ -144,25 +143,68 @@ def test_prune_py_bytes_language_model(workload, tmp_path):
     assert read_run(run_file).summary["pruned/val/ppl"] == pytest.approx(results["pruned"]["metrics"]["val/ppl"])
 
 
-def test_interrupted_job_keeps_its_plan_and_resumes_fine_tuning(digits_prune, tmp_path):
-    """A job killed after fine-tuning started: its rerun reuses plan.json and resumes from the last checkpoint."""
-    base, _ = digits_prune
-    run_dir = tmp_path / "killed"
-    import shutil
+def with_changes(overrides: list[str], *changes: str) -> list[str]:
+    """`overrides` with `changes` replacing the entries for the same keys (Hydra refuses duplicates)."""
+    keys = {c.split("=", 1)[0] for c in changes}
+    return [o for o in overrides if o.split("=", 1)[0] not in keys] + list(changes)
 
-    shutil.copytree(base / "run", run_dir, ignore=shutil.ignore_patterns("wandb"))
-    first = json.loads((run_dir / "results.json").read_text())
-    (run_dir / "results.json").unlink()  # as if killed before the end
-    (run_dir / "pruned.safetensors").unlink()
-    assert (run_dir / "finetune" / "checkpoints" / "last.state.pt").is_file()
-    proc = run_prune(*TINY, "logger=none", base=base, run_dir=run_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Resumed from" in proc.stdout + proc.stderr
-    again = json.loads((run_dir / "results.json").read_text())
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+@pytest.mark.slow
+def test_sigterm_during_fine_tuning_then_rerun_resumes_to_the_same_weights(tmp_path):
+    """SIGTERM while fine-tuning saves ``last`` and exits 143; the same command then keeps the plan, really trains
+    the remaining epochs, and ends with the weights of a run that was never interrupted."""
+    import signal
+    import time
+
+    args = with_changes(TINY, "logger=none", "finetune.epochs=3", "trainer.limit_train_batches=null")
+    reference = run_prune(*args, base=tmp_path, run_dir=tmp_path / "reference")
+    assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
+    run_dir = tmp_path / "killed"
+    cmd = [sys.executable, str(ROOT / "prune.py"), *args, f"hydra.run.dir={run_dir}",
+           f"paths.log_dir={tmp_path / 'outputs'}", f"prune.cache_dir={tmp_path / 'cache'}"]
+    env = {**os.environ, "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    state_file = run_dir / "finetune" / "checkpoints" / "last.state.pt"
+    deadline = time.time() + 240
+    while not state_file.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "Run the same command again: fine-tuning resumes" in output and not (run_dir / "results.json").exists()
+    from zoo.training import checkpointing as ckpt
+
+    stopped_at = ckpt.load_state(state_file)["step"]
+    assert 0 < stopped_at < ckpt.load_state(tmp_path / "reference" / "finetune" / "checkpoints" /
+                                            "last.state.pt")["step"]
+    rerun = run_prune(*args, base=tmp_path, run_dir=run_dir)
+    out = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, out[-3000:]
+    assert "Resumed from" in out and "resuming with the plan this run chose" in out
+    first, again = (json.loads((d / "results.json").read_text()) for d in (tmp_path / "reference", run_dir))
     assert again["plan"] == first["plan"] and again["search_result"] is None
-    assert again["pruned"]["metrics"]["val/acc1"] == pytest.approx(first["pruned"]["metrics"]["val/acc1"])
-    rerun = run_prune(*TINY, "logger=none", base=base, run_dir=run_dir)  # finished: skipped
+    assert again["pruned"]["metrics"] == first["pruned"]["metrics"]
+    ours, theirs = _tensors(run_dir / "pruned.safetensors"), _tensors(tmp_path / "reference" / "pruned.safetensors")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    rerun = run_prune(*args, base=tmp_path, run_dir=run_dir)  # finished: skipped, nothing rewritten
     assert rerun.returncode == 0 and "already finished" in rerun.stdout + rerun.stderr
+
+
+def test_rerun_with_another_config_is_refused_and_changes_nothing(digits_prune):
+    from .helpers import snapshot
+
+    base, _ = digits_prune
+    before = snapshot(base / "run")
+    proc = run_prune(*TINY, "logger=none", "prune.target_speedup=1.25", base=base)
+    assert proc.returncode == 2
+    assert "holds a prune run of another config (prune.target_speedup: 1.5 -> 1.25)" in proc.stdout + proc.stderr
+    assert snapshot(base / "run") == before
 
 
 def test_memory_budget_is_met_or_refused(digits_prune, tmp_path):

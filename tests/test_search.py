@@ -43,9 +43,15 @@ def test_dp_is_feasible_and_near_optimal_on_float_costs(seed):
     fastest = sum(min(c.latency for c in seg) for seg in options)
     budget = rng.uniform(fastest, total)
     exact = brute_force_search(options, budget)
-    dp = dp_search(options, budget, bins=2000)
+    bins = 2000
+    dp = dp_search(options, budget, bins=bins)
     assert dp.latency <= budget + 1e-9
     assert dp.damage >= exact.damage - 1e-9  # rounding costs up can only cost optimality, never feasibility
+    # Rounding adds less than one bin per segment, so every plan that fits a budget tighter by that much is a
+    # plan the DP sees: its damage is at most the exact optimum at the tighter budget.
+    tighter = budget - len(options) * budget / bins
+    if tighter >= fastest:
+        assert dp.damage <= brute_force_search(options, tighter).damage + 1e-9
     for baseline in (greedy_search(options, budget), random_search(options, budget, seed=seed)):
         assert baseline.latency <= budget + 1e-9 and baseline.damage >= exact.damage - 1e-9
 

@@ -132,11 +132,19 @@ def test_missing_truncated_and_foreign_weight_files(tmp_path, weights_dir):
 
 
 def test_pickles_load_with_weights_only(tmp_path):
-    """A pickle holding arbitrary objects is refused, not executed."""
+    """A pickle holding arbitrary objects is refused, not executed: its payload would create a file."""
+    marker = tmp_path / "payload-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
     path = tmp_path / "evil.pth"
-    torch.save({"conv_stem.weight": torch.zeros(1), "payload": logging.getLogger("x")}, path)
-    with pytest.raises(zoo.WeightsError, match="evil.pth"):
+    torch.save({"conv_stem.weight": torch.zeros(1), "payload": Payload()}, path)
+    with pytest.raises(zoo.WeightsError, match=r"evil.pth is refused for safety") as err:
         zoo.create_model("mobilenetv2_035", pretrained=path)
+    assert not marker.exists()
+    assert "will likely succeed" not in str(err.value)
 
 
 def test_offline_hub_error_names_the_hub_id(monkeypatch, tmp_path):

@@ -28,20 +28,29 @@ class ModelEntry:
     family: str
     builder: Callable[..., nn.Module]
     default_cfg: dict[str, Any] = field(default_factory=dict)
+    task: str = "classification"  # or "language_model": what data and loss the model takes
 
 
 _REGISTRY: dict[str, ModelEntry] = {}
 
 
-def register_model(family: str, **default_cfg: Any) -> Callable:
-    """Decorator registering a builder function under its own name.
+TASKS = ("classification", "language_model")
 
-    `default_cfg` holds timm-style metadata: input_size, mean, std, num_classes, hf_hub_id,
-    interpolation, crop_pct, first_conv, classifier.
+
+def register_model(family: str, task: str = "classification", **default_cfg: Any) -> Callable:
+    """Decorator registering a builder function under its own name (a name can be registered once).
+
+    `task`: ``classification`` or ``language_model``. `default_cfg` holds timm-style metadata: input_size, mean,
+    std, num_classes, hf_hub_id, interpolation, crop_pct, first_conv, classifier.
     """
+    if task not in TASKS:
+        raise ValueError(f"Unknown task {task!r}; allowed: {', '.join(TASKS)}.")
 
     def wrap(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        _REGISTRY[fn.__name__] = ModelEntry(fn.__name__, family, fn, dict(default_cfg))
+        if fn.__name__ in _REGISTRY:
+            first = _REGISTRY[fn.__name__].builder.__module__
+            raise ValueError(f"Model {fn.__name__!r} is registered already (by {first}); a name is registered once.")
+        _REGISTRY[fn.__name__] = ModelEntry(fn.__name__, family, fn, dict(default_cfg), task)
         return fn
 
     return wrap

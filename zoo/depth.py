@@ -1,6 +1,8 @@
 """Depth units: the one mechanism through which every family exposes what depth pruning may remove.
 
-A model lists its units with ``depth_unit_specs()`` (static facts: module path, kind, stage, index,
+A family states its depth structure once: the model lists where its blocks are (``depth_blocks()``) and each
+block type declares itself (``depth_spec() -> BlockSpec``: its kind, whether removing it keeps shapes valid, and its
+conv chain). ``depth_unit_specs()`` derives the units from that (static facts: module path, kind, stage, index,
 whether removal keeps shapes valid, whether the convolutions around an activation can be merged).
 :func:`depth_units` adds what depends on the input (shapes, stride, a signature for sharing latency
 measurements) with one hooked forward pass. Removing a unit always means the same thing: the module at
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -57,11 +59,87 @@ class DepthUnit:
         return asdict(self)
 
 
-class DepthMixin:
-    """What every zoo model shares: an example input and access to its depth units."""
+@dataclass
+class ConvOp:
+    """One conv of a block's chain: the conv, the BatchNorm after it (None: none), the activation after that, and
+    any modules after the activation (blur-pool, SE) that a merge cannot cross."""
 
-    def depth_unit_specs(self) -> list[DepthUnit]:  # pragma: no cover - every family overrides
+    conv: nn.Conv2d
+    bn: nn.Module | None
+    act: nn.Module | None = None
+    after: list[nn.Module] = field(default_factory=list)
+
+
+@dataclass
+class Chain:
+    """A block seen as ``post_act(ops(x) + shortcut(x))``; shortcut None means no residual."""
+
+    ops: list[ConvOp]
+    shortcut: nn.Module | None
+    post_act: nn.Module | None = None
+
+
+@dataclass
+class BlockSpec:
+    """What a block type declares, once, for depth pruning (its ``depth_spec()``).
+
+    kind: ``block`` (a residual block), ``retention`` or ``ffn`` (RetNet's residual sub-layers).
+    removable: replacing the block by identity keeps every shape valid (an identity shortcut).
+    chain: the block's convs in order, when it is a chain of conv + BatchNorm + activation. Its mergeable
+        activations (depth units of kind ``act``), the surgery that merges their convs and the latency table's
+        segment variants all follow from it. None: the block has no mergeable activation (e.g. GroupNorm blocks).
+    """
+
+    kind: str = "block"
+    removable: bool = False
+    chain: Chain | None = None
+
+    def acts(self, block: nn.Module) -> list[tuple[str, tuple[str, ...]]]:
+        """(activation path, (conv, bn, next conv, next bn) paths) of each mergeable activation, relative to
+        `block`: an activation between two convs whose BatchNorm folds, with nothing else in between."""
+        if self.chain is None:
+            return []
+        names = {id(m): name for name, m in block.named_modules()}
+        ops, found = self.chain.ops, []
+        for op, nxt in zip(ops, ops[1:]):
+            if op.act is not None and not op.after and _folds(op.bn) and _folds(nxt.bn):
+                merge = tuple(names[id(m)] for m in (op.conv, op.bn, nxt.conv, nxt.bn) if m is not None)
+                found.append((names[id(op.act)], merge))
+        return found
+
+
+def _folds(norm: nn.Module | None) -> bool:
+    """A norm that can be folded into the conv before it (eval statistics): BatchNorm, or none at all."""
+    return norm is None or (isinstance(norm, nn.BatchNorm2d) and norm.track_running_stats)
+
+
+class DepthMixin:
+    """What every zoo model shares: its task kind, an example input and its depth units.
+
+    A family declares where its blocks are (:meth:`depth_blocks`) and each block type declares its structure
+    (``depth_spec() -> BlockSpec``); the depth units follow from those two declarations.
+    """
+
+    task: str = "classification"  # or "language_model"
+    recurrent: bool = False  # has a recurrent state (``init_state``) and a one-token decode step
+
+    def depth_blocks(self) -> Iterable[tuple[str, int, int]]:  # pragma: no cover - every family overrides
+        """(module path, stage, index) of every block that may carry depth units, in forward order."""
         raise NotImplementedError
+
+    def depth_unit_specs(self) -> list[DepthUnit]:
+        """Every depth unit (static facts), from the blocks' declarations; removed blocks are skipped."""
+        units = []
+        for path, stage, index in self.depth_blocks():
+            block = self.get_submodule(path)
+            if isinstance(block, nn.Identity):
+                continue
+            spec = block.depth_spec()
+            for act, merge in spec.acts(block):
+                units.append(DepthUnit(name=f"{path}.{act}", kind="act", stage=stage, index=index, removable=True,
+                                       mergeable=True, merge=tuple(f"{path}.{m}" for m in merge)))
+            units.append(DepthUnit(name=path, kind=spec.kind, stage=stage, index=index, removable=spec.removable))
+        return units
 
     def example_input(self, batch_size: int = 1, input_size: Sequence[int] | None = None) -> torch.Tensor:
         """A zero input of the model's default (or the given) per-sample size, on the model's device."""

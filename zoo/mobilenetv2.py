@@ -14,8 +14,7 @@ from timm.layers import BatchNormAct2d, SelectAdaptivePool2d, create_conv2d, mak
 from torch import nn
 
 from ._registry import register_model
-from .depth import DepthMixin, DepthUnit
-from .surgery import Chain, ConvOp
+from .depth import BlockSpec, Chain, ConvOp, DepthMixin
 
 # (expansion, out_channels, repeats, stride) per stage after the depthwise-separable first block.
 MBV2_STAGES = ((6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
@@ -40,9 +39,9 @@ class DepthwiseSeparable(nn.Module):
         out = self.bn2(self.conv_pw(self.bn1(self.conv_dw(x))))
         return out + x if self.has_skip else out
 
-    def chain(self) -> Chain:
-        ops = [ConvOp(self.conv_dw, self.bn1, self.bn1.act, "bn1.act"), ConvOp(self.conv_pw, self.bn2)]
-        return Chain(ops, nn.Identity() if self.has_skip else None)
+    def depth_spec(self) -> BlockSpec:
+        ops = [ConvOp(self.conv_dw, self.bn1, self.bn1.act), ConvOp(self.conv_pw, self.bn2)]
+        return BlockSpec("block", self.has_skip, Chain(ops, nn.Identity() if self.has_skip else None))
 
 
 class InvertedResidual(nn.Module):
@@ -65,10 +64,10 @@ class InvertedResidual(nn.Module):
         out = self.bn3(self.conv_pwl(out))
         return out + x if self.has_skip else out
 
-    def chain(self) -> Chain:
-        ops = [ConvOp(self.conv_pw, self.bn1, self.bn1.act, "bn1.act"),
-               ConvOp(self.conv_dw, self.bn2, self.bn2.act, "bn2.act"), ConvOp(self.conv_pwl, self.bn3)]
-        return Chain(ops, nn.Identity() if self.has_skip else None)
+    def depth_spec(self) -> BlockSpec:
+        ops = [ConvOp(self.conv_pw, self.bn1, self.bn1.act), ConvOp(self.conv_dw, self.bn2, self.bn2.act),
+               ConvOp(self.conv_pwl, self.bn3)]
+        return BlockSpec("block", self.has_skip, Chain(ops, nn.Identity() if self.has_skip else None))
 
 
 class MobileNetV2(DepthMixin, nn.Module):
@@ -132,24 +131,8 @@ class MobileNetV2(DepthMixin, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
-    def depth_unit_specs(self) -> list[DepthUnit]:
-        units = []
-        for s, stage in enumerate(self.blocks):
-            for i, block in enumerate(stage):
-                name = f"blocks.{s}.{i}"
-                if isinstance(block, nn.Identity):
-                    continue
-                if isinstance(block, InvertedResidual):
-                    pairs = (("conv_pw", "bn1", "conv_dw", "bn2"), ("conv_dw", "bn2", "conv_pwl", "bn3"))
-                else:
-                    pairs = (("conv_dw", "bn1", "conv_pw", "bn2"),)
-                for conv_a, bn_a, conv_b, bn_b in pairs:
-                    units.append(DepthUnit(
-                        name=f"{name}.{bn_a}.act", kind="act", stage=s, index=i, removable=True, mergeable=True,
-                        merge=(f"{name}.{conv_a}", f"{name}.{bn_a}", f"{name}.{conv_b}", f"{name}.{bn_b}"),
-                    ))
-                units.append(DepthUnit(name=name, kind="block", stage=s, index=i, removable=block.has_skip))
-        return units
+    def depth_blocks(self) -> list[tuple[str, int, int]]:
+        return [(f"blocks.{s}.{i}", s, i) for s, stage in enumerate(self.blocks) for i in range(len(stage))]
 
 
 def _cfg(**kwargs) -> dict:

@@ -97,9 +97,9 @@ def register_configs(config_dir: str | Path | None = None) -> None:
 
 
 def _is_recurrent(entry: Any) -> bool:
-    """Whether a registered model has a recurrent state (built on the meta device: no weights allocated)."""
+    """Whether a registered model has a recurrent state (its class says so; built on the meta device)."""
     with torch.device("meta"):
-        return hasattr(entry.builder(), "init_state")
+        return bool(getattr(entry.builder(), "recurrent", False))
 
 
 def validate_prune(cfg: Any) -> None:
@@ -132,9 +132,8 @@ def validate_prune(cfg: Any) -> None:
         raise ZooError("finetune.epochs must be >= 0 and finetune.linearise_fraction within [0, 1].")
     if p.threads is not None and p.threads < 1:
         raise ZooError(f"prune.threads={p.threads} must be >= 1 (or null for the latency package's default).")
-    if p.plan and not Path(p.plan).is_file():
-        raise ZooError(f"prune.plan={p.plan} does not exist. Give a JSON plan file such as "
-                       '{"remove": ["blocks.2.1"], "merge": true}.')
+    if p.plan:
+        read_plan_file(p.plan)
     if cfg.checkpoint and not Path(cfg.checkpoint).is_file():
         raise ZooError(f"checkpoint={cfg.checkpoint} does not exist. Give a depthzoo checkpoint (.safetensors) or "
                        "leave checkpoint=null to train the baseline.")
@@ -286,15 +285,26 @@ def load_or_train_baseline(cfg: Any, data: Any, config: dict) -> tuple[nn.Module
     return load(best), best
 
 
-def read_plan(path: str | Path, baseline: nn.Module) -> dict[str, Any]:
-    """A plan from a JSON file, checked against the model before any long work (raises PlanError)."""
+def read_plan_file(path: str | Path) -> dict[str, Any]:
+    """A plan from a JSON file, checked for its form (not yet against a model); raises PlanError."""
     from .errors import PlanError
+    from .surgery import _validate_plan
 
+    example = '{"remove": ["blocks.2.1"], "merge": true}'
     try:
         plan = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise PlanError(f"Cannot read plan file {path}: {exc}. A plan file is JSON such as "
-                        '{"remove": ["blocks.2.1"], "merge": true}.') from exc
+    except OSError as exc:
+        raise PlanError(f"Cannot read plan file {path} ({exc.strerror}). A plan file is JSON such as "
+                        f"{example}.") from None
+    except ValueError as exc:
+        raise PlanError(f"Plan file {path} is not JSON ({exc}). A plan file is JSON such as {example}.") from None
+    _validate_plan(plan)
+    return plan
+
+
+def read_plan(path: str | Path, baseline: nn.Module) -> dict[str, Any]:
+    """A plan from a JSON file, checked against the model before any long work (raises PlanError)."""
+    plan = read_plan_file(path)
     surgery.apply_plan(baseline, plan, inplace=False)
     return {"remove": list(plan.get("remove", [])), "merge": bool(plan.get("merge", True))}
 

@@ -16,7 +16,7 @@ from timm.layers import ClassifierHead, GroupNormAct, StdConv2d, make_divisible
 from torch import nn
 
 from ._registry import register_model
-from .depth import DepthMixin, DepthUnit
+from .depth import BlockSpec, DepthMixin
 
 _conv = partial(StdConv2d, eps=1e-8)
 _norm = partial(GroupNormAct, num_groups=32)
@@ -47,6 +47,10 @@ class PreActBottleneck(nn.Module):
         self.conv2 = _conv(mid_chs, mid_chs, 3, stride=stride)
         self.norm3 = _norm(mid_chs)
         self.conv3 = _conv(mid_chs, out_chs, 1)
+
+    def depth_spec(self) -> BlockSpec:
+        """A residual block with no mergeable activation: GroupNorm normalises by each sample's statistics."""
+        return BlockSpec("block", self.downsample is None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_preact = self.norm1(x)
@@ -117,14 +121,9 @@ class ResNetV2(DepthMixin, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
-    def depth_unit_specs(self) -> list[DepthUnit]:
-        units = []
-        for s, stage in enumerate(self.stages):
-            for i, block in enumerate(stage.blocks):
-                if not isinstance(block, nn.Identity):
-                    units.append(DepthUnit(name=f"stages.{s}.blocks.{i}", kind="block", stage=s, index=i,
-                                           removable=block.downsample is None))
-        return units
+    def depth_blocks(self) -> list[tuple[str, int, int]]:
+        return [(f"stages.{s}.blocks.{i}", s, i) for s, stage in enumerate(self.stages)
+                for i in range(len(stage.blocks))]
 
 
 def _cfg(**kwargs) -> dict:

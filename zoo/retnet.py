@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._registry import register_model
-from .depth import DepthMixin, DepthUnit
+from .depth import BlockSpec, DepthMixin
 from .errors import ZooError
 
 MODES = ("parallel", "recurrent", "chunkwise")
@@ -223,6 +223,9 @@ class RMSNorm(nn.Module):
 class MultiScaleRetention(nn.Module):
     """Residual retention sub-layer: x + out_proj(silu(W_g h) * headnorm(retention(h))), h = rmsnorm(x)."""
 
+    def depth_spec(self) -> BlockSpec:
+        return BlockSpec("retention", removable=True)  # its own residual add: removing it leaves x
+
     def __init__(self, dim: int, heads: int, value_dim: int, decay: str, norm_eps: float, rope_theta: float,
                  use_fla: bool = True):
         super().__init__()
@@ -302,6 +305,9 @@ class MultiScaleRetention(nn.Module):
 class GatedFFN(nn.Module):
     """Residual SwiGLU sub-layer: x + W_down(silu(W_gate h) * W_up h), h = rmsnorm(x)."""
 
+    def depth_spec(self) -> BlockSpec:
+        return BlockSpec("ffn", removable=True)
+
     def __init__(self, dim: int, hidden_dim: int, norm_eps: float):
         super().__init__()
         self.norm = RMSNorm(dim, norm_eps)
@@ -333,6 +339,9 @@ class RetNetBlock(nn.Module):
 
 class RetNet(DepthMixin, nn.Module):
     """Decoder-only RetNet language model: embedding, pre-norm retention/FFN blocks, final norm, LM head."""
+
+    task = "language_model"
+    recurrent = True
 
     def __init__(self, vocab_size: int = 256, dim: int = 256, depth: int = 6, heads: int = 4,
                  ffn_dim: int | None = None, value_factor: float = 2.0, tie_embeddings: bool = False,
@@ -379,13 +388,8 @@ class RetNet(DepthMixin, nn.Module):
         length = (input_size or self.default_cfg["input_size"])[0]
         return torch.zeros(batch_size, length, dtype=torch.long, device=self.embed.weight.device)
 
-    def depth_unit_specs(self) -> list[DepthUnit]:
-        units = []
-        for i, block in enumerate(self.blocks):
-            for kind in ("retention", "ffn"):
-                if not isinstance(getattr(block, kind), nn.Identity):
-                    units.append(DepthUnit(name=f"blocks.{i}.{kind}", kind=kind, stage=0, index=i, removable=True))
-        return units
+    def depth_blocks(self) -> list[tuple[str, int, int]]:
+        return [(f"blocks.{i}.{kind}", 0, i) for i in range(len(self.blocks)) for kind in ("retention", "ffn")]
 
     # -- forward -----------------------------------------------------------------------------------------
 
@@ -537,31 +541,31 @@ def _create(name: str, **kwargs: Any) -> RetNet:
     return RetNet(**{**arch, **kwargs})
 
 
-@register_model("retnet", **_cfg("retnet_tiny"))
+@register_model("retnet", task="language_model", **_cfg("retnet_tiny"))
 def retnet_tiny(**kwargs: Any) -> RetNet:
     return _create("retnet_tiny", **kwargs)
 
 
-@register_model("retnet", **_cfg("retnet_small"))
+@register_model("retnet", task="language_model", **_cfg("retnet_small"))
 def retnet_small(**kwargs: Any) -> RetNet:
     return _create("retnet_small", **kwargs)
 
 
-@register_model("retnet", **_cfg("retnet_base"))
+@register_model("retnet", task="language_model", **_cfg("retnet_base"))
 def retnet_base(**kwargs: Any) -> RetNet:
     return _create("retnet_base", **kwargs)
 
 
-@register_model("retnet", **_cfg("retnet_1_3b"))
+@register_model("retnet", task="language_model", **_cfg("retnet_1_3b"))
 def retnet_1_3b(**kwargs: Any) -> RetNet:
     return _create("retnet_1_3b", **kwargs)
 
 
-@register_model("retnet", **_cfg("retnet_2_7b"))
+@register_model("retnet", task="language_model", **_cfg("retnet_2_7b"))
 def retnet_2_7b(**kwargs: Any) -> RetNet:
     return _create("retnet_2_7b", **kwargs)
 
 
-@register_model("retnet", **_cfg("retnet_6_7b"))
+@register_model("retnet", task="language_model", **_cfg("retnet_6_7b"))
 def retnet_6_7b(**kwargs: Any) -> RetNet:
     return _create("retnet_6_7b", **kwargs)

@@ -84,7 +84,8 @@ def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
 def describe_differences(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> str:
     """``key: old -> new`` for the first keys where two determining configs differ."""
     a, b = flatten(old), flatten(new)
-    keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "<unset>") != b.get(k, "<unset>"))
+    changed = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
+    keys = changed + sorted(a.keys() ^ b.keys())  # values that changed first, then keys only one side has
     parts = [f"{k}: {a.get(k, '<unset>')!r} -> {b.get(k, '<unset>')!r}" for k in keys[:limit]]
     more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
     return "; ".join(parts) + more if parts else "no key differs, but the recorded fingerprint does"

@@ -24,45 +24,34 @@ from __future__ import annotations
 
 import copy
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from .depth import check_removable
+from .depth import BlockSpec, Chain, ConvOp, check_removable
 from .errors import PlanError
 from .fuse import fold_bn_into_conv
 
 
-@dataclass
-class ConvOp:
-    """One conv of a block's chain: the conv, its BatchNorm, the activation after it and modules after that."""
-
-    conv: nn.Conv2d
-    bn: nn.BatchNorm2d | None
-    act: nn.Module | None = None
-    act_unit: str | None = None  # the act's path relative to the block, e.g. "bn1.act"
-    after: list[nn.Module] = field(default_factory=list)  # e.g. blur-pool, SE: non-mergeable barriers
-
-
-@dataclass
-class Chain:
-    """A block seen as ``post_act(chain(x) + shortcut(x))``; shortcut None means no residual."""
-
-    ops: list[ConvOp]
-    shortcut: nn.Module | None
-    post_act: nn.Module | None = None
-
-
 class ChainBlock(nn.Module):
-    """A rebuilt block: ``post_act(layers(x) [+ shortcut(x)])``."""
+    """A rebuilt block: ``post_act(layers(x) [+ shortcut(x)])``.
 
-    def __init__(self, layers: nn.Sequential, shortcut: nn.Module | None, post_act: nn.Module | None):
+    It keeps the original block's removability (an identity shortcut, possibly folded into a merged conv); its
+    remaining activations are no longer depth units.
+    """
+
+    def __init__(self, layers: nn.Sequential, shortcut: nn.Module | None, post_act: nn.Module | None,
+                 removable: bool = False):
         super().__init__()
         self.layers = layers
         self.shortcut = shortcut
         self.post_act = post_act
+        self.removable = removable
+
+    def depth_spec(self) -> BlockSpec:
+        return BlockSpec("block", self.removable)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.layers(x)
@@ -211,7 +200,7 @@ def merge_chain_block(block: ChainBlock) -> ChainBlock:
     if len(layers) == 1 and _can_fold_identity(layers[0], shortcut):
         _fold_identity(layers[0])
         shortcut = None
-    return ChainBlock(nn.Sequential(*layers), shortcut, block.post_act)
+    return ChainBlock(nn.Sequential(*layers), shortcut, block.post_act, block.removable)
 
 
 def rebuild_block(block: nn.Module, removed_acts: set[str], merge: bool = True, blend: bool = False) -> ChainBlock:
@@ -221,13 +210,17 @@ def rebuild_block(block: nn.Module, removed_acts: set[str], merge: bool = True, 
     ``blend=True`` the removed activations stay inside it as :class:`LinearisingAct` (alpha 0) so that
     fine-tuning can fade them out before :func:`merge_chain_block` merges the run.
     """
-    chain: Chain = block.chain()
+    spec = block.depth_spec()
+    chain = spec.chain
+    if chain is None:
+        raise PlanError(f"{type(block).__name__} declares no conv chain, so it has no activation to remove.")
+    names = {id(m): name for name, m in block.named_modules()}
     runs: list[tuple[list[nn.Conv2d], list[nn.Module]]] = [([], [])]
     tails: list[list[nn.Module]] = []
     for op in chain.ops:
         convs, blends = runs[-1]
         convs.append(_fused(op))
-        removed = op.act_unit in removed_acts
+        removed = op.act is not None and names.get(id(op.act)) in removed_acts
         act = None if removed else op.act
         if act is not None or op.after:
             tails.append([m for m in (act, *op.after) if m is not None])
@@ -244,7 +237,7 @@ def rebuild_block(block: nn.Module, removed_acts: set[str], merge: bool = True, 
     for (convs, blends), tail in zip(runs, tails):
         layers.append(convs[0] if len(convs) == 1 else LinearRun(convs, blends[: len(convs) - 1]))
         layers.extend(tail)
-    rebuilt = ChainBlock(nn.Sequential(*layers), chain.shortcut, chain.post_act)
+    rebuilt = ChainBlock(nn.Sequential(*layers), chain.shortcut, chain.post_act, spec.removable)
     return merge_chain_block(rebuilt) if merge else rebuilt
 
 

@@ -18,17 +18,16 @@ from timm.layers import BlurPool2d, ClassifierHead, ConvNormAct, SEModule, Space
 from torch import nn
 
 from ._registry import register_model
-from .depth import DepthMixin, DepthUnit
-from .surgery import Chain, ConvOp
+from .depth import BlockSpec, Chain, ConvOp, DepthMixin
 
 _leaky = partial(nn.LeakyReLU, negative_slope=1e-3)
 
 
-def _op(layer: ConvNormAct, name: str, *after: nn.Module | None) -> ConvOp:
-    """A ConvNormAct as a chain op: its act (if any) is the unit ``<name>.bn.act``; blur-pool/SE follow it."""
+def _op(layer: ConvNormAct, *after: nn.Module | None) -> ConvOp:
+    """A ConvNormAct as a chain op: conv, BatchNorm, its act (if any), then blur-pool/SE, which stop a merge."""
     act = layer.bn.act if not isinstance(layer.bn.act, nn.Identity) else None
     extra = [m for m in (layer.aa, *after) if m is not None and not isinstance(m, nn.Identity)]
-    return ConvOp(layer.conv, layer.bn, act, f"{name}.bn.act" if act is not None else None, extra)
+    return ConvOp(layer.conv, layer.bn, act, extra)
 
 
 class BasicBlock(nn.Module):
@@ -50,13 +49,10 @@ class BasicBlock(nn.Module):
             out = self.se(out)
         return self.act(out + shortcut)
 
-    def mergeable_acts(self) -> list[tuple[str, str, str]]:
-        """(act conv, next conv) pairs with only the activation between their BatchNorm-folded convs."""
-        return [("conv1", "conv2")] if isinstance(self.conv1.aa, nn.Identity) else []
-
-    def chain(self) -> Chain:
-        ops = [_op(self.conv1, "conv1"), _op(self.conv2, "conv2", self.se)]
-        return Chain(ops, self.downsample if self.downsample is not None else nn.Identity(), self.act)
+    def depth_spec(self) -> BlockSpec:
+        ops = [_op(self.conv1), _op(self.conv2, self.se)]
+        shortcut = self.downsample if self.downsample is not None else nn.Identity()
+        return BlockSpec("block", self.downsample is None, Chain(ops, shortcut, self.act))
 
 
 class Bottleneck(nn.Module):
@@ -80,15 +76,10 @@ class Bottleneck(nn.Module):
         out = self.conv3(out)
         return self.act(out + shortcut)
 
-    def mergeable_acts(self) -> list[tuple[str, str]]:
-        pairs = [("conv1", "conv2")]
-        if self.se is None and isinstance(self.conv2.aa, nn.Identity):
-            pairs.append(("conv2", "conv3"))
-        return pairs
-
-    def chain(self) -> Chain:
-        ops = [_op(self.conv1, "conv1"), _op(self.conv2, "conv2", self.se), _op(self.conv3, "conv3")]
-        return Chain(ops, self.downsample if self.downsample is not None else nn.Identity(), self.act)
+    def depth_spec(self) -> BlockSpec:
+        ops = [_op(self.conv1), _op(self.conv2, self.se), _op(self.conv3)]
+        shortcut = self.downsample if self.downsample is not None else nn.Identity()
+        return BlockSpec("block", self.downsample is None, Chain(ops, shortcut, self.act))
 
 
 class TResNet(DepthMixin, nn.Module):
@@ -150,20 +141,9 @@ class TResNet(DepthMixin, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
-    def depth_unit_specs(self) -> list[DepthUnit]:
-        units = []
-        for s in range(4):
-            for i, block in enumerate(self.body.get_submodule(f"layer{s + 1}")):
-                if isinstance(block, nn.Identity):
-                    continue
-                name = f"body.layer{s + 1}.{i}"
-                for a, b in block.mergeable_acts():
-                    units.append(DepthUnit(
-                        name=f"{name}.{a}.bn.act", kind="act", stage=s, index=i, removable=True, mergeable=True,
-                        merge=(f"{name}.{a}.conv", f"{name}.{a}.bn", f"{name}.{b}.conv", f"{name}.{b}.bn"),
-                    ))
-                units.append(DepthUnit(name=name, kind="block", stage=s, index=i, removable=block.downsample is None))
-        return units
+    def depth_blocks(self) -> list[tuple[str, int, int]]:
+        return [(f"body.layer{s + 1}.{i}", s, i) for s in range(4)
+                for i in range(len(self.body.get_submodule(f"layer{s + 1}")))]
 
 
 def _cfg(**kwargs) -> dict:

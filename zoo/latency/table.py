@@ -245,10 +245,11 @@ def normalise_input_size(model: nn.Module, input_size: int | Sequence[int] | Non
     if isinstance(input_size, bool) or not values or min(values) < 1 or len(values) > len(default):
         raise ZooError(f"input_size={input_size!r} does not fit {getattr(model, 'zoo_name', 'this model')} "
                        f"(default {list(default)}); give {allowed}.")
+    image = getattr(model, "task", "classification") != "language_model"
     if isinstance(input_size, int):
-        return (default[0], input_size, input_size) if len(default) == 3 else (*default[:-1], input_size)
+        return (default[0], input_size, input_size) if image else (input_size,)
     size = tuple(values)
-    return (default[0], *size) if len(default) == 3 and len(size) == 2 else size
+    return (default[0], *size) if image and len(size) == 2 else size
 
 
 def measured_form(module: nn.Module, settings: TableSettings) -> nn.Module:

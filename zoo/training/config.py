@@ -176,6 +176,28 @@ def check_optimizer(opt: str, sched: str) -> None:
     _choice(sched, SCHEDULERS, "optim.sched")
 
 
+def check_data_sources(data_cfg: Any) -> None:
+    """The files a data set reads exist (image folders, text files) before any work; raises ConfigError."""
+    import glob
+
+    if data_cfg.name == "imagefolder":
+        if not data_cfg.root:
+            raise ConfigError("data.root is not set: data=imagefolder needs data.root=<folder> holding train/ and "
+                              "val/, each with one sub-folder of images per class.")
+        missing = [str(Path(data_cfg.root) / split) for split in ("train", "val")
+                   if not (Path(data_cfg.root) / split).is_dir()]
+        if missing:
+            raise ConfigError(f"data.root={data_cfg.root} lacks {' and '.join(missing)}: data=imagefolder needs "
+                              "train/ and val/ folders, each with one sub-folder of images per class.")
+    if data_cfg.name == "text":
+        if not data_cfg.files:
+            raise ConfigError("data.files is not set: data=text needs data.files='[notes.txt,docs/*.md]' "
+                              "(paths or globs).")
+        for pattern in data_cfg.files:
+            if not glob.glob(str(Path(pattern).expanduser()), recursive=True):
+                raise ConfigError(f"data.files entry {pattern!r} matches no file.")
+
+
 def check_model(model_cfg: Any) -> None:
     """``model.overrides`` must be options of the model (built on the meta device: no memory, no weights) and a
     local ``model.pretrained`` file must exist, before any work."""
@@ -262,11 +284,7 @@ def validate(cfg: Any, schema: type | None = None) -> None:
     if schema is not None or hasattr(cfg, "_get_node"):
         check_keys(cfg, schema or TrainConfig)
     _choice(cfg.data.name, IMAGE_DATASETS + TEXT_DATASETS, "data.name")
-    if cfg.data.name == "imagefolder" and not cfg.data.root:
-        raise ConfigError("data.root is not set: data=imagefolder needs data.root=<folder> holding train/ and val/, "
-                          "each with one sub-folder of images per class.")
-    if cfg.data.name == "text" and not cfg.data.files:
-        raise ConfigError("data.files is not set: data=text needs data.files='[notes.txt,docs/*.md]' (paths or globs).")
+    check_data_sources(cfg.data)
     _choice(cfg.trainer.precision, PRECISIONS, "trainer.precision")
     _choice(cfg.trainer.device, DEVICES, "trainer.device")
     _choice(cfg.logger.name, ("wandb", "none"), "logger.name")
@@ -289,7 +307,7 @@ def validate(cfg: Any, schema: type | None = None) -> None:
             raise ConfigError("Mixup/CutMix needs an even data.batch_size (timm mixes a batch with its flip).")
     entry = zoo.get_entry(cfg.model.name)
     check_model(cfg.model)
-    model_is_lm = len(entry.default_cfg.get("input_size", (3, 0, 0))) == 1
+    model_is_lm = entry.task == "language_model"
     data_is_lm = task_of(cfg.data.name) == "lm"
     if model_is_lm != data_is_lm:
         kind = "a language model" if model_is_lm else "an image classifier"

@@ -1,0 +1,105 @@
+"""Shared test helpers: run the entry points (in a subprocess, or in this process for fast error paths), and
+snapshot a directory to prove that a refused command left it exactly as it was."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import io
+import logging
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST_LUT = ["++prune.lut={warmup_s: 0.2, entry_warmup_s: 0.01, min_rounds: 3, max_rounds: 6}",
+            "++prune.measure={warmup_s: 0.2, net_warmup_s: 0.02, min_rounds: 3, max_rounds: 6}"]
+TINY_TRAIN = ["model=mobilenetv2_035", "data.image_size=16", "data.batch_size=32", "trainer.max_epochs=1",
+              "trainer.limit_train_batches=4", "trainer.progress=false", "optim.warmup_epochs=0"]
+TINY_PRUNE = [*TINY_TRAIN, "prune.batch_size=2", "prune.calib_batches=1", "finetune.epochs=1",
+              "finetune.linearise_fraction=0.5", *FAST_LUT]
+
+
+def env_for(base: Path) -> dict[str, str]:
+    """The environment of a test subprocess: offline W&B under `base`, one thread, no inherited launch id."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEPTHZOO_") or k == "DEPTHZOO_CACHE"}
+    env.update(WANDB_DIR=str(base), WANDB_MODE="offline", WANDB_SILENT="true", PYTHONUNBUFFERED="1",
+               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def entry_cmd(script: str, *overrides: str, base: Path, run_dir: Path | None = None) -> list[str]:
+    """``python <script>.py`` with outputs and caches under `base` (and the run directory, if given)."""
+    cmd = [sys.executable, str(ROOT / f"{script}.py"), *overrides, f"paths.log_dir={base / 'outputs'}"]
+    if script == "prune":
+        cmd.append(f"prune.cache_dir={base / 'cache'}")
+    if run_dir is not None:
+        cmd.append(f"hydra.run.dir={run_dir}")
+    return cmd
+
+
+def run_entry(script: str, *overrides: str, base: Path, run_dir: Path | None = None,
+              timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``train.py``/``prune.py`` in a subprocess and wait for it."""
+    return subprocess.run(entry_cmd(script, *overrides, base=base, run_dir=run_dir), capture_output=True, text=True,
+                          timeout=timeout, env=env_for(base), cwd=base)
+
+
+@dataclass
+class Outcome:
+    code: int
+    output: str
+
+
+def _entry_module(script: str):
+    name = f"_depthzoo_entry_{script}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / f"{script}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+def run_in_process(script: str, *args: str) -> Outcome:
+    """Run an entry point's ``__main__`` path (:func:`zoo.entry.guard` around its Hydra main) in this process.
+
+    The same code as the command line, without the interpreter start-up; for error paths that stop early.
+    Returns the exit status and everything printed or logged.
+    """
+    from zoo.entry import guard
+
+    module = _entry_module(script)
+    schema = module.PruneConfig if script == "prune" else module.TrainConfig
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    argv, sys.argv = sys.argv, [f"{script}.py", *args]
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            root = logging.getLogger()
+            root.addHandler(handler)
+            try:
+                guard(module.main, schema)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            finally:
+                root.removeHandler(handler)
+    finally:
+        sys.argv = argv
+    return Outcome(code, out.getvalue())
+
+
+def snapshot(directory: Path) -> dict[str, str]:
+    """Every file under `directory` (hidden ones included) with a hash of its bytes; folders as entries too."""
+    if not directory.exists():
+        return {}
+    state = {}
+    for path in sorted(directory.rglob("*")):
+        rel = str(path.relative_to(directory))
+        state[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return state

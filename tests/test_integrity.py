@@ -1,0 +1,292 @@
+"""Study integrity: run identity and directory reuse, unique run directories, loud failures, one way to prune,
+caches that cannot lie, verdicts that are computed."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import zoo
+from zoo import runs
+from zoo.entry import job_dir_name
+from zoo.errors import CorruptFileError, RunConflictError
+from zoo.files import read_sealed_json, write_sealed_json
+
+from .helpers import ROOT, TINY_TRAIN, entry_cmd, env_for, snapshot
+
+CONFIG = {"model": {"name": "mobilenetv2_035"}, "trainer": {"seed": 1, "progress": True, "resume": None},
+          "paths": {"output_dir": "/a"}, "logger": {"mode": "offline"}}
+
+
+# ------------------------------------------------------------------------------------------- run identity
+def test_fingerprint_ignores_outputs_and_logging_but_not_what_determines_results():
+    moved = {**CONFIG, "paths": {"output_dir": "/b"}, "logger": {"mode": "disabled"},
+             "trainer": {**CONFIG["trainer"], "progress": False, "resume": "auto"}}
+    assert runs.fingerprint(moved) == runs.fingerprint(CONFIG)
+    reseeded = {**CONFIG, "trainer": {**CONFIG["trainer"], "seed": 2}}
+    assert runs.fingerprint(reseeded) != runs.fingerprint(CONFIG)
+    assert runs.describe_differences(runs.determining(CONFIG), runs.determining(reseeded)).startswith(
+        "trainer.seed: 1 -> 2")
+
+
+def test_a_directory_is_reused_only_by_the_same_config(tmp_path):
+    kwargs = {"outputs": ("results.json", "checkpoints"), "finished": "results.json", "new_only": False,
+              "force_hint": "force=true", "dir_hint": "a new dir"}
+    assert runs.check_reuse(tmp_path, "prune", CONFIG, **kwargs) == "fresh"
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(RunConflictError, match="no recorded config"):  # results of an unknown run
+        runs.check_reuse(tmp_path, "prune", CONFIG, **kwargs)
+    runs.write_record(tmp_path, "prune", CONFIG)
+    assert runs.check_reuse(tmp_path, "prune", CONFIG, **kwargs) == "resume"
+    write_sealed_json(tmp_path / "results.json", {"fingerprint": runs.fingerprint(CONFIG)})
+    assert runs.check_reuse(tmp_path, "prune", CONFIG, **kwargs) == "finished"
+    (tmp_path / "results.json").write_text((tmp_path / "results.json").read_text().replace("}", ', "x": 1}'))
+    assert runs.check_reuse(tmp_path, "prune", CONFIG, **kwargs) == "resume"  # damaged results: not finished
+    other = {**CONFIG, "trainer": {**CONFIG["trainer"], "seed": 3}}
+    with pytest.raises(RunConflictError, match=r"another config \(trainer.seed: 1 -> 3\).*force=true"):
+        runs.check_reuse(tmp_path, "prune", other, **kwargs)
+    with pytest.raises(RunConflictError, match="it is a prune run, this is a train run"):
+        runs.check_reuse(tmp_path, "train", CONFIG, **kwargs)
+    with pytest.raises(RunConflictError, match="already holds a prune run of this config"):
+        runs.check_reuse(tmp_path, "prune", CONFIG, **{**kwargs, "new_only": True, "finished": None})
+    (tmp_path / "run.json").write_text("{}")
+    with pytest.raises(RunConflictError, match="damaged run record"):
+        runs.check_reuse(tmp_path, "prune", CONFIG, **kwargs)
+
+
+def test_refused_claim_changes_nothing_and_force_discards(tmp_path):
+    runs.write_record(tmp_path, "train", CONFIG)
+    (tmp_path / "results.json").write_text("{}")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.safetensors").write_bytes(b"x")
+    before = snapshot(tmp_path)
+    other = {**CONFIG, "model": {"name": "tresnet_m"}}
+    with pytest.raises(RunConflictError):
+        runs.claim(tmp_path, "train", other, outputs=("results.json", "checkpoints"))
+    assert snapshot(tmp_path) == before
+    taken = runs.claim(tmp_path, "train", other, outputs=("results.json", "checkpoints"), force=True)
+    taken.release()
+    assert not (tmp_path / "results.json").exists() and not (tmp_path / "checkpoints").exists()
+    assert runs.read_record(tmp_path)["config"]["model"]["name"] == "tresnet_m"
+
+
+def test_two_processes_cannot_work_in_one_directory(tmp_path):
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from zoo import runs; "
+            f"c = runs.claim({str(tmp_path)!r}, 'train', {{'a': 1}}, outputs=('results.json',)); "
+            "print('claimed', flush=True); time.sleep(30)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "claimed"
+        with pytest.raises(RunConflictError, match="Another process is running in"):
+            runs.claim(tmp_path, "train", {"a": 1}, outputs=("results.json",))
+    finally:
+        holder.kill()
+        holder.wait()
+    runs.claim(tmp_path, "train", {"a": 1}, outputs=("results.json",)).release()  # free once the holder is gone
+
+
+def test_job_directories_are_named_after_their_determining_overrides():
+    a = job_dir_name(["prune.target_speedup=1.5", "prune.search=dp", "logger=none", "paths.log_dir=/x"])
+    assert a == "prune.search=dp,prune.target_speedup=1.5"  # sorted; output and logging keys left out
+    assert job_dir_name(["prune.target_speedup=1.5", "prune.search=dp"]) == a
+    assert job_dir_name(["prune.search=dp", "prune.target_speedup=2.0"]) != a
+    odd = job_dir_name(["data.files=[a/b.txt]", "++prune.lut={warmup_s: 0.2}"])
+    assert "/" not in odd and " " not in odd and "~" in odd
+    assert odd != job_dir_name(["data.files=[a_b.txt]", "++prune.lut={warmup_s: 0.2}"])
+    assert len(job_dir_name([f"+model.overrides.k{i}={i}" for i in range(40)])) <= 100
+
+
+@pytest.mark.slow
+def test_parallel_launches_in_one_second_get_their_own_directories(tmp_path):
+    cmd = entry_cmd("train", *TINY_TRAIN, "trainer.limit_train_batches=1", "trainer.limit_val_batches=1",
+                    "logger=none", base=tmp_path)
+    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env=env_for(tmp_path), cwd=tmp_path) for _ in range(4)]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, errors
+    run_dirs = list((tmp_path / "outputs" / "train" / "runs").iterdir())
+    assert len(run_dirs) == 4 and all((d / "results.json").is_file() for d in run_dirs)
+
+
+# ------------------------------------------------------------------------------------------ loud failures
+@pytest.mark.slow
+def test_a_multirun_with_a_failing_job_runs_every_job_then_exits_1(tmp_path):
+    sweep = tmp_path / "sweep"
+    cmd = [*entry_cmd("train", "-m", *TINY_TRAIN, "logger=none", "data.batch_size=5000,32", base=tmp_path),
+           f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env_for(tmp_path), cwd=tmp_path, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    good, bad = sweep / "data.batch_size=32", sweep / "data.batch_size=5000"
+    assert (good / "results.json").is_file(), output[-3000:]  # the job after the failing one ran
+    failed = json.loads((bad / "failed.json").read_text())
+    assert failed["error"] == "DataError" and "fewer than one batch" in failed["message"]
+    assert "data.batch_size=5000" in failed["overrides"] and failed["traceback"] is None  # a user error
+    assert "1 of 2 job(s) failed" in output and "data.batch_size=5000" in output
+
+
+# ------------------------------------------------------------------------------------- one way to prune
+FAMILIES = {"mobilenetv2_035": (3, 32, 32), "tresnet_m": (3, 32, 32), "resnetv2_50x1_bit": (3, 32, 32),
+            "retnet_tiny": (12,)}
+
+
+def _random_plan(model: torch.nn.Module, rng: random.Random) -> list[str]:
+    units = [u for u in model.depth_unit_specs() if u.removable]
+    chosen = rng.sample(units, k=max(1, len(units) // 3))
+    blocks = {u.name for u in chosen if u.kind != "act"}
+    return [u.name for u in chosen if not any(u.name.startswith(b + ".") for b in blocks)]
+
+
+def _input(name: str) -> torch.Tensor:
+    size = FAMILIES[name]
+    return torch.randint(0, 256, (2, *size)) if len(size) == 1 else torch.randn(2, *size)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("way", ["remove_units", "merged", "linearised", "blended", "two_plans", "fused"])
+def test_every_way_to_prune_saves_and_loads_bit_identically(name, way, tmp_path):
+    from .test_zoo import randomise_norm_stats
+
+    rng = random.Random(f"{name}-{way}")
+    torch.manual_seed(0)
+    model = randomise_norm_stats(zoo.create_model(name, num_classes=7) if name != "retnet_tiny"
+                                 else zoo.create_model(name)).eval()
+    remove = _random_plan(model, rng)
+    if way == "remove_units":
+        pruned = zoo.remove_units(model, remove)
+    elif way == "blended":
+        pruned = zoo.apply_plan(model, {"remove": remove, "merge": False}, inplace=False, blend=True)
+        zoo.surgery.set_linearisation(pruned, 0.37)
+    elif way == "two_plans":  # a pruned model pruned again records both plans
+        once = zoo.apply_plan(model, {"remove": remove}, inplace=False)
+        second = _random_plan(once, rng)
+        pruned = zoo.apply_plan(once, {"remove": second})
+        remove = remove + second
+    else:
+        pruned = zoo.apply_plan(model, {"remove": remove, "merge": way != "linearised"}, inplace=False)
+        if way == "fused":
+            pruned = zoo.fuse(pruned)
+    pruned.eval()
+    assert pruned.zoo_plan["remove"] == remove
+    loaded = zoo.load(zoo.save_checkpoint(pruned, tmp_path / "pruned.safetensors")).eval()
+    x = _input(name)
+    with torch.no_grad():
+        assert torch.equal(pruned(x), loaded(x))
+
+
+def test_no_import_cycle_between_depth_and_surgery():
+    import ast
+
+    def imported(module: str) -> set[str]:
+        tree = ast.parse((Path(zoo.__file__).parent / f"{module}.py").read_text())
+        return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+
+    assert "depth" in imported("surgery")
+    assert not {"surgery", "zoo.surgery"} & imported("depth")
+
+
+# --------------------------------------------------------------------------------- caches that cannot lie
+def test_sealed_json_detects_truncation_edits_and_foreign_files(tmp_path):
+    path = write_sealed_json(tmp_path / "x.json", {"a": [1, 2], "b": "c"})
+    assert read_sealed_json(path) == {"a": [1, 2], "b": "c"}
+    text = path.read_text()
+    for damaged in (text[: len(text) // 2], text.replace('"c"', '"d"'), json.dumps({"a": [1, 2]})):
+        path.write_text(damaged)
+        with pytest.raises(CorruptFileError):
+            read_sealed_json(path)
+
+
+def test_latency_cache_that_is_damaged_is_reported_once_and_rebuilt(tmp_path):
+    from zoo.latency import LatencyCache, LatencyCacheWarning, TableSettings, build_table
+
+    settings = TableSettings(warmup_s=0.05, entry_warmup_s=0.0, min_rounds=2, max_rounds=2)
+    kwargs = dict(input_size=16, device="cpu", cache_dir=str(tmp_path), settings=settings)
+    first = build_table("mobilenetv2_035", **kwargs)
+    path = LatencyCache(first.condition, tmp_path).path
+    key = next(iter(first.records))
+    good = json.loads(path.read_text())
+    tampered = json.loads(path.read_text())
+    tampered["entries"][key]["p10_ms"] = 1e-6  # plausible, but not what was measured
+    foreign = {**good, "key": {**good["key"], "batch_size": 99}}
+    for damaged in (path.read_text()[:200], json.dumps(tampered), json.dumps(foreign)):
+        path.write_text(damaged)
+        with pytest.warns(LatencyCacheWarning) as caught:
+            again = build_table("mobilenetv2_035", **kwargs)
+        assert len([w for w in caught if w.category is LatencyCacheWarning]) == 1
+        assert again.n_measured == first.n_entries and again.records[key]["p10_ms"] > 1e-6
+        assert LatencyCache(first.condition, tmp_path).load()  # rewritten intact
+
+
+def test_importance_cache_that_covers_other_segments_is_recomputed(tmp_path, caplog):
+    from zoo.importance import cached_scores
+    from zoo.surgery import segments
+
+    segs = segments(zoo.create_model("mobilenetv2_035"))
+    scores = [{v: float(len(v)) for v in seg.variants()} for seg in segs]
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return scores
+
+    key = {"weights": "abc", "score": "loss"}
+    assert cached_scores(tmp_path, key, segs, compute) == (scores, False)
+    assert cached_scores(tmp_path, key, segs, compute) == (scores, True) and len(calls) == 1
+    (path,) = tmp_path.glob("importance-*.json")
+    payload = read_sealed_json(path)
+    write_sealed_json(path, {**payload, "scores": payload["scores"][:2]})  # valid JSON, 2 of 17 segments
+    assert cached_scores(tmp_path, key, segs, compute) == (scores, False) and len(calls) == 2
+    assert "holds 2 segments, the model has 17" in caplog.text
+    path.write_text(path.read_text().replace("1.0", "0.5", 1))  # edited: the checksum no longer matches
+    assert cached_scores(tmp_path, key, segs, compute)[1] is False and len(calls) == 3
+
+
+def test_build_table_waits_for_the_device_lock(tmp_path):
+    from zoo.latency.cache import device_lock
+
+    env = {**env_for(tmp_path), "DEPTHZOO_CACHE": str(tmp_path / "root")}
+    cmd = [sys.executable, "-m", "zoo.latency", "model=mobilenetv2_035", "input_size=16", "device=cpu",
+           "warmup_s=0", "min_rounds=1", "max_rounds=1", f"cache_dir={tmp_path / 'tables'}"]
+    import os
+
+    previous = os.environ.get("DEPTHZOO_CACHE")
+    os.environ["DEPTHZOO_CACHE"] = env["DEPTHZOO_CACHE"]
+    try:
+        with device_lock(torch.device("cpu")):
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                    cwd=ROOT)
+            time.sleep(12)
+            assert proc.poll() is None, proc.communicate()[0][-2000:]  # still waiting for the lock we hold
+            assert not list((tmp_path / "tables").glob("*.json"))
+        output = proc.communicate(timeout=240)[0]
+    finally:
+        os.environ.pop("DEPTHZOO_CACHE") if previous is None else os.environ.update(DEPTHZOO_CACHE=previous)
+    assert proc.returncode == 0, output[-2000:]
+    assert "another process is timing on this device" in output
+
+
+# ------------------------------------------------------------------------------------------------ verdicts
+def test_gpu_check_verdicts_are_computed_from_the_recorded_numbers():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from benchmarks.gpu_check import exit_code, judge
+
+    report = judge(json.loads((ROOT / "docs" / "results" / "gpu_check_h200.json").read_text()))
+    statuses = {name: step["status"] for name, step in report["steps"].items()}
+    assert statuses == {"measurement": "passed", "lut": "failed", "prune_search": "passed",
+                        "retnet_decode": "passed", "fla": "passed"}
+    failing = [check for check, ok in report["steps"]["lut"]["verdicts"].items() if ok is False]
+    assert len(failing) == 3 and all("b1" in c or "isolated" in c for c in failing)
+    assert exit_code(report) == 1
+    partial = judge({"steps": {"lut": {"a": {"max_abs_error_raw": 0.01}, "b": {"skipped": "time budget"}},
+                               "fla": {"skipped": "not installed"}}})
+    assert partial["steps"]["lut"]["status"] == "incomplete" and partial["steps"]["fla"]["status"] == "skipped"
+    assert exit_code(partial) == 3
+    docs = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert "All five steps passed" not in docs and "lut: failed" in docs
