@@ -124,7 +124,8 @@ def test_a_multirun_with_a_failing_job_runs_every_job_then_exits_1(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env_for(tmp_path), cwd=tmp_path, timeout=300)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output[-3000:]
-    good, bad = sweep / "data.batch_size=32", sweep / "data.batch_size=5000"
+    (good,) = [d for d in sweep.iterdir() if d.name.startswith("data.batch_size=32,")]
+    (bad,) = [d for d in sweep.iterdir() if d.name.startswith("data.batch_size=5000,")]
     assert (good / "results.json").is_file(), output[-3000:]  # the job after the failing one ran
     failed = json.loads((bad / "failed.json").read_text())
     assert failed["error"] == "DataError" and "fewer than one batch" in failed["message"]

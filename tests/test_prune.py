@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import zoo
+from zoo.runs import read_record
 
 from .wandb_reader import find_run_files, read_run
 
@@ -59,6 +60,10 @@ def test_prune_py_digits_end_to_end(digits_prune):
     assert results["lut"]["entries"] > 0 and results["lut"]["measured_now"] > 0
     assert set(results["timings_s"]) >= {"baseline", "latency_table", "importance", "search", "finetune", "measure"}
     assert "measured speed-up" in proc.stdout
+    written_last = (base / "run" / "results.json").stat().st_mtime_ns  # the results file is the last one written
+    assert all(p.stat().st_mtime_ns <= written_last for p in (base / "run").rglob("*")
+               if p.is_file() and p.parent.name != "logs")  # (W&B's service appends its debug logs on its own)
+    assert results["fingerprint"] == read_record(base / "run")["fingerprint"]
     pruned = zoo.load(results["checkpoint"]).eval()  # rebuilt from the plan in the checkpoint
     assert pruned.zoo_plan["remove"] == results["plan"]["remove"]
     assert sum(p.numel() for p in pruned.parameters()) == results["pruned"]["params"]

@@ -79,6 +79,23 @@ def test_rerun_skips_finished_jobs(sweep):
     assert (proc.stdout + proc.stderr).count("already finished") == 4
 
 
+@pytest.mark.slow
+def test_rerun_with_more_values_runs_exactly_the_new_jobs(sweep, tmp_path):
+    """Job directories are named after their overrides: a longer override list reuses the jobs it repeats."""
+    base, _ = sweep
+    copy = tmp_path / "sweep"
+    shutil.copytree((base / "sweep").resolve(), copy, symlinks=True)
+    before = {p.parent.name: p.read_bytes() for p in copy.glob("*/results.json")}
+    proc = run_sweep(base, "prune.target_speedup=1.25,1.5,2.0", "prune.search=dp,greedy", "logger=none",
+                     f"hydra.sweep.dir={copy}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    after = {p.parent.name: p.read_bytes() for p in copy.glob("*/results.json")}
+    assert len(after) == 6 and {k: after[k] for k in before} == before  # the four old jobs untouched
+    assert (proc.stdout + proc.stderr).count("already finished") == 4
+    targets = {json.loads(v)["target_speedup"] for k, v in after.items() if k not in before}
+    assert targets == {2.0}
+
+
 def test_report_lists_failed_and_missing_jobs_and_refuses_mixed_devices(sweep, tmp_path):
     base, _ = sweep
     copy = tmp_path / "sweep"
