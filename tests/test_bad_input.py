@@ -137,7 +137,7 @@ FRESH_TRAIN_CASES = [  # errors that need the data or the weights read: the run 
     (["model.pretrained={truncated}"], "Cannot read weight file {base}/truncated.safetensors"),
     (["model.pretrained={evil}"], "{base}/evil.pth is refused for safety"),
     (["model=mobilenetv2_035", "model.pretrained=timm/mobilenetv2_035.no_such_tag"],
-     "Hub id 'timm/mobilenetv2_035.no_such_tag' is not in the local Hugging Face cache"),
+     "Hub id 'timm/mobilenetv2_035.no_such_tag' is not in the local Hugging Face cache and HF_HUB_OFFLINE=1"),
 ]
 
 
@@ -288,6 +288,27 @@ def test_zoo_report_that_cannot_be_made_writes_nothing(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "No finished job" in capsys.readouterr().err
     assert not list(tmp_path.glob("report.*")) and not (tmp_path / "pareto.png").exists()
+
+
+def test_hub_id_that_is_not_cached_fails_at_once_without_offline_mode(tmp_path):
+    """Without HF_HUB_OFFLINE a typo'd hub id must not spend a minute in download retries: it fails at once with the
+    download command (no network here), or says the repo does not exist (where the Hub is reachable)."""
+    import subprocess
+    import sys
+    import time
+
+    from .helpers import env_for
+
+    env = {k: v for k, v in env_for(tmp_path).items() if k != "HF_HUB_OFFLINE"}
+    env["HF_HOME"] = str(tmp_path / "hf")
+    code = ("import zoo\ntry:\n    zoo.create_model('mobilenetv2_035', pretrained='timm/mobilenetv2_035.no_such_tag')\n"
+            "except zoo.WeightsError as exc:\n    print(exc)")
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    elapsed = time.perf_counter() - start
+    assert ("the Hub cannot be reached from here" in proc.stdout and "hf download" in proc.stdout) or \
+        "does not exist on the Hugging Face Hub" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert elapsed < 25, f"took {elapsed:.0f} s"
 
 
 # ------------------------------------------------------------------------------------------ the Python API

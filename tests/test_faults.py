@@ -25,9 +25,8 @@ from .helpers import FAST_LUT, entry_cmd, env_for, run_entry, snapshot
 TRAIN_ARGS = ["model=mobilenetv2_035", "data.image_size=16", "data.batch_size=32", "trainer.max_epochs=3",
               "trainer.limit_train_batches=10", "trainer.progress=false", "optim.warmup_epochs=0", "logger=none",
               "trainer.resume=auto"]
-PRUNE_ARGS = [*TRAIN_ARGS[:-1], "trainer.max_epochs=2", "prune.batch_size=2", "prune.calib_batches=2",
-              "finetune.epochs=2", *FAST_LUT]
-PRUNE_ARGS.remove("trainer.max_epochs=3")
+PRUNE_ARGS = [*(a for a in TRAIN_ARGS[:-1] if not a.startswith("trainer.max_epochs=")), "trainer.max_epochs=3",
+              "prune.batch_size=2", "prune.calib_batches=2", "finetune.epochs=2", *FAST_LUT]
 PHASES = ("baseline", "latency_table", "importance", "finetune")
 
 
@@ -42,9 +41,10 @@ def assert_same_weights(a: Path, b: Path) -> None:
     assert not different, f"{len(different)} tensors differ, first {different[:3]}"
 
 
-def kill_when(cmd: list[str], base: Path, *, after_line: str | None, delay: float, sig: int = signal.SIGKILL
-              ) -> tuple[int, str]:
-    """Start `cmd`; once a line containing `after_line` appears (at once if None), wait `delay` s and send `sig`."""
+def kill_when(cmd: list[str], base: Path, *, after_line: str | None = None, after_file: str | None = None,
+              delay: float, sig: int = signal.SIGKILL) -> tuple[int, str]:
+    """Start `cmd`; once a line containing `after_line` appears, or a file matching the glob `after_file` under
+    `base` exists (at once if neither), wait `delay` s and send `sig`."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_for(base),
                             cwd=base)
     lines = []
@@ -53,6 +53,9 @@ def kill_when(cmd: list[str], base: Path, *, after_line: str | None, delay: floa
             lines.append(line)
             if after_line in line:
                 break
+    deadline = time.time() + 240
+    while after_file is not None and not list(base.glob(after_file)) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
     time.sleep(delay)
     if proc.poll() is None:
         proc.send_signal(sig)
@@ -127,6 +130,24 @@ def test_prune_killed_in_each_phase_completes_with_the_same_results(prune_refere
     assert results["baseline"]["metrics"] == expected["baseline"]["metrics"], context
     assert_same_weights(baseline_checkpoint(tmp_path), baseline_checkpoint(reference))
     assert_same_weights(tmp_path / "run" / "pruned.safetensors", reference / "run" / "pruned.safetensors")
+
+
+@pytest.mark.slow
+def test_prune_killed_after_the_baseline_saved_a_checkpoint_resumes_it(prune_reference, tmp_path):
+    """A baseline killed after its first ``best`` checkpoint is resumed, never taken as finished."""
+    reference, args, expected = prune_reference
+    delay = random.uniform(0.0, 0.2)
+    cmd = entry_cmd("prune", *args, base=tmp_path, run_dir=tmp_path / "run")
+    code, output = kill_when(cmd, tmp_path, after_file="outputs/baselines/*/checkpoints/best.safetensors",
+                             delay=delay)
+    assert code == -signal.SIGKILL and "latency_table ..." not in output, output[-2000:]
+    again = run_entry("prune", *args, base=tmp_path, run_dir=tmp_path / "run")
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-3000:]
+    assert "resuming the interrupted baseline training" in out
+    assert_same_weights(baseline_checkpoint(tmp_path), baseline_checkpoint(reference))
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["baseline"]["metrics"] == \
+        expected["baseline"]["metrics"]
 
 
 @pytest.mark.slow

@@ -133,6 +133,23 @@ def test_a_multirun_with_a_failing_job_runs_every_job_then_exits_1(tmp_path):
     assert "1 of 2 job(s) failed" in output and "data.batch_size=5000" in output
 
 
+@pytest.mark.slow
+def test_a_job_that_crashes_keeps_its_traceback_and_fails_the_multirun(tmp_path):
+    """An exception that is not a user error (here a value no check catches, failing inside the forward pass) is
+    kept with its traceback in failed.json and the log, and still fails the multirun after every job ran."""
+    sweep = tmp_path / "sweep"
+    cmd = [*entry_cmd("train", "-m", *TINY_TRAIN, "logger=none", "+model.overrides.drop_rate=abc,0.0",
+                      base=tmp_path), f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env_for(tmp_path), cwd=tmp_path, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    (crashed,) = [d for d in sweep.iterdir() if "drop_rate=abc" in d.name]
+    failed = json.loads((crashed / "failed.json").read_text())
+    assert failed["error"] == "TypeError" and "Traceback (most recent call last)" in failed["traceback"]
+    assert "unexpected error (a bug)" in output and "Traceback" in (crashed / "train.log").read_text()
+    assert len(list(sweep.glob("*/results.json"))) == 1
+
+
 # ------------------------------------------------------------------------------------- one way to prune
 FAMILIES = {"mobilenetv2_035": (3, 32, 32), "tresnet_m": (3, 32, 32), "resnetv2_50x1_bit": (3, 32, 32),
             "retnet_tiny": (12,)}
@@ -212,12 +229,15 @@ def test_latency_cache_that_is_damaged_is_reported_once_and_rebuilt(tmp_path):
     first = build_table("mobilenetv2_035", **kwargs)
     path = LatencyCache(first.condition, tmp_path).path
     key = next(iter(first.records))
-    good = json.loads(path.read_text())
-    tampered = json.loads(path.read_text())
+    payload = read_sealed_json(path)
+    tampered = json.loads(path.read_text())  # its checksum kept, one entry changed
     tampered["entries"][key]["p10_ms"] = 1e-6  # plausible, but not what was measured
-    foreign = {**good, "key": {**good["key"], "batch_size": 99}}
-    for damaged in (path.read_text()[:200], json.dumps(tampered), json.dumps(foreign)):
-        path.write_text(damaged)
+    truncated = path.read_text()[:200]
+    for damaged in ("truncated", "tampered", "foreign"):
+        if damaged == "foreign":  # intact and sealed, but written for another condition
+            write_sealed_json(path, {**payload, "key": {**payload["key"], "batch_size": 99}})
+        else:
+            path.write_text(truncated if damaged == "truncated" else json.dumps(tampered))
         with pytest.warns(LatencyCacheWarning) as caught:
             again = build_table("mobilenetv2_035", **kwargs)
         assert len([w for w in caught if w.category is LatencyCacheWarning]) == 1

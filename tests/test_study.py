@@ -96,6 +96,19 @@ def test_rerun_with_more_values_runs_exactly_the_new_jobs(sweep, tmp_path):
     assert targets == {2.0}
 
 
+@pytest.mark.slow
+def test_a_sweep_with_an_unreachable_target_runs_every_job_reports_and_exits_1(sweep, tmp_path):
+    base, _ = sweep
+    sweep_dir = tmp_path / "failing"
+    proc = run_sweep(base, "prune.target_speedup=50,1.25", "logger=none", f"hydra.sweep.dir={sweep_dir}")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    assert len(list(sweep_dir.glob("*/results.json"))) == 1  # the job after the failing one ran
+    report = (sweep_dir / "report.md").read_text()
+    assert "| failed | " in report and "prune.target_speedup=50" in report and "BudgetError" in report
+    assert "1 of 2 job(s) failed" in output
+
+
 def test_report_lists_failed_and_missing_jobs_and_refuses_mixed_devices(sweep, tmp_path):
     base, _ = sweep
     copy = tmp_path / "sweep"

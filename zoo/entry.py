@@ -9,8 +9,8 @@
   console-only job logging config); :func:`open_run_files` writes ``.hydra/`` and attaches ``<job>.log`` once the run
   has claimed its directory (:mod:`zoo.runs`), so a refused command leaves the directory exactly as it was.
 * **Exit codes** (:func:`run_job`). A single run: a user error (:class:`~zoo.errors.ZooError`) is one logged line
-  and exit status 2; SIGINT/SIGTERM exit 128 + the signal (training saves ``last`` first); a bug keeps its
-  traceback (exit 1). In a multirun every job runs: a failing job leaves ``failed.json`` (its overrides, a one-line
+  and exit status 2; SIGINT/SIGTERM exit 128 + the signal (training saves ``last`` first); a bug is logged with its
+  traceback (console and the run's log) and exits 1. In a multirun every job runs: a failing job leaves ``failed.json`` (its overrides, a one-line
   error and, for a bug, the traceback) and a line in the launch's ledger, and :class:`SweepCallback` ends the
   multirun with exit status 1 after the last job when any job of this launch failed.
 * **Composition errors** (:func:`guard`): a misspelt key, an unknown group option or a wrongly typed value is one
@@ -150,6 +150,33 @@ def close_run_files(handler: logging.Handler | None) -> None:
         handler.close()
 
 
+@contextmanager
+def run_files(output_dir: str | Path, cfg: Any, enabled: bool = True) -> Iterator[None]:
+    """:func:`open_run_files` for the body; an error that ends the run is logged before the log file closes."""
+    handler = open_run_files(output_dir, cfg) if enabled else None
+    try:
+        yield
+    except BaseException as exc:
+        log_failure(exc)
+        raise
+    finally:
+        close_run_files(handler)
+
+
+def log_failure(exc: BaseException) -> None:
+    """Log how a run ended, once: a user error as one line, an interruption as a warning, anything else (a bug)
+    with its traceback."""
+    if getattr(exc, "_depthzoo_logged", False) or isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        return
+    if isinstance(exc, ZooError):
+        _log.error("%s: %s", type(exc).__name__, one_line(exc))
+    elif isinstance(exc, Interrupted):
+        _log.warning("%s", exc)
+    else:
+        _log.error("the run stopped on an unexpected error (a bug)", exc_info=exc)
+    exc._depthzoo_logged = True
+
+
 # ----------------------------------------------------------------------------------------------- signals
 
 
@@ -222,18 +249,18 @@ def run_job(cfg: Any, run: Callable[[Any], dict[str, Any]], metric: Callable[[di
         with interruptible():
             results = run(cfg)
     except Interrupted as exc:
-        _log.warning("%s", exc)
+        log_failure(exc)
         raise SystemExit(128 + exc.signum) from None
     except ZooError as exc:
-        _log.error("%s: %s", type(exc).__name__, one_line(exc))
+        log_failure(exc)
         if not multirun:
             raise SystemExit(2) from None
         record_outcome(output_dir, "failed", exc)
         return None
     except Exception as exc:
+        log_failure(exc)  # with its traceback, in the console and the run's log
         if not multirun:
-            raise
-        _log.exception("job failed with an unexpected error (a bug); traceback in %s", Path(output_dir) / FAILED_FILE)
+            raise SystemExit(1) from None
         record_outcome(output_dir, "failed", exc)
         return None
     if multirun:

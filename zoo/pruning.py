@@ -490,7 +490,7 @@ def count_params(model: nn.Module) -> int:
 def run(cfg: Any) -> dict[str, Any]:
     """Validate, claim the run directory, then prune (:func:`prune_in`); a finished job's results are returned as
     they are (``prune.force=true`` runs it again), an interrupted job of the same config resumes."""
-    from .entry import close_run_files, in_multirun, open_run_files
+    from .entry import in_multirun, run_files
     from .files import read_sealed_json
     from .runs import claimed
     from .training.config import validate
@@ -507,11 +507,8 @@ def run(cfg: Any) -> dict[str, Any]:
             _log.info("%s exists: this job already finished (prune.force=true runs it again)",
                       output_dir / "results.json")
             return read_sealed_json(output_dir / "results.json")
-        handler = open_run_files(output_dir, cfg)
-        try:
+        with run_files(output_dir, cfg):
             return prune_in(cfg, config, output_dir, resumed=claim.state == "resume")
-        finally:
-            close_run_files(handler)
 
 
 def resumed_plan(path: Path, baseline: nn.Module) -> dict[str, Any] | None:

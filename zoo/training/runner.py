@@ -136,7 +136,7 @@ def claim_run_dir(cfg: Any, config: dict[str, Any], output_dir: Path) -> Any:
 
 def run(cfg: Any) -> dict[str, Any]:
     """Validate, claim the run directory, build data/model/logger, train, write ``results.json`` (last)."""
-    from ..entry import close_run_files, hydra_context, open_run_files
+    from ..entry import hydra_context, run_files
     from .logger import create_logger
 
     dist = dist_utils.setup()
@@ -148,14 +148,13 @@ def run(cfg: Any) -> dict[str, Any]:
     check_resume_target(resume_path, cfg.model.name)
     check_resume_config(resume_path, config)
     taken = claim_run_dir(cfg, config, output_dir)
-    handler = open_run_files(output_dir, cfg) if dist.is_main else None
     try:
-        if not explicit:
-            resume_path = ckpt.resolve_resume(cfg.trainer.resume, output_dir)
-        check_resume_target(resume_path, cfg.model.name)
-        return train(cfg, config, output_dir, resume_path, create_logger, hydra_context().get("group"))
+        with run_files(output_dir, cfg, enabled=dist.is_main):
+            if not explicit:
+                resume_path = ckpt.resolve_resume(cfg.trainer.resume, output_dir)
+            check_resume_target(resume_path, cfg.model.name)
+            return train(cfg, config, output_dir, resume_path, create_logger, hydra_context().get("group"))
     finally:
-        close_run_files(handler)
         if taken is not None:
             taken.release()
 
