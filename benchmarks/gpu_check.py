@@ -46,8 +46,7 @@ from zoo.importance import score_variants  # noqa: E402
 from zoo.latency import CalibrationSettings, TableSettings, build_table, measure  # noqa: E402
 from zoo.latency.calibrate import time_networks  # noqa: E402
 from zoo.latency.device import resolve_dtype, synchronize, timing_context  # noqa: E402
-from zoo.latency.measure import Bench, LatencyStats, move_inputs  # noqa: E402
-from zoo.latency.table import prepare  # noqa: E402
+from zoo.latency.measure import Bench, LatencyStats, move_inputs, prepare  # noqa: E402
 from zoo.search import BudgetError, Choice, dp_search  # noqa: E402
 from zoo.surgery import apply_plan  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Pruned vs unpruned: measured speed-up, metric and table prediction error per model and target, plus DP vs
 greedy vs random at the same budget. ``python -m benchmarks.prune_speedup [--quick] [--device cpu|cuda]``.
 
-Every run is a real ``prune.py`` run (the library entry :func:`zoo.pruning.run` on a composed config): baseline
+Every run is a real ``prune.py`` run (the library entry :func:`zoo.jobs.prune.run` on a composed config): baseline
 trained once per model on the embedded data (digits, bytes), table on the device, search, fine-tune, measure.
 """
 
@@ -33,8 +33,8 @@ def compose(overrides: list[str], output_dir: Path) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from zoo.entry import register_resolvers
-    from zoo.pruning import register_configs
+    from zoo.jobs.entry import register_resolvers
+    from zoo.jobs.prune import register_configs
 
     register_configs(CONF)
     register_resolvers()
@@ -44,7 +44,7 @@ def compose(overrides: list[str], output_dir: Path) -> Any:
 
 def prune_once(model: str, target: float, method: str, extra: list[str], root: Path) -> dict[str, Any]:
     """One prune run; returns the row of its results."""
-    from zoo.pruning import run
+    from zoo.jobs.prune import run
 
     out = root / f"{model}-{target}-{method}"
     cfg = compose([f"model={model}", *extra, f"prune.target_speedup={target}", f"prune.search={method}",

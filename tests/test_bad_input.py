@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 import zoo
-from zoo import runs
+from zoo.jobs import runs
 
 from .helpers import TINY_PRUNE, TINY_TRAIN, run_in_process, snapshot
 

@@ -169,7 +169,7 @@ sys.path.insert(0, {root!r})
 import zoo
 from zoo.files import write_sealed_json
 from zoo.latency import LatencyCache
-from zoo.training import checkpointing as ckpt
+from zoo.training import state as ckpt
 
 folder = {folder!r}
 model = zoo.create_model("mobilenetv2_035", num_classes=10)

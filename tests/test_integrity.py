@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import zoo
-from zoo import runs
-from zoo.entry import job_dir_name
 from zoo.errors import CorruptFileError, RunConflictError
 from zoo.files import read_sealed_json, write_sealed_json
+from zoo.jobs import runs
+from zoo.jobs.entry import job_dir_name
 
 from .helpers import ROOT, TINY_TRAIN, entry_cmd, env_for, snapshot
 
@@ -78,7 +78,7 @@ def test_refused_claim_changes_nothing_and_force_discards(tmp_path):
 
 
 def test_two_processes_cannot_work_in_one_directory(tmp_path):
-    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from zoo import runs; "
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from zoo.jobs import runs; "
             f"c = runs.claim({str(tmp_path)!r}, 'train', {{'a': 1}}, outputs=('results.json',)); "
             "print('claimed', flush=True); time.sleep(30)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.runs import read_record
+from zoo.jobs.runs import read_record
 
 from .wandb_reader import find_run_files, read_run
 
@@ -183,7 +183,7 @@ def test_sigterm_during_fine_tuning_then_rerun_resumes_to_the_same_weights(tmp_p
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
     assert "Run the same command again: fine-tuning resumes" in output and not (run_dir / "results.json").exists()
-    from zoo.training import checkpointing as ckpt
+    from zoo.training import state as ckpt
 
     stopped_at = ckpt.load_state(state_file)["step"]
     assert 0 < stopped_at < ckpt.load_state(tmp_path / "reference" / "finetune" / "checkpoints" /

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.entry import register_resolvers
+from zoo.jobs.entry import register_resolvers
 from zoo.training import (
     Callback,
     CheckpointError,
@@ -30,7 +30,7 @@ from zoo.training import (
     model_name_from_checkpoint,
     seed_everything,
 )
-from zoo.training import checkpointing as ckpt
+from zoo.training import state as ckpt
 from zoo.training.config import register_configs, validate
 from zoo.training.data import read_text_files, stdlib_corpus, unigram_entropy
 
@@ -104,6 +104,8 @@ def _options(group: str) -> list[str]:
     """The group's options for train.yaml (experiments that configure ``prune:`` belong to prune.yaml)."""
     import yaml
 
+    if group == "model":  # every registered model is an option; no YAML needed
+        return zoo.list_models()
     paths = sorted((CONF / group).glob("*.yaml"))
     return [p.stem for p in paths if group != "experiment" or "prune" not in (yaml.safe_load(p.read_text()) or {})]
 
@@ -361,7 +363,7 @@ def test_sigterm_saves_last_and_stops(tmp_path):
 
 KILL_SCRIPT = """
 import sys, torch, zoo
-from zoo.training import checkpointing as ckpt
+from zoo.training import state as ckpt
 model = zoo.create_model("mobilenetv2_100", num_classes=10)
 out = sys.argv[1]
 step = 0

@@ -4,11 +4,12 @@
 """
 
 from . import mobilenetv2, resnetv2, retnet, tresnet  # noqa: F401 - importing registers the families
-from ._registry import create_model, get_entry, is_model, list_models, model_info, register_model
-from .checkpoint import load, read_checkpoint_meta, save_checkpoint
+from .checkpoint import read_checkpoint_meta, save_checkpoint
 from .depth import DepthUnit, depth_units
 from .errors import PlanError, UnknownModelError, WeightsError, ZooError
+from .factory import create_model, load
 from .fuse import fuse
+from .registry import get_entry, is_model, list_models, model_info, register_model
 from .surgery import apply_plan, remove_units
 
 __version__ = "0.1.0"

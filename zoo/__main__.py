@@ -8,6 +8,7 @@ import sys
 
 from . import list_models, model_info
 from .errors import UnknownModelError, ZooError
+from .registry import load_plugins
 
 
 def _format_params(count: int) -> str:
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     info_cmd.add_argument("name")
     args = parser.parse_args(argv)
     try:
+        load_plugins()
         if args.command == "list":
             print_table(args.pattern)
         else:

@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .files import atomic_write, json_digest  # noqa: F401 - kept importable from here (older code)
+from .files import atomic_write
 
 META_KEY = "depthzoo"
 FORMAT_VERSION = 1
@@ -68,20 +68,3 @@ def read_checkpoint_meta(path: str | Path) -> dict[str, Any] | None:
     with safe_open(str(path), framework="pt") as f:
         raw = (f.metadata() or {}).get(META_KEY)
     return json.loads(raw) if raw else None
-
-
-def load(path: str | Path, **kwargs: Any) -> nn.Module:
-    """Rebuild the model recorded in a project checkpoint (name, overrides, plan) and load its weights."""
-    from ._registry import create_model
-    from .errors import WeightsError
-
-    try:
-        meta = read_checkpoint_meta(path)
-    except Exception as exc:  # noqa: BLE001 - any read failure is reported the same way
-        raise WeightsError(f"Cannot read checkpoint {path}: {exc}. Expected a depthzoo .safetensors file.") from exc
-    if not meta or "model" not in meta:
-        raise WeightsError(
-            f"{path} has no depthzoo metadata, so the model name is unknown. Use "
-            "zoo.create_model(name, pretrained=path) with the architecture's name instead."
-        )
-    return create_model(meta["model"], pretrained=path, **kwargs)

@@ -13,8 +13,8 @@ import torch
 from timm.layers import BatchNormAct2d, SelectAdaptivePool2d, create_conv2d, make_divisible
 from torch import nn
 
-from ._registry import register_model
 from .depth import BlockSpec, Chain, ConvOp, DepthMixin
+from .registry import register_model
 
 # (expansion, out_channels, repeats, stride) per stage after the depthwise-separable first block.
 MBV2_STAGES = ((6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))

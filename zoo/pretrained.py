@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._registry import ModelEntry
 from .checkpoint import read_checkpoint_meta, tied_aliases
 from .errors import WeightsError
+from .registry import ModelEntry
 
 _logger = logging.getLogger(__name__)
 

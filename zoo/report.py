@@ -18,17 +18,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from .entry import SweepCallback
-from .errors import ZooError
+from .errors import ReportError
 from .files import atomic_write
+from .jobs.entry import SweepCallback
 
 COLUMNS = ("model", "search", "importance", "target_speedup", "device", "baseline_ms", "predicted_ms", "measured_ms",
            "measured_speedup", "prediction_error", "params", "baseline_params", "metric", "baseline_metric",
            "pruned_metric", "job")
-
-
-class ReportError(ZooError):
-    """A sweep directory that cannot be reported."""
 
 
 def _metric_name(results: dict[str, Any]) -> str:
@@ -225,7 +221,8 @@ def _log_wandb(root: Path, rows: list[dict[str, Any]], paths: dict[str, str]) ->
 
 class ReportCallback(SweepCallback):
     """Hydra callback (``hydra.callbacks.outcome._target_: zoo.report.ReportCallback``): at the end of each sweep,
-    write its report, then exit with status 1 if any job of this launch failed (:class:`zoo.entry.SweepCallback`)."""
+    write its report, then exit with status 1 if any job of this launch failed (:class:`~zoo.jobs.entry.SweepCallback`).
+    """
 
     def __init__(self, allow_mixed_devices: bool = False, log_wandb: bool = False):
         self.allow_mixed_devices, self.log_wandb = allow_mixed_devices, log_wandb

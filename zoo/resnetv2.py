@@ -15,8 +15,8 @@ import torch
 from timm.layers import ClassifierHead, GroupNormAct, StdConv2d, make_divisible
 from torch import nn
 
-from ._registry import register_model
 from .depth import BlockSpec, DepthMixin
+from .registry import register_model
 
 _conv = partial(StdConv2d, eps=1e-8)
 _norm = partial(GroupNormAct, num_groups=32)

@@ -54,17 +54,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._registry import register_model
 from .depth import BlockSpec, DepthMixin
-from .errors import ZooError
+from .errors import RetNetInputError
+from .registry import register_model
 
 MODES = ("parallel", "recurrent", "chunkwise")
 DECAYS = ("torchscale", "linspace")
-
-
-class RetNetInputError(ZooError):
-    """Input a RetNet cannot take: bad sizes (dim, heads, depth, vocabulary, decay), token ids, mode, chunk size or
-    recurrent state."""
 
 
 @dataclass

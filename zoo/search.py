@@ -18,11 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ZooError
-
-
-class BudgetError(ZooError):
-    """The latency budget cannot be met even by removing everything removable."""
+from .errors import BudgetError, ZooError
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import torch
 from timm.layers import BlurPool2d, ClassifierHead, ConvNormAct, SEModule, SpaceToDepth
 from torch import nn
 
-from ._registry import register_model
 from .depth import BlockSpec, Chain, ConvOp, DepthMixin
+from .registry import register_model
 
 _leaky = partial(nn.LeakyReLU, negative_slope=1e-3)
 

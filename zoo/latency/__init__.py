@@ -10,10 +10,10 @@ Imports only torch, timm, numpy, filelock and the standard library (``python -m 
 """
 
 from .cache import LatencyCache, LatencyCacheWarning, default_cache_dir
-from .calibrate import CalibrationSettings, Evaluation, NetworkResult, calibrate, evaluate, random_plans
+from .calibrate import CalibrationSettings, Correction, Evaluation, NetworkResult, calibrate, evaluate, random_plans
 from .device import LatencyDeviceError, resolve_device, resolve_dtype
 from .measure import Bench, LatencyStats, MeasureSettings, measure
-from .table import Correction, LatencyTable, TableSettings, build_table
+from .table import LatencyTable, TableSettings, build_table
 
 __all__ = [
     "Bench", "CalibrationSettings", "Correction", "Evaluation", "LatencyCache", "LatencyCacheWarning",

@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     try:
+        from ..registry import load_plugins
+
+        load_plugins()
         run(parse_args(argv))
     except ZooError as exc:
         print(f"error: {exc}", file=sys.stderr)

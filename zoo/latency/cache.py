@@ -23,17 +23,13 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from ..errors import CorruptFileError
+from ..errors import CorruptFileError, LatencyCacheWarning
 from ..files import SEAL_KEY, json_digest, read_sealed_json, write_sealed_json
 
 CACHE_FORMAT = 2  # 2: sealed with a checksum of the content; 1 (no checksum) is still read and upgraded on write
 logger = logging.getLogger("zoo.latency")
 CACHE_ENV = "DEPTHZOO_CACHE"
 LOCK_TIMEOUT_S = 120.0
-
-
-class LatencyCacheWarning(UserWarning):
-    """A cache file could not be used (corrupt, stale or unreadable); its entries are measured again."""
 
 
 def cache_root() -> Path:

@@ -14,7 +14,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -22,8 +22,22 @@ from torch import nn
 from ..surgery import Segment, apply_plan
 from .cache import device_lock
 from .device import resolve_dtype, timing_context
-from .measure import Bench
-from .table import Correction, LatencyTable, measured_form, prepare, time_rounds
+from .measure import Bench, measured_form, prepare, time_rounds
+
+if TYPE_CHECKING:
+    from .table import LatencyTable
+
+
+@dataclass(frozen=True)
+class Correction:
+    """``corrected = scale * raw + offset_ms`` for a whole-network prediction (kind: none, scale or offset)."""
+
+    kind: str = "none"
+    scale: float = 1.0
+    offset_ms: float = 0.0
+
+    def apply(self, raw_ms: float) -> float:
+        return self.scale * raw_ms + self.offset_ms
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ..errors import ZooError
+from ..errors import LatencyDeviceError
 
 logger = logging.getLogger("zoo.latency")
 
@@ -24,10 +24,6 @@ DTYPE_NAMES = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
 }
 SUPPORTED_DTYPES = {"cpu": ("float32", "bfloat16"), "cuda": ("float32", "bfloat16", "float16")}
-
-
-class LatencyDeviceError(ZooError):
-    """A device that is not available here, or a dtype the device cannot measure."""
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..fuse import fuse
 from .cache import device_lock
 from .device import device_name, dtype_name, resolve_device, resolve_dtype, synchronize, timing_context
 
@@ -384,3 +385,32 @@ def measure(
         bench.warmup(settings.warmup_s)
         cap_hit = repeat_until_converged(bench, settings)
     return make_stats(bench, cap_hit, torch_dtype, settings.threads, channels_last, mem)
+
+
+def time_rounds(benches: Sequence[Bench], rounds: tuple[int, int], runs_per_round: int, rel_tol: float,
+                max_time_s: float) -> list[bool]:
+    """Time benches in interleaved rounds until each converged (after the minimum rounds) or a cap hit.
+
+    Returns per bench whether a cap (max rounds or time) stopped it before its median converged.
+    """
+    min_rounds, max_rounds = rounds
+    active = list(range(len(benches)))
+    start = time.perf_counter()
+    for round_index in range(max_rounds):
+        for i in active:
+            benches[i].run(min_runs=runs_per_round)
+        if round_index + 1 >= min_rounds:
+            active = [i for i in active if not benches[i].converged(rel_tol, min_rounds * runs_per_round)]
+        if not active or time.perf_counter() - start > max_time_s:
+            break
+    return [i in active for i in range(len(benches))]
+
+
+def measured_form(module: nn.Module, settings: Any) -> nn.Module:
+    """The form a module is timed in: its deploy form (a fused copy) unless ``settings.deploy`` is off."""
+    return fuse(module) if settings.deploy else module
+
+
+def prepare(module: nn.Module, device: torch.device, channels_last: bool) -> nn.Module:
+    module = module.to(device).eval()
+    return module.to(memory_format=torch.channels_last) if channels_last else module

@@ -45,8 +45,9 @@ from ..depth import module_signature
 from ..errors import PlanError, ZooError
 from ..surgery import Segment, build_segment, segments
 from .cache import LatencyCache, LatencyCacheWarning, device_lock
+from .calibrate import Correction, calibrate
 from .device import device_name, dtype_name, resolve_device, resolve_dtype, synchronize, timing_context
-from .measure import Bench, can_queue, check_clock, peak_memory
+from .measure import Bench, can_queue, check_clock, measured_form, peak_memory, prepare, time_rounds
 
 logger = logging.getLogger("zoo.latency")
 
@@ -104,18 +105,6 @@ class TableSettings:
             raise ZooError(f"Unknown estimator {self.estimator!r}; allowed are {', '.join(ESTIMATORS)}.")
         if self.cuda_timing not in CUDA_TIMINGS:
             raise ZooError(f"Unknown cuda_timing {self.cuda_timing!r}; allowed are {', '.join(CUDA_TIMINGS)}.")
-
-
-@dataclass(frozen=True)
-class Correction:
-    """``corrected = scale * raw + offset_ms`` for a whole-network prediction (kind: none, scale or offset)."""
-
-    kind: str = "none"
-    scale: float = 1.0
-    offset_ms: float = 0.0
-
-    def apply(self, raw_ms: float) -> float:
-        return self.scale * raw_ms + self.offset_ms
 
 
 @dataclass
@@ -252,20 +241,6 @@ def normalise_input_size(model: nn.Module, input_size: int | Sequence[int] | Non
     return (default[0], *size) if image and len(size) == 2 else size
 
 
-def measured_form(module: nn.Module, settings: TableSettings) -> nn.Module:
-    """The form a module is timed in: its deploy form (a fused copy) unless ``settings.deploy`` is off."""
-    if not settings.deploy:
-        return module
-    from ..fuse import fuse
-
-    return fuse(module)
-
-
-def prepare(module: nn.Module, device: torch.device, channels_last: bool) -> nn.Module:
-    module = module.to(device).eval()
-    return module.to(memory_format=torch.channels_last) if channels_last else module
-
-
 @dataclass
 class Pending:
     """An entry still to be measured: its module, inputs and a description for the cache file."""
@@ -274,25 +249,6 @@ class Pending:
     module: nn.Module
     capture: Capture
     what: str
-
-
-def time_rounds(benches: Sequence[Bench], rounds: tuple[int, int], runs_per_round: int, rel_tol: float,
-                max_time_s: float) -> list[bool]:
-    """Time benches in interleaved rounds until each converged (after the minimum rounds) or a cap hit.
-
-    Returns per bench whether a cap (max rounds or time) stopped it before its median converged.
-    """
-    min_rounds, max_rounds = rounds
-    active = list(range(len(benches)))
-    start = time.perf_counter()
-    for round_index in range(max_rounds):
-        for i in active:
-            benches[i].run(min_runs=runs_per_round)
-        if round_index + 1 >= min_rounds:
-            active = [i for i in active if not benches[i].converged(rel_tol, min_rounds * runs_per_round)]
-        if not active or time.perf_counter() - start > max_time_s:
-            break
-    return [i in active for i in range(len(benches))]
 
 
 def measure_rounds(pending: Sequence[Pending], device: torch.device, settings: TableSettings
@@ -419,8 +375,6 @@ class LatencyTable:
 
     def calibrate(self, n_plans: int = 5, seed: int = 0, settings: Any = None, fit: bool = True) -> Any:
         """Measure the original and `n_plans` random plans end to end; report errors and fit a correction."""
-        from .calibrate import calibrate
-
         return calibrate(self, n_plans=n_plans, seed=seed, settings=settings, fit=fit)
 
     def rows(self) -> list[dict[str, Any]]:
@@ -620,7 +574,7 @@ def build_table(
     torch_dtype = resolve_dtype(dtype, dev)
     check_clock(settings.clock, dev, settings.threads)
     if isinstance(model, str):
-        from .._registry import create_model
+        from ..factory import create_model
 
         model = create_model(model)
     else:
@@ -675,5 +629,5 @@ def build_table(
     )
 
 
-__all__ = ["Correction", "LatencyTable", "Replay", "TableSettings", "build_table", "capture_segments",
+__all__ = ["LatencyTable", "Replay", "TableSettings", "build_table", "capture_segments",
            "condition_key", "entry_key", "replay_model"]

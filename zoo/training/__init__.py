@@ -20,21 +20,21 @@ Library API::
   label smoothing, mixup/cutmix, EMA, DDP under torchrun; optional knowledge distillation from `teacher`
   (``(1-w)*task + w*T^2*KL`` on softened logits, per token for LMs); :class:`Callback` hooks per step
   and epoch (``trainer.progress`` goes 0 -> 1, e.g. to blend activations towards identity). Returns a
-  :class:`FitResult`. Checkpoints ``last``/``best`` in ``<output_dir>/checkpoints`` (:mod:`.checkpointing`).
+  :class:`FitResult`. Checkpoints ``last``/``best`` in ``<output_dir>/checkpoints`` (:mod:`.state`).
 - :func:`evaluate`: metrics of a model on a loader (reduced over ranks).
 - :func:`model_name_from_checkpoint`: the model name in a checkpoint, for ``zoo.create_model(name, pretrained=p)``.
 - :func:`create_logger` (:mod:`.logger`): W&B (offline by default) or nothing.
-- ``zoo.training.runner.run(cfg)``: a whole run from a composed Hydra config (what ``train.py`` does).
+- ``zoo.jobs.train.run(cfg)``: a whole run from a composed Hydra config (what ``train.py`` does).
 
 Class-count policy: ``model.num_classes: null`` takes the data set's count; an explicit different count is a
 ConfigError. Language models get ``vocab_size=256`` unless overridden (smaller is an error).
 """
 
-from .checkpointing import model_name_from_checkpoint
+from ..errors import CheckpointError, ConfigError, DataError, NonFiniteLossError, TrainingInterrupted
 from .data import DataBundle, build_loaders
 from .engine import Callback, FitResult, Trainer, evaluate, fit, seed_everything
-from .errors import CheckpointError, ConfigError, DataError, NonFiniteLossError, TrainingInterrupted
 from .logger import NullLogger, WandbLogger, create_logger
+from .state import model_name_from_checkpoint
 
 __all__ = [
     "Callback", "CheckpointError", "ConfigError", "DataBundle", "DataError", "FitResult", "NonFiniteLossError",

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 IMAGE_DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
 TEXT_DATASETS = ("bytes", "text")
@@ -140,13 +140,16 @@ class TrainConfig:
 def register_configs(config_dir: str | Path | None = None) -> None:
     """Store the root schema ``train_schema`` in Hydra's ConfigStore (group files are checked against it).
 
-    Also registers every zoo model that has no ``<config_dir>/model/<name>.yaml`` as a ``model=<name>``
-    option, so new registry entries are trainable without a config file. Idempotent.
+    Every registered model (plugins included: :func:`zoo.registry.load_plugins`) becomes a ``model=<name>`` option,
+    so a model needs no config file; a ``<config_dir>/model/<name>.yaml``, where present, is used instead (for
+    models that need non-default settings). Idempotent.
     """
     from hydra.core.config_store import ConfigStore
 
     import zoo
+    from zoo.registry import load_plugins
 
+    load_plugins()
     with_files = {p.stem for p in Path(config_dir, "model").glob("*.yaml")} if config_dir else set()
 
     store = ConfigStore.instance()
@@ -203,8 +206,8 @@ def check_model(model_cfg: Any) -> None:
     local ``model.pretrained`` file must exist, before any work."""
     import torch
 
-    from .._registry import build_model
     from ..pretrained import check_source
+    from ..registry import build_model
 
     with torch.device("meta"):
         build_model(model_cfg.name, **dict(model_cfg.overrides or {}))

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ..errors import DataError
 from .config import IMAGE_DATASETS, TEXT_DATASETS, task_of
-from .errors import DataError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

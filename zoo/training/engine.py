@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import checkpointing as ckpt
+from ..errors import ConfigError, NonFiniteLossError, TrainingInterrupted
 from . import distributed as dist_utils
+from . import state as ckpt
 from .data import DataBundle, batches_per_epoch
-from .errors import ConfigError, NonFiniteLossError, TrainingInterrupted
 
 _log = logging.getLogger(__name__)
 

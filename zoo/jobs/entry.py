@@ -7,12 +7,13 @@
   exactly the jobs it repeats.
 * **Run files.** Hydra writes nothing into a run directory by itself (``hydra.output_subdir: null`` and a
   console-only job logging config); :func:`open_run_files` writes ``.hydra/`` and attaches ``<job>.log`` once the run
-  has claimed its directory (:mod:`zoo.runs`), so a refused command leaves the directory exactly as it was.
+  has claimed its directory (:mod:`zoo.jobs.runs`), so a refused command leaves the directory exactly as it was.
 * **Exit codes** (:func:`run_job`). A single run: a user error (:class:`~zoo.errors.ZooError`) is one logged line
   and exit status 2; SIGINT/SIGTERM exit 128 + the signal (training saves ``last`` first); a bug is logged with its
-  traceback (console and the run's log) and exits 1. In a multirun every job runs: a failing job leaves ``failed.json`` (its overrides, a one-line
-  error and, for a bug, the traceback) and a line in the launch's ledger, and :class:`SweepCallback` ends the
-  multirun with exit status 1 after the last job when any job of this launch failed.
+  traceback (console and the run's log) and exits 1. In a multirun every job runs: a failing job leaves
+  ``failed.json`` (its overrides, a one-line error and, for a bug, the traceback) and a line in the launch's ledger,
+  and :class:`SweepCallback` ends the multirun with exit status 1 after the last job when any job of this launch
+  failed.
 * **Composition errors** (:func:`guard`): a misspelt key, an unknown group option or a wrongly typed value is one
   message (with the closest valid key) and exit status 2.
 """
@@ -37,8 +38,8 @@ from typing import Any
 
 from filelock import FileLock
 
-from .errors import Interrupted, RunConflictError, ZooError
-from .files import write_json
+from ..errors import Interrupted, RunConflictError, ZooError
+from ..files import write_json
 from .runs import is_determining_key
 
 _log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def launch() -> tuple[datetime, str]:
     broadcast from rank 0 (torchrun); exported so that every process of the launch resolves the same names."""
     global _LAUNCH
     if _LAUNCH is None:
-        from .training.distributed import broadcast_object
+        from ..training.distributed import broadcast_object
 
         stamp, uid = os.environ.get(START_TIME_ENV), os.environ.get(LAUNCH_ID_ENV)
         mine = (datetime.fromisoformat(stamp) if stamp else datetime.now(), uid or secrets.token_hex(3))

@@ -1,4 +1,5 @@
-"""Model registry: one name per architecture, the same names as timm where timm has the model."""
+"""Model registry: one name per architecture (the same names as timm where timm has the model), its builder, its
+task and its default (pretrained) configuration. Building with weights is :mod:`zoo.factory`'s job."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import difflib
 import fnmatch
 import inspect
 import logging
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,6 +55,35 @@ def register_model(family: str, task: str = "classification", **default_cfg: Any
         return fn
 
     return wrap
+
+
+PLUGINS_ENV = "DEPTHZOO_MODULES"
+PLUGIN_GROUP = "depthzoo.models"
+_loaded_plugins: set[str] = set()
+
+
+def load_plugins() -> list[str]:
+    """Import the modules that register more model families: those named (comma-separated) in
+    ``$DEPTHZOO_MODULES`` and the ``depthzoo.models`` entry points of installed packages. Idempotent; the command
+    lines call it before they list or build models. Returns the modules imported now."""
+    import importlib
+    from importlib.metadata import entry_points
+
+    names = [n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
+    names += [ep.value.split(":")[0] for ep in entry_points(group=PLUGIN_GROUP)]
+    imported = []
+    for name in names:
+        if name in _loaded_plugins:
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise UnknownModelError(f"Cannot import model module {name!r} (from ${PLUGINS_ENV} or the "
+                                    f"{PLUGIN_GROUP} entry points): {exc}. Check the name and that its folder is on "
+                                    f"PYTHONPATH.") from None
+        _loaded_plugins.add(name)
+        imported.append(name)
+    return imported
 
 
 def list_models(pattern: str = "*") -> list[str]:
@@ -109,53 +139,6 @@ def builder_options(entry: ModelEntry) -> list[str]:
     with torch.device("meta"):
         model = entry.builder()
     return [p for p in inspect.signature(type(model).__init__).parameters if p not in ("self", "args", "kwargs")]
-
-
-def create_model(
-    name: str,
-    pretrained: bool | str | Path = False,
-    num_classes: int | None = None,
-    **overrides: Any,
-) -> nn.Module:
-    """Create a zoo model by name, optionally with weights.
-
-    `pretrained`: False (random init), True (the default published tag through the HF cache or a
-    download), a HF hub id such as ``"timm/mobilenetv2_100.ra_in1k"``, or a local file
-    (``.safetensors``, a ``.pth``/``.pt``/``.bin`` state dict, or a checkpoint written by this project).
-    A different `num_classes` than the weights' re-initialises the classifier. A project checkpoint keeps
-    its own head and overrides unless new ones are given.
-    """
-    from . import pretrained as _pretrained  # local import keeps the registry importable on its own
-
-    entry = get_entry(name)
-    source = _pretrained.resolve_source(entry, pretrained) if pretrained is not False else None
-    meta = source.meta if source is not None else None
-    if meta is not None:
-        if meta.get("model") != name:
-            raise _pretrained.WeightsError(
-                f"Checkpoint {source.path} was written for model {meta.get('model')!r}, not {name!r}. "
-                f"Load it with zoo.create_model({meta.get('model')!r}, pretrained=...) or zoo.load(path)."
-            )
-        overrides = {**meta.get("overrides", {}), **overrides}
-        if num_classes is None:
-            num_classes = meta.get("num_classes")
-    if num_classes is None:
-        num_classes = entry.default_cfg.get("num_classes")
-    kwargs = dict(overrides)
-    if num_classes is not None:
-        kwargs["num_classes"] = num_classes
-    model = build_model(name, **kwargs)
-    if meta is not None and meta.get("plan"):
-        from .surgery import apply_plan
-
-        model = apply_plan(model, meta["plan"])
-    if meta is not None and meta.get("fused"):
-        from .fuse import fuse
-
-        model = fuse(model, inplace=True)
-    if source is not None:
-        _pretrained.load_into(model, source)
-    return model
 
 
 def model_info(name: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """A whole training run from a composed config: what ``train.py`` calls (and pruning can reuse piecewise).
 
-The run directory is claimed first (:mod:`zoo.runs`): ``trainer.resume=null`` needs a directory without another
+The run directory is claimed first (:mod:`zoo.jobs.runs`): ``trainer.resume=null`` needs a directory without another
 run, ``trainer.resume=auto`` continues a run of the same config, an explicit state file must come from a run of the
 same config, and ``trainer.force=true`` discards what the directory held. ``results.json`` is written last.
 """
@@ -13,12 +13,12 @@ from typing import Any
 
 from torch import nn
 
-from . import checkpointing as ckpt
-from . import distributed as dist_utils
-from .config import validate
-from .data import BYTE_VOCAB, DataBundle, build_loaders
-from .engine import FitResult, fit, resolve_device, seed_everything
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..training import distributed as dist_utils
+from ..training import state as ckpt
+from ..training.config import validate
+from ..training.data import BYTE_VOCAB, DataBundle, build_loaders
+from ..training.engine import FitResult, fit, resolve_device, seed_everything
 
 TRAIN_OUTPUTS = ("results.json", "checkpoints")
 
@@ -79,7 +79,7 @@ def write_results(path: Path, cfg: Any, data: DataBundle, model: nn.Module, resu
     """``results.json`` (sealed, with the config's fingerprint): model, data, final val metrics, best monitored
     value, epochs, time, checkpoints, params."""
     from ..files import write_sealed_json
-    from ..runs import fingerprint
+    from .runs import fingerprint
 
     results = {
         "model": cfg.model.name,
@@ -104,7 +104,7 @@ def write_results(path: Path, cfg: Any, data: DataBundle, model: nn.Module, resu
 def check_resume_config(resume_path: Path | None, config: dict[str, Any]) -> None:
     """An explicit state file to resume from must come from a run of the same config (its fingerprint)."""
     from ..errors import RunConflictError
-    from ..runs import describe_differences, determining, fingerprint
+    from .runs import describe_differences, determining, fingerprint
 
     if resume_path is None:
         return
@@ -119,7 +119,7 @@ def check_resume_config(resume_path: Path | None, config: dict[str, Any]) -> Non
 def claim_run_dir(cfg: Any, config: dict[str, Any], output_dir: Path) -> Any:
     """Claim `output_dir` for this run (rank 0), or raise RunConflictError; other ranks get rank 0's verdict."""
     from ..errors import RunConflictError
-    from ..runs import claim
+    from .runs import claim
 
     error, taken = None, None
     if dist_utils.info().is_main:
@@ -136,8 +136,8 @@ def claim_run_dir(cfg: Any, config: dict[str, Any], output_dir: Path) -> Any:
 
 def run(cfg: Any) -> dict[str, Any]:
     """Validate, claim the run directory, build data/model/logger, train, write ``results.json`` (last)."""
-    from ..entry import hydra_context, run_files
-    from .logger import create_logger
+    from ..training.logger import create_logger
+    from .entry import hydra_context, run_files
 
     dist = dist_utils.setup()
     validate(cfg)

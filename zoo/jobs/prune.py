@@ -24,14 +24,15 @@ import torch
 from filelock import FileLock
 from torch import nn
 
-from . import surgery
-from .checkpoint import save_checkpoint
-from .errors import ZooError
-from .files import write_json
-from .importance import SCORES, cached_scores, score_variants, weights_digest
-from .search import SEARCHES, BudgetError, Choice, pareto_front, search
-from .training.config import TrainConfig
-from .training.engine import Callback
+from .. import surgery
+from ..checkpoint import save_checkpoint
+from ..errors import ZooError
+from ..files import write_json
+from ..importance import SCORES, cached_scores, score_variants, weights_digest
+from ..search import SEARCHES, BudgetError, Choice, search
+from ..training.config import TrainConfig
+from ..training.engine import Callback
+from .prune_results import assemble_results, format_summary, log_to_wandb
 
 _log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def register_configs(config_dir: str | Path | None = None) -> None:
     """Store ``prune_schema`` (:class:`PruneConfig`) and the training schemas in Hydra's ConfigStore."""
     from hydra.core.config_store import ConfigStore
 
-    from .training.config import register_configs as register_train
+    from ..training.config import register_configs as register_train
 
     register_train(config_dir)
     ConfigStore.instance().store(name="prune_schema", node=PruneConfig)
@@ -104,8 +105,8 @@ def _is_recurrent(entry: Any) -> bool:
 
 def validate_prune(cfg: Any) -> None:
     """Checks before any long work: budget, choices, device (raises ZooError)."""
-    from ._registry import get_entry
-    from .latency.device import resolve_device, resolve_dtype
+    from ..latency.device import resolve_device, resolve_dtype
+    from ..registry import get_entry
 
     p = cfg.prune
     if p.target_latency_ms is None and p.target_speedup is None:
@@ -155,14 +156,14 @@ def _settings(kind: type, values: Any, key: str) -> Any:
 
 def lut_settings(p: Any) -> Any:
     """The latency table's settings from ``prune.lut`` (defaults where unset)."""
-    from .latency import TableSettings
+    from ..latency import TableSettings
 
     return _settings(TableSettings, p.lut, "prune.lut")
 
 
 def measure_settings(p: Any) -> Any:
     """The final side-by-side timing's settings from ``prune.measure``."""
-    from .latency import CalibrationSettings
+    from ..latency import CalibrationSettings
 
     return _settings(CalibrationSettings, p.measure, "prune.measure")
 
@@ -202,8 +203,8 @@ def finished_baseline(directory: Path, config: dict) -> Path | None:
 
     A damaged, foreign or half-written entry is reported once and discarded (it will be trained again).
     """
-    from .errors import CorruptFileError
-    from .files import file_digest, read_sealed_json
+    from ..errors import CorruptFileError
+    from ..files import file_digest, read_sealed_json
     from .runs import clear_outputs, fingerprint
 
     marker = directory / "trained.json"
@@ -225,12 +226,12 @@ def finished_baseline(directory: Path, config: dict) -> Path | None:
 
 def train_baseline(cfg: Any, data: Any, config: dict, directory: Path) -> Path:
     """Train (or resume the interrupted training of) the baseline in `directory`; mark it complete. Returns best."""
-    from .errors import RunConflictError
-    from .files import file_digest, write_sealed_json
+    from ..errors import RunConflictError
+    from ..files import file_digest, write_sealed_json
+    from ..training import fit, seed_everything
+    from ..training import state as ckpt
     from .runs import check_reuse, clear_outputs, fingerprint, write_record
-    from .training import checkpointing as ckpt
-    from .training import fit, seed_everything
-    from .training.runner import build_model
+    from .train import build_model
 
     own = baseline_config(config)
     try:
@@ -267,8 +268,8 @@ def train_baseline(cfg: Any, data: Any, config: dict, directory: Path) -> Path:
 
 def load_or_train_baseline(cfg: Any, data: Any, config: dict) -> tuple[nn.Module, Path]:
     """The baseline model and its checkpoint: ``checkpoint=...`` or a cached training (trained once, locked)."""
-    from . import load
-    from .training import checkpointing as ckpt
+    from .. import load
+    from ..training import state as ckpt
 
     if cfg.checkpoint:
         path = Path(cfg.checkpoint)
@@ -287,8 +288,8 @@ def load_or_train_baseline(cfg: Any, data: Any, config: dict) -> tuple[nn.Module
 
 def read_plan_file(path: str | Path) -> dict[str, Any]:
     """A plan from a JSON file, checked for its form (not yet against a model); raises PlanError."""
-    from .errors import PlanError
-    from .surgery import _validate_plan
+    from ..errors import PlanError
+    from ..surgery import _validate_plan
 
     example = '{"remove": ["blocks.2.1"], "merge": true}'
     try:
@@ -403,8 +404,8 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
     """
     from omegaconf import OmegaConf
 
-    from .training import checkpointing as ckpt
-    from .training import evaluate, fit, seed_everything
+    from ..training import evaluate, fit, seed_everything
+    from ..training import state as ckpt
 
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     fading = cfg.finetune.linearise_fraction > 0 and cfg.finetune.epochs > 0
@@ -444,8 +445,8 @@ def _state_to(state: Any, device: torch.device) -> Any:
 
 def build_lut(cfg: Any, baseline: nn.Module, data: Any) -> Any:
     """The latency table of `baseline` for the configured device, batch, dtype, layout and workload."""
-    from .latency import build_table
-    from .latency.device import resolve_device
+    from ..latency import build_table
+    from ..latency.device import resolve_device
 
     p = cfg.prune
     kwargs: dict[str, Any] = {"input_size": data.input_size}
@@ -464,8 +465,8 @@ def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any =
     Each network runs in the form the table measures (its deploy form, :func:`zoo.fuse`, by default) and, as
     ``<name>_eager``, as it is. `settings`: a :class:`~zoo.latency.CalibrationSettings` (None: its defaults).
     """
-    from .latency.calibrate import CalibrationSettings, time_networks
-    from .latency.table import measured_form, prepare
+    from ..latency.calibrate import CalibrationSettings, time_networks
+    from ..latency.measure import measured_form, prepare
 
     device = next(table.model.parameters()).device
     channels_last = table.condition["layout"] == "channels_last"
@@ -480,21 +481,14 @@ def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any =
     return {name: {k: round(v, 5) for k, v in bench.summary().items()} for name, bench in zip(forms, benches)}
 
 
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-# ----------------------------------------------------------------------------------------------- the run
-
-
 def run(cfg: Any) -> dict[str, Any]:
     """Validate, claim the run directory, then prune (:func:`prune_in`); a finished job's results are returned as
     they are (``prune.force=true`` runs it again), an interrupted job of the same config resumes."""
+    from ..files import read_sealed_json
+    from ..training.config import validate
     from .entry import in_multirun, run_files
-    from .files import read_sealed_json
     from .runs import claimed
-    from .training.config import validate
-    from .training.runner import to_container
+    from .train import to_container
 
     validate(cfg, PruneConfig)
     validate_prune(cfg)
@@ -514,7 +508,7 @@ def run(cfg: Any) -> dict[str, Any]:
 def resumed_plan(path: Path, baseline: nn.Module) -> dict[str, Any] | None:
     """The plan an interrupted run of the same config chose (``plan.json``), or None if there is none or it is
     damaged (then the search runs again)."""
-    from .errors import PlanError
+    from ..errors import PlanError
 
     if not path.is_file():
         return None
@@ -532,11 +526,11 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
 
     W&B is finished before ``results.json`` (sealed, with the config's fingerprint) is written, last.
     """
-    from . import get_entry
+    from .. import get_entry
+    from ..files import write_sealed_json
+    from ..training import build_loaders, create_logger, evaluate, seed_everything
     from .entry import hydra_context
-    from .files import write_sealed_json
     from .runs import fingerprint
-    from .training import build_loaders, create_logger, evaluate, seed_everything
 
     timings: dict[str, float] = {}
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
@@ -606,111 +600,3 @@ def job_logger_cfg(cfg: Any) -> Any:
 
     name = HydraConfig.get().job.override_dirname or f"job{context['job_num']}"
     return OmegaConf.merge(cfg.logger, {"run_name": name})
-
-
-def _metric_view(metrics: dict[str, float]) -> dict[str, float]:
-    return {(k if k.startswith("val/") else f"val/{k}"): round(float(v), 5) for k, v in metrics.items()}
-
-
-def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn.Module, pruned: nn.Module,
-                     base_metrics: dict, pruned_metrics: dict, measured: dict, timings: dict, checkpoint: Path,
-                     calibration: Any, importance_cached: bool) -> dict[str, Any]:
-    """The ``results.json`` of a prune run (see the prune docs for every field)."""
-    predicted = table.predict(plan)
-    memory = table.predict_memory(plan)
-    estimate = f"{table.settings.estimator}_ms"  # the statistic the table's entries use (p10 by default)
-    base_ms, pruned_ms = measured["baseline"][estimate], measured["pruned"][estimate]
-    eager_base, eager_pruned = measured["baseline_eager"][estimate], measured["pruned_eager"][estimate]
-    return {
-        "model": cfg.model.name,
-        "data": cfg.data.name,
-        "device": table.condition["device_name"],
-        "condition": table.condition,
-        "workload": cfg.prune.workload,
-        "target_speedup": cfg.prune.target_speedup,
-        "target_latency_ms": cfg.prune.target_latency_ms,
-        "search": cfg.prune.search,
-        "importance": cfg.prune.importance,
-        "plan": plan,
-        "search_result": None if result is None else {"latency_ms": result.latency, "damage": result.damage},
-        "latency_statistic": table.settings.estimator,
-        "latency_form": table.condition.get("form", "eager"),
-        "baseline": {"latency_ms": base_ms, "latency_eager_ms": eager_base,
-                     "predicted_latency_ms": table.predict({"remove": []}), "params": count_params(baseline),
-                     "metrics": _metric_view(base_metrics)},
-        "pruned": {"latency_ms": pruned_ms, "latency_eager_ms": eager_pruned, "params": count_params(pruned),
-                   "metrics": _metric_view(pruned_metrics)},
-        "predicted_latency_ms": predicted,
-        "predicted_peak_memory_mb": None if memory is None else memory / 2**20,
-        "max_memory_mb": cfg.prune.max_memory_mb,
-        "prediction_error": predicted / pruned_ms - 1.0,
-        "measured_speedup": base_ms / pruned_ms,
-        "measured_speedup_eager": eager_base / eager_pruned,
-        "measurements": measured,
-        "lut": {"entries": table.n_entries, "measured_now": table.n_measured, "cached": table.n_cached,
-                "build_s": round(table.build_s, 3),
-                "calibration": None if calibration is None else calibration.summary()},
-        "importance_cached": importance_cached,
-        "timings_s": timings,
-        "checkpoint": str(checkpoint),
-    }
-
-
-def format_summary(results: dict[str, Any]) -> str:
-    """A readable console table of a prune run."""
-    base, pruned = results["baseline"], results["pruned"]
-    metric = next(iter(k for k in ("val/acc1", "val/ppl", "val/loss") if k in pruned["metrics"]), None)
-    rows = [("", "baseline", "pruned"),
-            ("latency ms (measured)", f"{base['latency_ms']:.3f}", f"{pruned['latency_ms']:.3f}"),
-            ("latency ms (predicted)", f"{base['predicted_latency_ms']:.3f}", f"{results['predicted_latency_ms']:.3f}"),
-            ("params", f"{base['params']:,}", f"{pruned['params']:,}")]
-    if metric:
-        rows.append((metric, f"{base['metrics'].get(metric, float('nan')):.3f}", f"{pruned['metrics'][metric]:.3f}"))
-    lines = [f"{a:<24}{b:>14}{c:>14}" for a, b, c in rows]
-    lines.append(f"measured speed-up {results['measured_speedup']:.2f}x (target {results['target_speedup']}x) on "
-                 f"{results['device']}; table prediction error {results['prediction_error']:+.1%}; "
-                 f"{len(results['plan']['remove'])} unit(s) removed")
-    return "\n".join(lines)
-
-
-def log_to_wandb(logger: Any, table: Any, options: list, damages: list, plan: dict, results: dict) -> None:
-    """Lookup and importance tables, the plan, the surrogate's Pareto front with the chosen point, final metrics."""
-    run = getattr(logger, "run", None)
-    flat = {f"prune/{k}": v for k, v in results.items() if isinstance(v, (int, float))}
-    for side in ("baseline", "pruned"):
-        flat.update({f"{side}/latency_ms": results[side]["latency_ms"], f"{side}/params": results[side]["params"]})
-        flat.update({f"{side}/{k}": v for k, v in results[side]["metrics"].items()})
-    logger.summary(flat)
-    if run is None:
-        return
-    import wandb
-
-    lut_rows = [[seg.name, "|".join(sorted(v)) or "unchanged", cost, damages[i].get(v, 0.0)]
-                for i, (seg, costs) in enumerate(zip(table.segments, table.segment_costs())) for v, cost in costs]
-    run.log({
-        "prune/lookup_table": wandb.Table(columns=["segment", "variant", "latency_ms", "damage"], data=lut_rows),
-        "prune/plan": wandb.Table(columns=["removed unit"], data=[[u] for u in plan["remove"]]),
-        "prune/pareto": wandb.Image(pareto_figure(table, options, results)),
-    })
-    run.summary["prune/plan_json"] = json.dumps(plan)
-
-
-def pareto_figure(table: Any, options: list, results: dict) -> Any:
-    """Predicted latency vs retained importance along the DP front, with the chosen and measured points."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fixed = table.fixed_cost()
-    front = pareto_front(options)
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot([fixed + lat for lat, _ in front], [-d for _, d in front], "o-", ms=3, label="DP front (predicted)")
-    if results.get("search_result"):
-        ax.plot(results["predicted_latency_ms"], -results["search_result"]["damage"], "r*", ms=12, label="chosen plan")
-        ax.axvline(results["pruned"]["latency_ms"], color="g", ls="--", label="measured latency")
-    ax.set_xlabel("latency (ms)")
-    ax.set_ylabel("-(importance lost)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..checkpoint import atomic_write, read_checkpoint_meta, save_checkpoint
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 STATE_FORMAT = 1
 STATE_SUFFIX = ".state.pt"

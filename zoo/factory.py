@@ -1,0 +1,75 @@
+"""Building models with weights: :func:`create_model` (a registered name, optionally with pretrained weights or a
+checkpoint of this project, its pruning plan and deploy form re-applied) and :func:`load` (a checkpoint alone).
+
+The top of the model layer: it combines the registry (architectures), :mod:`zoo.pretrained` (finding and checking
+weights), :mod:`zoo.surgery` (plans) and :mod:`zoo.fuse` (deploy form), none of which imports it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .checkpoint import read_checkpoint_meta
+from .errors import WeightsError
+from .fuse import fuse
+from .pretrained import load_into, resolve_source
+from .registry import build_model, get_entry
+from .surgery import apply_plan
+
+
+def create_model(
+    name: str,
+    pretrained: bool | str | Path = False,
+    num_classes: int | None = None,
+    **overrides: Any,
+) -> nn.Module:
+    """Create a zoo model by name, optionally with weights.
+
+    `pretrained`: False (random init), True (the default published tag through the HF cache or a
+    download), a HF hub id such as ``"timm/mobilenetv2_100.ra_in1k"``, or a local file
+    (``.safetensors``, a ``.pth``/``.pt``/``.bin`` state dict, or a checkpoint written by this project).
+    A different `num_classes` than the weights' re-initialises the classifier. A project checkpoint keeps
+    its own head and overrides unless new ones are given.
+    """
+    entry = get_entry(name)
+    source = resolve_source(entry, pretrained) if pretrained is not False else None
+    meta = source.meta if source is not None else None
+    if meta is not None:
+        if meta.get("model") != name:
+            raise WeightsError(
+                f"Checkpoint {source.path} was written for model {meta.get('model')!r}, not {name!r}. "
+                f"Load it with zoo.create_model({meta.get('model')!r}, pretrained=...) or zoo.load(path)."
+            )
+        overrides = {**meta.get("overrides", {}), **overrides}
+        if num_classes is None:
+            num_classes = meta.get("num_classes")
+    if num_classes is None:
+        num_classes = entry.default_cfg.get("num_classes")
+    kwargs = dict(overrides)
+    if num_classes is not None:
+        kwargs["num_classes"] = num_classes
+    model = build_model(name, **kwargs)
+    if meta is not None and meta.get("plan"):
+        model = apply_plan(model, meta["plan"])
+    if meta is not None and meta.get("fused"):
+        model = fuse(model, inplace=True)
+    if source is not None:
+        load_into(model, source)
+    return model
+
+
+def load(path: str | Path, **kwargs: Any) -> nn.Module:
+    """Rebuild the model recorded in a project checkpoint (name, overrides, plan) and load its weights."""
+    try:
+        meta = read_checkpoint_meta(path)
+    except Exception as exc:  # noqa: BLE001 - any read failure is reported the same way
+        raise WeightsError(f"Cannot read checkpoint {path}: {exc}. Expected a depthzoo .safetensors file.") from exc
+    if not meta or "model" not in meta:
+        raise WeightsError(
+            f"{path} has no depthzoo metadata, so the model name is unknown. Use "
+            "zoo.create_model(name, pretrained=path) with the architecture's name instead."
+        )
+    return create_model(meta["model"], pretrained=path, **kwargs)

@@ -1,0 +1,124 @@
+"""What a prune run reports: ``results.json`` (see docs/pruning.md for every field), the console summary, and the
+lookup and importance tables, the plan and the surrogate's Pareto plot in W&B."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..search import pareto_front
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _metric_view(metrics: dict[str, float]) -> dict[str, float]:
+    return {(k if k.startswith("val/") else f"val/{k}"): round(float(v), 5) for k, v in metrics.items()}
+
+
+def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn.Module, pruned: nn.Module,
+                     base_metrics: dict, pruned_metrics: dict, measured: dict, timings: dict, checkpoint: Path,
+                     calibration: Any, importance_cached: bool) -> dict[str, Any]:
+    """The ``results.json`` of a prune run (see the prune docs for every field)."""
+    predicted = table.predict(plan)
+    memory = table.predict_memory(plan)
+    estimate = f"{table.settings.estimator}_ms"  # the statistic the table's entries use (p10 by default)
+    base_ms, pruned_ms = measured["baseline"][estimate], measured["pruned"][estimate]
+    eager_base, eager_pruned = measured["baseline_eager"][estimate], measured["pruned_eager"][estimate]
+    return {
+        "model": cfg.model.name,
+        "data": cfg.data.name,
+        "device": table.condition["device_name"],
+        "condition": table.condition,
+        "workload": cfg.prune.workload,
+        "target_speedup": cfg.prune.target_speedup,
+        "target_latency_ms": cfg.prune.target_latency_ms,
+        "search": cfg.prune.search,
+        "importance": cfg.prune.importance,
+        "plan": plan,
+        "search_result": None if result is None else {"latency_ms": result.latency, "damage": result.damage},
+        "latency_statistic": table.settings.estimator,
+        "latency_form": table.condition.get("form", "eager"),
+        "baseline": {"latency_ms": base_ms, "latency_eager_ms": eager_base,
+                     "predicted_latency_ms": table.predict({"remove": []}), "params": count_params(baseline),
+                     "metrics": _metric_view(base_metrics)},
+        "pruned": {"latency_ms": pruned_ms, "latency_eager_ms": eager_pruned, "params": count_params(pruned),
+                   "metrics": _metric_view(pruned_metrics)},
+        "predicted_latency_ms": predicted,
+        "predicted_peak_memory_mb": None if memory is None else memory / 2**20,
+        "max_memory_mb": cfg.prune.max_memory_mb,
+        "prediction_error": predicted / pruned_ms - 1.0,
+        "measured_speedup": base_ms / pruned_ms,
+        "measured_speedup_eager": eager_base / eager_pruned,
+        "measurements": measured,
+        "lut": {"entries": table.n_entries, "measured_now": table.n_measured, "cached": table.n_cached,
+                "build_s": round(table.build_s, 3),
+                "calibration": None if calibration is None else calibration.summary()},
+        "importance_cached": importance_cached,
+        "timings_s": timings,
+        "checkpoint": str(checkpoint),
+    }
+
+
+def format_summary(results: dict[str, Any]) -> str:
+    """A readable console table of a prune run."""
+    base, pruned = results["baseline"], results["pruned"]
+    metric = next(iter(k for k in ("val/acc1", "val/ppl", "val/loss") if k in pruned["metrics"]), None)
+    rows = [("", "baseline", "pruned"),
+            ("latency ms (measured)", f"{base['latency_ms']:.3f}", f"{pruned['latency_ms']:.3f}"),
+            ("latency ms (predicted)", f"{base['predicted_latency_ms']:.3f}", f"{results['predicted_latency_ms']:.3f}"),
+            ("params", f"{base['params']:,}", f"{pruned['params']:,}")]
+    if metric:
+        rows.append((metric, f"{base['metrics'].get(metric, float('nan')):.3f}", f"{pruned['metrics'][metric]:.3f}"))
+    lines = [f"{a:<24}{b:>14}{c:>14}" for a, b, c in rows]
+    lines.append(f"measured speed-up {results['measured_speedup']:.2f}x (target {results['target_speedup']}x) on "
+                 f"{results['device']}; table prediction error {results['prediction_error']:+.1%}; "
+                 f"{len(results['plan']['remove'])} unit(s) removed")
+    return "\n".join(lines)
+
+
+def log_to_wandb(logger: Any, table: Any, options: list, damages: list, plan: dict, results: dict) -> None:
+    """Lookup and importance tables, the plan, the surrogate's Pareto front with the chosen point, final metrics."""
+    run = getattr(logger, "run", None)
+    flat = {f"prune/{k}": v for k, v in results.items() if isinstance(v, (int, float))}
+    for side in ("baseline", "pruned"):
+        flat.update({f"{side}/latency_ms": results[side]["latency_ms"], f"{side}/params": results[side]["params"]})
+        flat.update({f"{side}/{k}": v for k, v in results[side]["metrics"].items()})
+    logger.summary(flat)
+    if run is None:
+        return
+    import wandb
+
+    lut_rows = [[seg.name, "|".join(sorted(v)) or "unchanged", cost, damages[i].get(v, 0.0)]
+                for i, (seg, costs) in enumerate(zip(table.segments, table.segment_costs())) for v, cost in costs]
+    run.log({
+        "prune/lookup_table": wandb.Table(columns=["segment", "variant", "latency_ms", "damage"], data=lut_rows),
+        "prune/plan": wandb.Table(columns=["removed unit"], data=[[u] for u in plan["remove"]]),
+        "prune/pareto": wandb.Image(pareto_figure(table, options, results)),
+    })
+    run.summary["prune/plan_json"] = json.dumps(plan)
+
+
+def pareto_figure(table: Any, options: list, results: dict) -> Any:
+    """Predicted latency vs retained importance along the DP front, with the chosen and measured points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fixed = table.fixed_cost()
+    front = pareto_front(options)
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot([fixed + lat for lat, _ in front], [-d for _, d in front], "o-", ms=3, label="DP front (predicted)")
+    if results.get("search_result"):
+        ax.plot(results["predicted_latency_ms"], -results["search_result"]["damage"], "r*", ms=12, label="chosen plan")
+        ax.axvline(results["pruned"]["latency_ms"], color="g", ls="--", label="measured latency")
+    ax.set_xlabel("latency (ms)")
+    ax.set_ylabel("-(importance lost)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
