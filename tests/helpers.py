@@ -25,7 +25,7 @@ TINY_PRUNE = [*TINY_TRAIN, "prune.batch_size=2", "prune.calib_batches=1", "finet
 
 def env_for(base: Path) -> dict[str, str]:
     """The environment of a test subprocess: offline W&B under `base`, one thread, no inherited launch id."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEPTHZOO_") or k == "DEPTHZOO_CACHE"}
+    env = {k: v for k, v in os.environ.items() if k not in ("DEPTHZOO_START_TIME", "DEPTHZOO_LAUNCH_ID")}
     env.update(WANDB_DIR=str(base), WANDB_MODE="offline", WANDB_SILENT="true", PYTHONUNBUFFERED="1",
                OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])

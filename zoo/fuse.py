@@ -11,8 +11,9 @@ import copy
 
 import torch
 import torch.nn.functional as F
-from timm.layers import StdConv2d
 from torch import nn
+
+from .lazy import timm_layers as tl
 
 
 @torch.no_grad()
@@ -31,8 +32,8 @@ def _post_bn(bn: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def standardised_conv(conv: StdConv2d) -> nn.Conv2d:
-    """A plain Conv2d holding the standardised weight a StdConv2d would compute on every call."""
+def standardised_conv(conv: nn.Conv2d) -> nn.Conv2d:
+    """A plain Conv2d holding the standardised weight a timm StdConv2d would compute on every call."""
     weight = F.batch_norm(
         conv.weight.reshape(1, conv.out_channels, -1), None, None, training=True, momentum=0.0, eps=conv.eps
     ).reshape_as(conv.weight)
@@ -55,13 +56,13 @@ def fuse(model: nn.Module, inplace: bool = False) -> nn.Module:
         children = list(parent.named_children())
         for (conv_name, conv), (bn_name, bn) in zip(children, children[1:]):
             if isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d) and bn.track_running_stats:
-                if isinstance(conv, StdConv2d):
+                if isinstance(conv, tl.StdConv2d):
                     conv = standardised_conv(conv)
                     setattr(parent, conv_name, conv)
                 fold_bn_into_conv(conv, bn)
                 setattr(parent, bn_name, _post_bn(bn))
     for name, module in list(model.named_modules()):
-        if isinstance(module, StdConv2d):
+        if isinstance(module, tl.StdConv2d):
             model.set_submodule(name, standardised_conv(module))
     model.zoo_fused = True
     return model

@@ -10,18 +10,18 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-from timm.layers import BatchNormAct2d, SelectAdaptivePool2d, create_conv2d, make_divisible
 from torch import nn
 
 from .depth import BlockSpec, Chain, ConvOp, DepthMixin
+from .lazy import timm_layers as tl
 from .registry import register_model
 
 # (expansion, out_channels, repeats, stride) per stage after the depthwise-separable first block.
 MBV2_STAGES = ((6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
 
 
-def _norm_act(channels: int, apply_act: bool = True) -> BatchNormAct2d:
-    return BatchNormAct2d(channels, act_layer=nn.ReLU6, apply_act=apply_act)
+def _norm_act(channels: int, apply_act: bool = True) -> tl.BatchNormAct2d:
+    return tl.BatchNormAct2d(channels, act_layer=nn.ReLU6, apply_act=apply_act)
 
 
 class DepthwiseSeparable(nn.Module):
@@ -30,9 +30,9 @@ class DepthwiseSeparable(nn.Module):
     def __init__(self, in_chs: int, out_chs: int, stride: int = 1):
         super().__init__()
         self.has_skip = stride == 1 and in_chs == out_chs
-        self.conv_dw = create_conv2d(in_chs, in_chs, 3, stride=stride, depthwise=True)
+        self.conv_dw = tl.create_conv2d(in_chs, in_chs, 3, stride=stride, depthwise=True)
         self.bn1 = _norm_act(in_chs)
-        self.conv_pw = create_conv2d(in_chs, out_chs, 1)
+        self.conv_pw = tl.create_conv2d(in_chs, out_chs, 1)
         self.bn2 = _norm_act(out_chs, apply_act=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -49,13 +49,13 @@ class InvertedResidual(nn.Module):
 
     def __init__(self, in_chs: int, out_chs: int, stride: int, exp_ratio: float):
         super().__init__()
-        mid_chs = make_divisible(in_chs * exp_ratio)
+        mid_chs = tl.make_divisible(in_chs * exp_ratio)
         self.has_skip = stride == 1 and in_chs == out_chs
-        self.conv_pw = create_conv2d(in_chs, mid_chs, 1)
+        self.conv_pw = tl.create_conv2d(in_chs, mid_chs, 1)
         self.bn1 = _norm_act(mid_chs)
-        self.conv_dw = create_conv2d(mid_chs, mid_chs, 3, stride=stride, depthwise=True)
+        self.conv_dw = tl.create_conv2d(mid_chs, mid_chs, 3, stride=stride, depthwise=True)
         self.bn2 = _norm_act(mid_chs)
-        self.conv_pwl = create_conv2d(mid_chs, out_chs, 1)
+        self.conv_pwl = tl.create_conv2d(mid_chs, out_chs, 1)
         self.bn3 = _norm_act(out_chs, apply_act=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -76,11 +76,11 @@ class MobileNetV2(DepthMixin, nn.Module):
     def __init__(self, width_mult: float = 1.0, num_classes: int = 1000, in_chans: int = 3,
                  drop_rate: float = 0.0, global_pool: str = "avg"):
         super().__init__()
-        round_chs = partial(make_divisible, divisor=8, round_limit=0.9)
+        round_chs = partial(tl.make_divisible, divisor=8, round_limit=0.9)
         self.num_classes = num_classes
         self.drop_rate = drop_rate
         stem_chs = round_chs(32 * width_mult)
-        self.conv_stem = create_conv2d(in_chans, stem_chs, 3, stride=2)
+        self.conv_stem = tl.create_conv2d(in_chans, stem_chs, 3, stride=2)
         self.bn1 = _norm_act(stem_chs)
         chs = round_chs(16 * width_mult)
         stages: list[nn.Sequential] = [nn.Sequential(DepthwiseSeparable(stem_chs, chs))]
@@ -93,9 +93,9 @@ class MobileNetV2(DepthMixin, nn.Module):
             stages.append(nn.Sequential(*blocks))
         self.blocks = nn.Sequential(*stages)
         self.num_features = self.head_hidden_size = max(1280, round_chs(1280 * width_mult))
-        self.conv_head = create_conv2d(chs, self.num_features, 1)
+        self.conv_head = tl.create_conv2d(chs, self.num_features, 1)
         self.bn2 = _norm_act(self.num_features)
-        self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
+        self.global_pool = tl.SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
         self.classifier = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
 
@@ -113,7 +113,7 @@ class MobileNetV2(DepthMixin, nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         self.num_classes = num_classes
         if global_pool is not None:
-            self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
+            self.global_pool = tl.SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
         device = self.conv_head.weight.device
         self.classifier = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
 

@@ -9,17 +9,23 @@ into the convolution before it, and convs on either side of it never merge into 
 from __future__ import annotations
 
 from collections import OrderedDict
-from functools import partial
 
 import torch
-from timm.layers import ClassifierHead, GroupNormAct, StdConv2d, make_divisible
 from torch import nn
 
 from .depth import BlockSpec, DepthMixin
+from .lazy import timm_layers as tl
 from .registry import register_model
 
-_conv = partial(StdConv2d, eps=1e-8)
-_norm = partial(GroupNormAct, num_groups=32)
+
+def _conv(*args, **kwargs) -> nn.Module:
+    """A weight-standardised conv (timm's StdConv2d, eps 1e-8 as BiT)."""
+    return tl.StdConv2d(*args, eps=1e-8, **kwargs)
+
+
+def _norm(channels: int) -> nn.Module:
+    """GroupNorm(32) + ReLU."""
+    return tl.GroupNormAct(channels, num_groups=32)
 
 
 class DownsampleConv(nn.Module):
@@ -39,7 +45,7 @@ class PreActBottleneck(nn.Module):
 
     def __init__(self, in_chs: int, out_chs: int, stride: int = 1, project: bool = False):
         super().__init__()
-        mid_chs = make_divisible(out_chs * 0.25)
+        mid_chs = tl.make_divisible(out_chs * 0.25)
         self.downsample = DownsampleConv(in_chs, out_chs, stride) if project else None
         self.norm1 = _norm(in_chs)
         self.conv1 = _conv(in_chs, mid_chs, 1)
@@ -79,7 +85,7 @@ class ResNetV2(DepthMixin, nn.Module):
         super().__init__()
         self.num_classes = num_classes
         self.drop_rate = drop_rate
-        stem_chs = make_divisible(64 * width_factor)
+        stem_chs = tl.make_divisible(64 * width_factor)
         self.stem = nn.Sequential(OrderedDict([
             ("conv", _conv(in_chans, stem_chs, 7, stride=2)),
             ("pad", nn.ConstantPad2d(1, 0.0)),  # BiT's fixed SAME padding approximation
@@ -88,12 +94,12 @@ class ResNetV2(DepthMixin, nn.Module):
         prev_chs = stem_chs
         self.stages = nn.Sequential()
         for idx, (depth, chs) in enumerate(zip(layers, (256, 512, 1024, 2048))):
-            out_chs = make_divisible(chs * width_factor)
+            out_chs = tl.make_divisible(chs * width_factor)
             self.stages.add_module(str(idx), ResNetStage(prev_chs, out_chs, 1 if idx == 0 else 2, depth))
             prev_chs = out_chs
         self.num_features = self.head_hidden_size = prev_chs
         self.norm = _norm(prev_chs)
-        self.head = ClassifierHead(prev_chs, num_classes, pool_type=global_pool, drop_rate=drop_rate, use_conv=True)
+        self.head = tl.ClassifierHead(prev_chs, num_classes, pool_type=global_pool, drop_rate=drop_rate, use_conv=True)
         self._init_weights()
 
     def _init_weights(self) -> None:

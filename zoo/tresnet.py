@@ -14,17 +14,17 @@ from collections import OrderedDict
 from functools import partial
 
 import torch
-from timm.layers import BlurPool2d, ClassifierHead, ConvNormAct, SEModule, SpaceToDepth
 from torch import nn
 
 from .depth import BlockSpec, Chain, ConvOp, DepthMixin
+from .lazy import timm_layers as tl
 from .registry import register_model
 
 _leaky = partial(nn.LeakyReLU, negative_slope=1e-3)
 
 
-def _op(layer: ConvNormAct, *after: nn.Module | None) -> ConvOp:
-    """A ConvNormAct as a chain op: conv, BatchNorm, its act (if any), then blur-pool/SE, which stop a merge."""
+def _op(layer: nn.Module, *after: nn.Module | None) -> ConvOp:
+    """A timm ConvNormAct as a chain op: conv, BatchNorm, its act (if any), then blur-pool/SE, which stop a merge."""
     act = layer.bn.act if not isinstance(layer.bn.act, nn.Identity) else None
     extra = [m for m in (layer.aa, *after) if m is not None and not isinstance(m, nn.Identity)]
     return ConvOp(layer.conv, layer.bn, act, extra)
@@ -37,9 +37,9 @@ class BasicBlock(nn.Module):
                  use_se: bool = True):
         super().__init__()
         self.downsample = downsample
-        self.conv1 = ConvNormAct(inplanes, planes, 3, stride=stride, act_layer=_leaky, aa_layer=BlurPool2d)
-        self.conv2 = ConvNormAct(planes, planes, 3, stride=1, apply_act=False)
-        self.se = SEModule(planes, rd_channels=max(planes // 4, 64)) if use_se else None
+        self.conv1 = tl.ConvNormAct(inplanes, planes, 3, stride=stride, act_layer=_leaky, aa_layer=tl.BlurPool2d)
+        self.conv2 = tl.ConvNormAct(planes, planes, 3, stride=1, apply_act=False)
+        self.se = tl.SEModule(planes, rd_channels=max(planes // 4, 64)) if use_se else None
         self.act = nn.ReLU(inplace=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -62,10 +62,10 @@ class Bottleneck(nn.Module):
                  use_se: bool = True):
         super().__init__()
         self.downsample = downsample
-        self.conv1 = ConvNormAct(inplanes, planes, 1, act_layer=_leaky)
-        self.conv2 = ConvNormAct(planes, planes, 3, stride=stride, act_layer=_leaky, aa_layer=BlurPool2d)
-        self.se = SEModule(planes, rd_channels=max(planes * self.expansion // 8, 64)) if use_se else None
-        self.conv3 = ConvNormAct(planes, planes * self.expansion, 1, apply_act=False)
+        self.conv1 = tl.ConvNormAct(inplanes, planes, 1, act_layer=_leaky)
+        self.conv2 = tl.ConvNormAct(planes, planes, 3, stride=stride, act_layer=_leaky, aa_layer=tl.BlurPool2d)
+        self.se = tl.SEModule(planes, rd_channels=max(planes * self.expansion // 8, 64)) if use_se else None
+        self.conv3 = tl.ConvNormAct(planes, planes * self.expansion, 1, apply_act=False)
         self.act = nn.ReLU(inplace=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,23 +89,24 @@ class TResNet(DepthMixin, nn.Module):
         self.num_classes = num_classes
         self.drop_rate = drop_rate
         self.inplanes = planes = int(64 * width_factor)
-        stem = ConvNormAct(in_chans * 16, planes, 3, act_layer=nn.LeakyReLU)
+        stem = tl.ConvNormAct(in_chans * 16, planes, 3, act_layer=nn.LeakyReLU)
         stage_defs = ((BasicBlock, planes, 1, True), (BasicBlock, planes * 2, 2, True),
                       (Bottleneck, planes * 4, 2, True), (Bottleneck, planes * 8, 2, False))
         stages = [self._make_stage(block, p, n, stride, se) for (block, p, stride, se), n in zip(stage_defs, layers)]
         self.body = nn.Sequential(OrderedDict([
-            ("s2d", SpaceToDepth()), ("conv1", stem),
+            ("s2d", tl.SpaceToDepth()), ("conv1", stem),
             ("layer1", stages[0]), ("layer2", stages[1]), ("layer3", stages[2]), ("layer4", stages[3]),
         ]))
         self.num_features = self.head_hidden_size = planes * 8 * Bottleneck.expansion
-        self.head = ClassifierHead(self.num_features, num_classes, pool_type=global_pool, drop_rate=drop_rate)
+        self.head = tl.ClassifierHead(self.num_features, num_classes, pool_type=global_pool, drop_rate=drop_rate)
         self._init_weights()
 
     def _make_stage(self, block: type, planes: int, depth: int, stride: int, use_se: bool) -> nn.Sequential:
         downsample = None
         if stride != 1 or self.inplanes != planes * block.expansion:
             pool = [nn.AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False)] if stride == 2 else []
-            downsample = nn.Sequential(*pool, ConvNormAct(self.inplanes, planes * block.expansion, 1, apply_act=False))
+            project = tl.ConvNormAct(self.inplanes, planes * block.expansion, 1, apply_act=False)
+            downsample = nn.Sequential(*pool, project)
         blocks = []
         for i in range(depth):
             blocks.append(block(self.inplanes, planes, stride if i == 0 else 1, downsample if i == 0 else None, use_se))

@@ -266,6 +266,7 @@ def run_job(cfg: Any, run: Callable[[Any], dict[str, Any]], metric: Callable[[di
         return None
     if multirun:
         record_outcome(output_dir, "completed")
+    print(f"run directory: {output_dir}\nresults: {Path(output_dir) / 'results.json'}", flush=True)
     return metric(results)
 
 

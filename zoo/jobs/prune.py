@@ -363,14 +363,20 @@ def choose_plan(cfg: Any, table: Any, options: list[list[Choice]]) -> tuple[dict
     try:
         kwargs = {"dp": {"bins": cfg.prune.bins}, "random": {"seed": cfg.prune.seed}}.get(cfg.prune.search, {})
         result = search(cfg.prune.search, options, budget, **kwargs)
-    except BudgetError as exc:
+    except BudgetError:
         fastest = table.fixed_cost() + sum(min(c.latency for c in seg) for seg in options)
         baseline = table.predict({"remove": []})
+        best = baseline / fastest
+        if fastest <= target:  # reachable in real numbers; the DP's rounding to bins is what failed
+            raise BudgetError(f"No plan fits the target of {target:.3f} ms once latencies are rounded to "
+                              f"prune.bins={cfg.prune.bins} steps; raise prune.bins, e.g. to {cfg.prune.bins * 4}."
+                              ) from None
+        asked = (f"prune.target_latency_ms={cfg.prune.target_latency_ms}" if cfg.prune.target_latency_ms
+                 else f"prune.target_speedup={cfg.prune.target_speedup}")
         raise BudgetError(
-            f"The target of {target:.3f} ms (baseline {baseline:.3f} ms predicted) cannot be reached: removing and "
-            f"merging every removable unit still takes {fastest:.3f} ms, a best achievable speed-up of "
-            f"{baseline / fastest:.2f}x. Ask for prune.target_speedup below that. ({exc})"
-        ) from exc
+            f"{asked} cannot be reached: removing and merging every removable unit gives at most {best:.2f}x "
+            f"({baseline:.3f} -> {fastest:.3f} ms predicted); ask for a speed-up below {best:.2f}."
+        ) from None
     plan = {"remove": result.removed(options), "merge": cfg.prune.merge}
     return plan, result
 

@@ -61,7 +61,19 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
         "importance_cached": importance_cached,
         "timings_s": timings,
         "checkpoint": str(checkpoint),
+        "notes": notes(count_params(baseline), count_params(pruned)),
     }
+
+
+def notes(baseline_params: int, pruned_params: int) -> list[str]:
+    """What a reader of the results might misread, said plainly."""
+    found = []
+    if pruned_params > baseline_params:
+        found.append(f"The pruned network has more parameters than the baseline ({pruned_params:,} vs "
+                     f"{baseline_params:,}): a merged conv is one larger kernel (k1 + k2 - 1 wide) with more weights "
+                     "than the chain it replaces, yet it runs faster because it is one layer instead of several, "
+                     "with no activations or intermediate tensors in between. Depth, not size, is what went down.")
+    return found
 
 
 def format_summary(results: dict[str, Any]) -> str:
@@ -78,6 +90,7 @@ def format_summary(results: dict[str, Any]) -> str:
     lines.append(f"measured speed-up {results['measured_speedup']:.2f}x (target {results['target_speedup']}x) on "
                  f"{results['device']}; table prediction error {results['prediction_error']:+.1%}; "
                  f"{len(results['plan']['remove'])} unit(s) removed")
+    lines += [f"note: {note}" for note in results.get("notes", [])]
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ the device cannot run raises :class:`LatencyDeviceError` (a ``ValueError``) befo
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import platform
@@ -26,12 +27,18 @@ DTYPE_NAMES = {
 SUPPORTED_DTYPES = {"cpu": ("float32", "bfloat16"), "cuda": ("float32", "bfloat16", "float16")}
 
 
+@functools.cache
+def _warn_cpu_fallback() -> None:
+    """Once per process: ``device=auto`` found no GPU."""
+    logger.warning("device=auto: no CUDA device available, so these latencies are CPU latencies.")
+
+
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     """The torch device for `device` (``auto``, ``cpu``, ``cuda``, ``cuda:N``); raises if it is not available."""
     if device is None or str(device) == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", torch.cuda.current_device())
-        logger.warning("device=auto: no CUDA device available, so these latencies are CPU latencies.")
+        _warn_cpu_fallback()
         return torch.device("cpu")
     try:
         dev = torch.device(device)

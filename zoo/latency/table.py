@@ -381,13 +381,15 @@ class LatencyTable:
         """One row per (segment, variant): label, cost, entry median, IQR, runs and where it came from."""
         rows = []
         for i, seg in enumerate(self.segments):
+            intact = self.raw_cost(i, frozenset())
             for variant in seg.variants():
                 key = self.keys[i][variant]
                 rec = self.records.get(key, {}) if key else {}
-                rows.append({"segment": seg.name, "variant": variant_label(seg, variant),
-                             "cost_ms": self.raw_cost(i, variant), "median_ms": rec.get("median_ms", 0.0),
-                             "iqr_ms": rec.get("iqr_ms", 0.0), "n_runs": rec.get("n_runs", 0),
-                             "cap_hit": rec.get("cap_hit", False),
+                cost = self.raw_cost(i, variant)
+                rows.append({"segment": seg.name, "variant": variant_label(seg, variant), "cost_ms": cost,
+                             "median_ms": rec.get("median_ms", 0.0), "iqr_ms": rec.get("iqr_ms", 0.0),
+                             "n_runs": rec.get("n_runs", 0), "cap_hit": rec.get("cap_hit", False),
+                             "slower": bool(variant) and cost > intact,
                              "source": self.sources.get(key, "structural") if key else "structural"})
         return rows
 
@@ -408,11 +410,16 @@ class LatencyTable:
         """The table as aligned text: one line per (segment, variant), then the fixed part and totals."""
         lines = [f"{'segment':<24} {'variant':<24} {'cost ms':>9} {'median ms':>10} {'IQR ms':>8} {'runs':>6}  source",
                  "-" * 96]
-        for r in self.rows():
+        rows = self.rows()
+        for r in rows:
             cap = " (cap)" if r["cap_hit"] else ""
             lines.append(f"{r['segment']:<24} {r['variant']:<24} {r['cost_ms']:>9.4f} {r['median_ms']:>10.4f} "
-                         f"{r['iqr_ms']:>8.4f} {r['n_runs']:>6}  {r['source']}{cap}")
+                         f"{r['iqr_ms']:>8.4f} {r['n_runs']:>6}  {r['source']}{cap}{' *' if r['slower'] else ''}")
         fixed, corr = self.records[self.fixed_key], self.correction
+        if any(r["slower"] for r in rows):
+            lines.append("* costs more than the intact block: merging convs makes one larger kernel (k1 + k2 - 1 wide, "
+                         "and dense unless every part was depthwise), which can be slower than the chain it replaces; "
+                         "the search takes such a variant only where it pays.")
         lines += ["-" * 96,
                   f"fixed part (stem, head, glue): {self.fixed_raw_ms:.4f} ms (IQR {fixed['iqr_ms']:.4f}); "
                   f"call overhead subtracted per entry: {self.overhead_ms * 1e3:.1f} us; costs use the "

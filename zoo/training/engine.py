@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -453,7 +454,8 @@ class Trainer:
                 "train/epoch_time_s": elapsed, "train/lr": self.optimizer.param_groups[0]["lr"]}
 
     def _progress_bar(self) -> Any:
-        if not (self.cfg.progress and self.dist.is_main):
+        """A tqdm bar on a terminal only: redirected output gets the one summary line per epoch instead."""
+        if not (self.cfg.progress and self.dist.is_main and sys.stderr.isatty()):
             return None
         from tqdm import tqdm
 
