@@ -391,8 +391,10 @@ def status(step: dict[str, Any], checks: dict[str, bool | None]) -> str:
     results = list(checks.values())
     if any(r is False for r in results):
         return "failed"
-    if not results or all(r is None for r in results):
-        return "skipped" if results else "passed"
+    if not results:
+        return "incomplete"  # the step ran but checked nothing: not a pass
+    if all(r is None for r in results):
+        return "skipped"
     return "incomplete" if any(r is None for r in results) else "passed"
 
 

@@ -66,7 +66,7 @@ def test_list_models_and_info():
     assert info["input_size"] == (3, 224, 224) and info["pretrained_tag"] == "timm/mobilenetv2_100.ra_in1k"
 
 
-@pytest.mark.parametrize("name", [n for n in zoo.list_models() if zoo.get_entry(n).family != "retnet"])
+@pytest.mark.parametrize("name", [n for n in zoo.list_models() if zoo.get_entry(n).family in CNN_FAMILIES])
 def test_every_cnn_builds_and_matches_timm_shapes(name):
     """Every CNN builds on meta with exactly timm's state-dict keys and shapes."""
     with torch.device("meta"):

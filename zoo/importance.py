@@ -7,7 +7,7 @@ Scores (``damage``: how much a variant hurts when applied alone; the search mini
 * ``finetune``: as published (Kim et al., LayerMerge), the calibration loss after a few fine-tuning steps
   with the variant applied; expensive, off by default.
 
-Results are cached per (weights, score, calibration data, variant set) as JSON, written atomically.
+Results are cached per (weights, score, calibration batches, segments) as sealed JSON, written atomically.
 """
 
 from __future__ import annotations
@@ -119,6 +119,16 @@ def score_variants(
                 progress(done, total)
         result.append(damages)
     return result
+
+
+def batches_digest(batches: Sequence[Batch]) -> str:
+    """A hash of the calibration batches themselves (inputs and targets): scores depend on exactly these."""
+    digest = hashlib.sha1()
+    for inputs, targets in batches:
+        for tensor in (inputs, targets):
+            digest.update(str((tuple(tensor.shape), tensor.dtype)).encode())
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:20]
 
 
 def weights_digest(model: nn.Module) -> str:

@@ -3,8 +3,8 @@
 * **Directory names.** ``${dz_now:FMT}`` is the launch's start time and ``${dz_launch:}`` a random id, both the same
   in every torchrun rank and multirun worker of one launch, so default run directories are unique even for launches
   in the same second. ``${dz_job_dir:${hydra.overrides.task}}`` names a multirun job's directory after its
-  overrides (sorted; keys that do not change results left out), so a re-run with an extended override list reuses
-  exactly the jobs it repeats.
+  overrides (sorted; the run's location, logging and reuse switches left out), so a re-run with an extended override
+  list reuses exactly the jobs it repeats.
 * **Run files.** Hydra writes nothing into a run directory by itself (``hydra.output_subdir: null`` and a
   console-only job logging config); :func:`open_run_files` writes ``.hydra/`` and attaches ``<job>.log`` once the run
   has claimed its directory (:mod:`zoo.jobs.runs`), so a refused command leaves the directory exactly as it was.
@@ -40,7 +40,7 @@ from filelock import FileLock
 
 from ..errors import Interrupted, RunConflictError, ZooError
 from ..files import write_json
-from .runs import is_determining_key
+from .runs import names_a_job
 
 _log = logging.getLogger(__name__)
 
@@ -79,9 +79,9 @@ def _override_key(override: str) -> str:
 
 
 def job_dir_name(overrides: Any, limit: int = 100) -> str:
-    """A multirun job's directory name from its overrides: the determining ones, sorted by key, readable when
-    they are plain and short, else shortened and suffixed with ``~`` and a hash of the full list."""
-    kept = sorted((str(o) for o in overrides if is_determining_key(_override_key(str(o)))), key=_override_key)
+    """A multirun job's directory name from its overrides (all but location, logging and reuse switches), sorted by
+    key, readable when they are plain and short, else shortened and suffixed with ``~`` and a hash of the list."""
+    kept = sorted((str(o) for o in overrides if names_a_job(_override_key(str(o)))), key=_override_key)
     raw = ",".join(kept) or "defaults"
     safe = re.sub(r"[^A-Za-z0-9._=,+-]", "_", raw)
     if safe == raw and len(raw) <= limit:
@@ -134,6 +134,7 @@ def open_run_files(output_dir: str | Path, cfg: Any) -> logging.Handler | None:
         hydra_cfg = HydraConfig.get()
     except (ImportError, ValueError):
         return None
+    (Path(output_dir) / FAILED_FILE).unlink(missing_ok=True)  # an earlier attempt's failure is no longer current
     folder = Path(output_dir) / ".hydra"
     folder.mkdir(parents=True, exist_ok=True)
     for name, node in (("config.yaml", cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
@@ -282,6 +283,9 @@ def _hydra_callback_base() -> type:
 class SweepCallback(_hydra_callback_base()):
     """Hydra callback: after the last job of a multirun, exit with status 1 if any job of this launch failed."""
 
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        launch()  # fixes and exports the launch id before any worker starts (also with an explicit sweep dir)
+
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         self.finish(config.hydra.sweep.dir)
 
@@ -357,6 +361,12 @@ def guard(main: Callable[[], Any], schema: type) -> None:
         if previous == "1":  # the user asked for Hydra's full tracebacks
             raise
         print(f"error: {explain_composition_error(exc, config_keys(schema))}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except OSError as exc:  # Hydra making the run directory (a run's own errors are handled by run_job)
+        if previous == "1":
+            raise
+        print(f"error: cannot create the run directory {exc.filename or ''} ({exc.strerror}); set hydra.run.dir "
+              f"(or hydra.sweep.dir) to a folder you can write to.", file=sys.stderr)
         raise SystemExit(2) from None
     finally:
         if previous is None:

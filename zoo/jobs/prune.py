@@ -28,7 +28,7 @@ from .. import surgery
 from ..checkpoint import save_checkpoint
 from ..errors import ZooError
 from ..files import write_json
-from ..importance import SCORES, cached_scores, score_variants, weights_digest
+from ..importance import SCORES, batches_digest, cached_scores, score_variants, weights_digest
 from ..search import SEARCHES, BudgetError, Choice, search
 from ..training.config import TrainConfig
 from ..training.engine import Callback
@@ -103,20 +103,27 @@ def _is_recurrent(entry: Any) -> bool:
         return bool(getattr(entry.builder(), "recurrent", False))
 
 
+PRUNE_RANGES = (  # (key, lowest, highest, lowest excluded?): see zoo.training.config.RANGES
+    ("prune.target_speedup", 1.0, None, True), ("prune.target_latency_ms", 0.0, None, True),
+    ("prune.max_memory_mb", 0.0, None, True), ("prune.batch_size", 1, None, False),
+    ("prune.calib_batches", 1, None, False), ("prune.bins", 10, None, False), ("prune.threads", 1, None, False),
+    ("prune.calibrate_plans", 0, None, False), ("finetune.epochs", 0, None, False), ("finetune.lr", 0.0, None, True),
+    ("finetune.distill_weight", 0.0, 1.0, False), ("finetune.distill_temperature", 0.0, None, True),
+    ("finetune.linearise_fraction", 0.0, 1.0, False),
+)
+
+
 def validate_prune(cfg: Any) -> None:
-    """Checks before any long work: budget, choices, device (raises ZooError)."""
+    """Checks before any long work: budget, choices, ranges, device, the files it names (raises ZooError)."""
     from ..latency.device import resolve_device, resolve_dtype
     from ..registry import get_entry
+    from ..training import state as ckpt
+    from ..training.config import check_ranges, check_writable
 
     p = cfg.prune
     if p.target_latency_ms is None and p.target_speedup is None:
         raise ZooError("Give a budget: prune.target_speedup (e.g. 1.5) or prune.target_latency_ms.")
-    if p.target_latency_ms is None and p.target_speedup <= 1.0:
-        raise ZooError(f"prune.target_speedup={p.target_speedup} must be greater than 1 (1.5 means 1.5x faster).")
-    if p.target_latency_ms is not None and p.target_latency_ms <= 0:
-        raise ZooError(f"prune.target_latency_ms={p.target_latency_ms} must be positive.")
-    if p.max_memory_mb is not None and p.max_memory_mb <= 0:
-        raise ZooError(f"prune.max_memory_mb={p.max_memory_mb} must be positive (or null for no memory budget).")
+    check_ranges(cfg, PRUNE_RANGES)
     if p.importance not in SCORES:
         raise ZooError(f"prune.importance={p.importance!r}; allowed: {', '.join(SCORES)}.")
     if p.search not in SEARCHES:
@@ -127,17 +134,19 @@ def validate_prune(cfg: Any) -> None:
     if p.workload == "decode" and not _is_recurrent(get_entry(cfg.model.name)):
         raise ZooError(f"prune.workload=decode needs a recurrent language model; model={cfg.model.name} has no "
                        "recurrent state. Use prune.workload=forward.")
-    if p.batch_size < 1 or p.calib_batches < 1 or p.bins < 10:
-        raise ZooError("prune.batch_size and prune.calib_batches must be >= 1, prune.bins >= 10.")
-    if cfg.finetune.epochs < 0 or not 0.0 <= cfg.finetune.linearise_fraction <= 1.0:
-        raise ZooError("finetune.epochs must be >= 0 and finetune.linearise_fraction within [0, 1].")
-    if p.threads is not None and p.threads < 1:
-        raise ZooError(f"prune.threads={p.threads} must be >= 1 (or null for the latency package's default).")
     if p.plan:
         read_plan_file(p.plan)
-    if cfg.checkpoint and not Path(cfg.checkpoint).is_file():
-        raise ZooError(f"checkpoint={cfg.checkpoint} does not exist. Give a depthzoo checkpoint (.safetensors) or "
-                       "leave checkpoint=null to train the baseline.")
+    if cfg.checkpoint:
+        if not Path(cfg.checkpoint).is_file() or str(cfg.checkpoint).endswith(ckpt.STATE_SUFFIX):
+            raise ZooError(f"checkpoint={cfg.checkpoint} is not a weights file. Give a depthzoo checkpoint "
+                           "(.safetensors, e.g. checkpoints/best.safetensors of a train.py run) or leave "
+                           "checkpoint=null to train the baseline.")
+        name = ckpt.model_name_from_checkpoint(cfg.checkpoint)
+        if name != cfg.model.name:
+            raise ZooError(f"checkpoint={cfg.checkpoint} holds model {name!r}, but model={cfg.model.name}. Use "
+                           f"model={name} or a checkpoint of {cfg.model.name}.")
+    if p.cache_dir:
+        check_writable(p.cache_dir, "prune.cache_dir")
     lut_settings(p)
     measure_settings(p)
     resolve_dtype(p.dtype, resolve_device(p.device))
@@ -181,13 +190,12 @@ def phase(timings: dict[str, float], name: str) -> Iterator[None]:
     _log.info("%s done in %.1f s", name, timings[name])
 
 
-BASELINE_OUTPUTS = ("checkpoints", "trained.json")
-PRUNE_OUTPUTS = ("results.json", "plan.json", "finetune", "pruned.safetensors")
-
-
 def baseline_config(config: dict) -> dict:
-    """The part of a prune config that determines its baseline training: model, data, optim, trainer."""
-    return {k: config[k] for k in ("model", "data", "optim", "trainer")}
+    """The part of a prune config that determines its baseline training: model, data, optim, trainer, and the
+    contents of the files they name."""
+    from .runs import with_inputs
+
+    return with_inputs({k: config[k] for k in ("model", "data", "optim", "trainer")})
 
 
 def baseline_dir(cfg: Any, config: dict) -> Path:
@@ -205,7 +213,7 @@ def finished_baseline(directory: Path, config: dict) -> Path | None:
     """
     from ..errors import CorruptFileError
     from ..files import file_digest, read_sealed_json
-    from .runs import clear_outputs, fingerprint
+    from .runs import OUTPUTS, clear_outputs, fingerprint
 
     marker = directory / "trained.json"
     if not marker.exists():
@@ -220,26 +228,27 @@ def finished_baseline(directory: Path, config: dict) -> Path | None:
         return best
     except (CorruptFileError, KeyError, TypeError) as exc:
         _log.warning("The cached baseline in %s is not usable (%s): it is trained again.", directory, exc)
-        clear_outputs(directory, BASELINE_OUTPUTS)
+        clear_outputs(directory, OUTPUTS["baseline"])
         return None
 
 
 def train_baseline(cfg: Any, data: Any, config: dict, directory: Path) -> Path:
     """Train (or resume the interrupted training of) the baseline in `directory`; mark it complete. Returns best."""
+    from omegaconf import OmegaConf
+
     from ..errors import RunConflictError
     from ..files import file_digest, write_sealed_json
     from ..training import fit, seed_everything
     from ..training import state as ckpt
-    from .runs import check_reuse, clear_outputs, fingerprint, write_record
+    from .runs import OUTPUTS, check_reuse, clear_outputs, fingerprint, write_record
     from .train import build_model
 
     own = baseline_config(config)
     try:
-        state = check_reuse(directory, "baseline", own, outputs=BASELINE_OUTPUTS, finished=None, new_only=False,
-                            force_hint="", dir_hint="")
+        state = check_reuse(directory, "baseline", own)
     except RunConflictError as exc:
         _log.warning("The cached baseline in %s is not usable (%s): it is trained again.", directory, exc)
-        clear_outputs(directory, BASELINE_OUTPUTS)
+        clear_outputs(directory, OUTPUTS["baseline"])
         state = "fresh"
     write_record(directory, "baseline", own)
     resume = ckpt.resolve_resume("auto", directory) if state == "resume" else None
@@ -249,7 +258,7 @@ def train_baseline(cfg: Any, data: Any, config: dict, directory: Path) -> Path:
             _log.info("resuming the interrupted baseline training in %s from epoch %d", directory, epoch)
         except ckpt.CheckpointError as exc:
             _log.warning("The interrupted baseline in %s cannot be resumed (%s): it is trained again.", directory, exc)
-            clear_outputs(directory, BASELINE_OUTPUTS)
+            clear_outputs(directory, OUTPUTS["baseline"])
             write_record(directory, "baseline", own)
             resume = None
     else:
@@ -257,7 +266,8 @@ def train_baseline(cfg: Any, data: Any, config: dict, directory: Path) -> Path:
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     model = build_model(cfg.model, data)
     hint = " Run the same command again: the baseline's training resumes where it stopped."
-    result = fit(model, data, cfg.optim, cfg.trainer, None, output_dir=directory, config=config, resume_from=resume,
+    trainer_cfg = OmegaConf.merge(cfg.trainer, {"save_checkpoints": True})  # the cache is its checkpoints
+    result = fit(model, data, cfg.optim, trainer_cfg, None, output_dir=directory, config=config, resume_from=resume,
                  resume_hint=hint)
     best = result.best_checkpoint or result.last_checkpoint
     write_sealed_json(directory / "trained.json", {
@@ -371,11 +381,13 @@ def choose_plan(cfg: Any, table: Any, options: list[list[Choice]]) -> tuple[dict
             raise BudgetError(f"No plan fits the target of {target:.3f} ms once latencies are rounded to "
                               f"prune.bins={cfg.prune.bins} steps; raise prune.bins, e.g. to {cfg.prune.bins * 4}."
                               ) from None
+        instead = (f"ask for prune.target_latency_ms above {fastest:.3f}" if cfg.prune.target_latency_ms
+                   else f"ask for prune.target_speedup below {best:.2f}")
         asked = (f"prune.target_latency_ms={cfg.prune.target_latency_ms}" if cfg.prune.target_latency_ms
                  else f"prune.target_speedup={cfg.prune.target_speedup}")
         raise BudgetError(
             f"{asked} cannot be reached: removing and merging every removable unit gives at most {best:.2f}x "
-            f"({baseline:.3f} -> {fastest:.3f} ms predicted); ask for a speed-up below {best:.2f}."
+            f"({baseline:.3f} -> {fastest:.3f} ms predicted); {instead}."
         ) from None
     plan = {"remove": result.removed(options), "merge": cfg.prune.merge}
     return plan, result
@@ -411,7 +423,6 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
     from omegaconf import OmegaConf
 
     from ..training import evaluate, fit, seed_everything
-    from ..training import state as ckpt
 
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     fading = cfg.finetune.linearise_fraction > 0 and cfg.finetune.epochs > 0
@@ -421,7 +432,7 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
                                                 "warmup_epochs": 0})
         trainer_cfg = OmegaConf.merge(cfg.trainer, {"max_epochs": cfg.finetune.epochs, "resume": None})
         callback = Linearise(model, cfg.finetune.linearise_fraction)
-        resume = ckpt.resolve_resume("auto", output_dir / "finetune")
+        resume = resumable(output_dir / "finetune")
         fit(model, data, optim_cfg, trainer_cfg, logger, teacher=baseline, distill_weight=cfg.finetune.distill_weight,
             distill_temperature=cfg.finetune.distill_temperature, callbacks=[callback],
             output_dir=output_dir / "finetune", config=config, resume_from=resume,
@@ -430,6 +441,26 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
     device = next(baseline.parameters()).device
     metrics = evaluate(model.to(device).eval(), data.val, task=data.task)
     return model, metrics
+
+
+def resumable(directory: Path) -> Path | None:
+    """The interrupted fine-tuning's state to resume from, if it is intact; a damaged one is reported and dropped
+    (fine-tuning starts over, which gives the same result: it is seeded)."""
+    import shutil
+
+    from ..errors import CheckpointError
+    from ..training import state as ckpt
+
+    path = ckpt.resolve_resume("auto", directory)
+    if path is None:
+        return None
+    try:
+        ckpt.load_state(path)
+        return path
+    except CheckpointError as exc:
+        _log.warning("The interrupted fine-tuning cannot be resumed (%s): it starts over.", exc)
+        shutil.rmtree(directory)
+        return None
 
 
 class DecodeStep(nn.Module):
@@ -493,15 +524,17 @@ def run(cfg: Any) -> dict[str, Any]:
     from ..files import read_sealed_json
     from ..training.config import validate
     from .entry import in_multirun, run_files
-    from .runs import claimed
+    from .runs import claimed, fingerprint, with_inputs
     from .train import to_container
 
     validate(cfg, PruneConfig)
     validate_prune(cfg)
-    config = to_container(cfg)
+    config = with_inputs(to_container(cfg))
     output_dir = Path(cfg.paths.output_dir)
     dir_hint = "a new hydra.sweep.dir" if in_multirun() else "a new hydra.run.dir"
-    with claimed(output_dir, "prune", config, outputs=PRUNE_OUTPUTS, finished="results.json", force=cfg.prune.force,
+    if not cfg.prune.force:
+        forget_results_without_checkpoint(output_dir, fingerprint(config))
+    with claimed(output_dir, "prune", config, finished="results.json", force=cfg.prune.force,
                  force_hint="prune.force=true", dir_hint=dir_hint) as claim:
         if claim.state == "finished":
             _log.info("%s exists: this job already finished (prune.force=true runs it again)",
@@ -509,6 +542,24 @@ def run(cfg: Any) -> dict[str, Any]:
             return read_sealed_json(output_dir / "results.json")
         with run_files(output_dir, cfg):
             return prune_in(cfg, config, output_dir, resumed=claim.state == "resume")
+
+
+def forget_results_without_checkpoint(output_dir: Path, ours: str) -> None:
+    """A finished run of this config whose pruned checkpoint is gone or changed is not finished: its results file is
+    dropped (with a warning) so that the run completes again from its saved state."""
+    from ..errors import CorruptFileError
+    from ..files import file_digest, read_sealed_json
+
+    results, checkpoint = output_dir / "results.json", output_dir / "pruned.safetensors"
+    try:
+        recorded = read_sealed_json(results)
+    except CorruptFileError:
+        return  # missing or damaged: the claim deals with it
+    if recorded.get("fingerprint") != ours:
+        return  # another config's run: the claim refuses it, untouched
+    if not checkpoint.is_file() or file_digest(checkpoint) != recorded.get("checkpoint_sha256"):
+        _log.warning("%s is missing or changed since this run finished: the run completes again", checkpoint)
+        results.unlink()
 
 
 def resumed_plan(path: Path, baseline: nn.Module) -> dict[str, Any] | None:
@@ -533,7 +584,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
     W&B is finished before ``results.json`` (sealed, with the config's fingerprint) is written, last.
     """
     from .. import get_entry
-    from ..files import write_sealed_json
+    from ..files import file_digest, write_sealed_json
     from ..training import build_loaders, create_logger, evaluate, seed_everything
     from .entry import hydra_context
     from .runs import fingerprint
@@ -572,6 +623,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         results = assemble_results(cfg, table, plan, result, baseline, pruned, base_metrics, pruned_metrics,
                                    measured, timings, checkpoint, calibration, importance_cached)
         results["fingerprint"] = fingerprint(config)
+        results["checkpoint_sha256"] = file_digest(checkpoint)
         log_to_wandb(logger, table, options, damages, plan, results)
     except BaseException:
         logger.finish(exit_code=1)
@@ -586,8 +638,8 @@ def importance_of(cfg: Any, config: dict, baseline: nn.Module, table: Any, data:
                   ) -> tuple[list[dict[frozenset[str], float]], bool]:
     """Damage of every segment variant (cached per weights, score, data and segments) and whether it was cached."""
     batches = calibration_batches(data, cfg.prune.calib_batches)
-    key = {"weights": weights_digest(baseline), "score": cfg.prune.importance, "data": config["data"],
-           "calib_batches": cfg.prune.calib_batches, "segments": [s.name for s in table.segments]}
+    key = {"weights": weights_digest(baseline), "score": cfg.prune.importance, "batches": batches_digest(batches),
+           "segments": [s.name for s in table.segments]}
     cache = Path(cfg.prune.cache_dir or Path(cfg.paths.log_dir) / "cache")
     return cached_scores(cache, key, table.segments, lambda: score_variants(
         baseline, table.segments, batches, cfg.prune.importance, train_batches=batches))

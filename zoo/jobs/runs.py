@@ -27,21 +27,30 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from ..errors import CorruptFileError, RunConflictError
-from ..files import json_digest, read_sealed_json, write_sealed_json
+from ..files import file_digest, json_digest, read_sealed_json, write_sealed_json
 
 _log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".run.lock"
 
-# Dotted config keys that never change what a run computes: where it writes, how it logs, and how it was asked
-# to reuse a directory. Everything else in the resolved config is part of the fingerprint.
-NON_DETERMINING = (
-    "paths", "logger", "hydra", "task_name", "tags",
-    "trainer.progress", "trainer.log_every", "trainer.resume", "trainer.force", "trainer.save_checkpoints",
-    "data.num_workers", "data.download",
-    "prune.force", "prune.cache_dir",
-)
+# Where a run writes, how it logs and how it was asked to reuse a directory: never part of a run's identity, and
+# left out of multirun job directory names (so a re-run with logger=none or prune.force=true finds its jobs).
+LOCATION_AND_REUSE = ("paths", "logger", "hydra", "task_name", "tags", "trainer.resume", "trainer.force",
+                      "prune.force", "prune.cache_dir")
+# Dotted config keys that never change what a run computes. Everything else in the resolved config is part of the
+# fingerprint, and so are the contents of the files it names (:func:`with_inputs`).
+NON_DETERMINING = (*LOCATION_AND_REUSE, "trainer.progress", "trainer.log_every", "trainer.save_checkpoints",
+                   "data.num_workers", "data.download")
+# The files and folders each kind of run leaves in its directory: what a conflict protects and what force removes.
+OUTPUTS = {
+    "train": ("results.json", "checkpoints"),
+    "prune": ("results.json", "plan.json", "finetune", "pruned.safetensors"),
+    "baseline": ("checkpoints", "trained.json"),
+}
+ALL_OUTPUTS = tuple(dict.fromkeys(name for names in OUTPUTS.values() for name in names))
+FILE_KEYS = ("checkpoint", "prune.plan", "model.pretrained", "data.files")  # keys that name input files
+FULL_DIGEST_BYTES = 256 * 2**20  # files up to this size are hashed; larger ones are identified by size and mtime
 
 
 def _drop(config: dict[str, Any], dotted: str) -> None:
@@ -61,9 +70,35 @@ def determining(config: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def is_determining_key(key: str) -> bool:
-    """Whether an override of the dotted `key` (or config group `key`) can change a run's results."""
-    return not any(key == k or key.startswith(k + ".") for k in NON_DETERMINING)
+def names_a_job(key: str) -> bool:
+    """Whether an override of the dotted `key` (or config group `key`) belongs in a multirun job's directory name:
+    every key but the run's location, logging and reuse switches (:data:`LOCATION_AND_REUSE`)."""
+    return not any(key == k or key.startswith(k + ".") for k in LOCATION_AND_REUSE)
+
+
+def _file_identity(path: Path) -> str:
+    stat = path.stat()
+    if stat.st_size <= FULL_DIGEST_BYTES:
+        return "sha256:" + file_digest(path)
+    return f"size:{stat.st_size}:mtime:{stat.st_mtime_ns}"
+
+
+def with_inputs(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` plus ``inputs``: the identity of every local file it names (a checkpoint, a plan, pretrained weights,
+    text files): the same path with other contents is another config. Folders (image data) count by path only."""
+    import glob
+
+    inputs = {}
+    for key in FILE_KEYS:
+        value = flatten(config).get(key)
+        patterns = value if isinstance(value, list) else [value]
+        for pattern in patterns:
+            if not isinstance(pattern, str) or not pattern:
+                continue
+            for name in sorted(glob.glob(str(Path(pattern).expanduser()), recursive=True)):
+                if Path(name).is_file():
+                    inputs[f"{key}:{Path(name).resolve()}"] = _file_identity(Path(name))
+    return {**config, "inputs": inputs}
 
 
 def fingerprint(config: dict[str, Any]) -> str:
@@ -124,7 +159,7 @@ class Claim:
             self.lock = None
 
 
-def existing_outputs(directory: Path, outputs: Sequence[str]) -> list[str]:
+def existing_outputs(directory: Path, outputs: Sequence[str] = ALL_OUTPUTS) -> list[str]:
     return [name for name in outputs if (directory / name).exists()]
 
 
@@ -138,27 +173,29 @@ def clear_outputs(directory: Path, outputs: Sequence[str]) -> None:
             path.unlink(missing_ok=True)
 
 
-def check_reuse(directory: str | Path, kind: str, config: dict[str, Any], *, outputs: Sequence[str],
-                finished: str | None, new_only: bool, force_hint: str, dir_hint: str) -> str:
+def check_reuse(directory: str | Path, kind: str, config: dict[str, Any], *, finished: str | None = None,
+                new_only: bool = False, force_hint: str = "force=true", dir_hint: str = "a new directory") -> str:
     """Read-only: what this run may do in `directory` (``fresh``, ``resume``, ``finished``) or a RunConflictError.
 
-    `outputs`: names of the files/folders a run of this kind leaves; `finished`: the one that marks it complete
-    (None: the kind is never skipped); `new_only`: any earlier run is a conflict (train.py without resume).
+    A directory without the outputs of any run (:data:`OUTPUTS`) is fresh, whatever its ``run.json`` says (a run that
+    stopped before writing anything protects nothing). `finished`: the output that marks a run of this kind complete
+    (None: the kind is never skipped); `new_only`: an earlier run of the same config is a conflict too (train.py
+    without resume).
     """
     directory = Path(directory)
+    present = existing_outputs(directory, ALL_OUTPUTS)
+    if not present:
+        return "fresh"
     try:
         record = read_record(directory)
     except CorruptFileError as exc:
         raise RunConflictError(f"{directory} holds a damaged run record ({exc}). Its files are kept: use "
                                f"{dir_hint}, or {force_hint} to discard them and start over.") from None
-    present = existing_outputs(directory, outputs)
     if record is None:
-        if present:
-            raise RunConflictError(
-                f"{directory} holds {', '.join(present)} of a run with no recorded config (an earlier depthzoo "
-                f"version or files put there by hand), so they cannot be matched to this config. They are kept: "
-                f"use {dir_hint}, or {force_hint} to discard them.")
-        return "fresh"
+        raise RunConflictError(
+            f"{directory} holds {', '.join(present)} of a run with no recorded config (an earlier depthzoo "
+            f"version or files put there by hand), so they cannot be matched to this config. They are kept: "
+            f"use {dir_hint}, or {force_hint} to discard them.")
     ours = fingerprint(config)
     if record.get("kind") != kind or record.get("fingerprint") != ours:
         what = record.get("kind", "unknown")
@@ -167,7 +204,7 @@ def check_reuse(directory: str | Path, kind: str, config: dict[str, Any], *, out
         raise RunConflictError(
             f"{directory} holds a {what} run of another config ({diff}). Its results are kept: use {dir_hint}, "
             f"or {force_hint} to discard them and start over.")
-    if new_only and present:
+    if new_only:
         raise RunConflictError(
             f"{directory} already holds a {kind} run of this config. Continue it with trainer.resume=auto, start "
             f"over with {force_hint}, or use {dir_hint}.")
@@ -176,7 +213,7 @@ def check_reuse(directory: str | Path, kind: str, config: dict[str, Any], *, out
             return "finished"
         _log.warning("%s is damaged or belongs to another run: the run continues as if it had not finished",
                      directory / finished)
-    return "resume" if present else "fresh"
+    return "resume"
 
 
 def _intact(path: Path, expected_fingerprint: str) -> bool:
@@ -187,18 +224,18 @@ def _intact(path: Path, expected_fingerprint: str) -> bool:
         return False
 
 
-def claim(directory: str | Path, kind: str, config: dict[str, Any], *, outputs: Sequence[str],
-          finished: str | None = None, new_only: bool = False, force: bool = False,
-          force_hint: str = "force=true", dir_hint: str = "a new directory") -> Claim:
+def claim(directory: str | Path, kind: str, config: dict[str, Any], *, finished: str | None = None,
+          new_only: bool = False, force: bool = False, force_hint: str = "force=true",
+          dir_hint: str = "a new directory") -> Claim:
     """Take `directory` for a `kind` run of `config`: check it (see :func:`check_reuse`), lock it, record it.
 
-    Nothing is written when the run is refused. With `force` an earlier run's outputs are deleted first.
-    A ``finished`` claim holds no lock and writes nothing (the caller reports the existing results).
+    Nothing is written when the run is refused. With `force` the outputs of whatever run the directory held are
+    deleted first. A ``finished`` claim holds no lock and writes nothing (the caller reports the existing results).
     """
     directory = Path(directory)
+    kwargs = {"finished": finished, "new_only": new_only, "force_hint": force_hint, "dir_hint": dir_hint}
     if not force:
-        state = check_reuse(directory, kind, config, outputs=outputs, finished=finished, new_only=new_only,
-                            force_hint=force_hint, dir_hint=dir_hint)
+        state = check_reuse(directory, kind, config, **kwargs)
         if state == "finished":
             return Claim(directory, state, read_record(directory) or {})
     directory.mkdir(parents=True, exist_ok=True)
@@ -210,14 +247,13 @@ def claim(directory: str | Path, kind: str, config: dict[str, Any], *, outputs: 
                                f"to finish, or use {dir_hint}.") from None
     try:
         if force:
-            present = existing_outputs(directory, outputs)
+            present = existing_outputs(directory, ALL_OUTPUTS)
             if present:
                 _log.warning("%s: discarding %s of an earlier run (force)", directory, ", ".join(present))
-            clear_outputs(directory, outputs)
+            clear_outputs(directory, ALL_OUTPUTS)
             state = "fresh"
         else:  # re-check under the lock: another process may have finished or claimed it in between
-            state = check_reuse(directory, kind, config, outputs=outputs, finished=finished, new_only=new_only,
-                                force_hint=force_hint, dir_hint=dir_hint)
+            state = check_reuse(directory, kind, config, **kwargs)
         record = read_record(directory) if state != "fresh" else None
         if record is None:
             record = write_record(directory, kind, config, pid=os.getpid())
@@ -237,5 +273,6 @@ def claimed(directory: str | Path, kind: str, config: dict[str, Any], **kwargs: 
         taken.release()
 
 
-__all__ = ["NON_DETERMINING", "Claim", "check_reuse", "claim", "claimed", "clear_outputs", "describe_differences",
-           "determining", "fingerprint", "flatten", "is_determining_key", "read_record", "write_record"]
+__all__ = ["NON_DETERMINING", "OUTPUTS", "Claim", "check_reuse", "claim", "claimed", "clear_outputs",
+           "describe_differences", "determining", "fingerprint", "flatten", "names_a_job", "read_record", "with_inputs",
+           "write_record"]

@@ -20,8 +20,6 @@ from ..training.config import validate
 from ..training.data import BYTE_VOCAB, DataBundle, build_loaders
 from ..training.engine import FitResult, fit, resolve_device, seed_everything
 
-TRAIN_OUTPUTS = ("results.json", "checkpoints")
-
 _log = logging.getLogger(__name__)
 
 
@@ -119,13 +117,15 @@ def check_resume_config(resume_path: Path | None, config: dict[str, Any]) -> Non
 def claim_run_dir(cfg: Any, config: dict[str, Any], output_dir: Path) -> Any:
     """Claim `output_dir` for this run (rank 0), or raise RunConflictError; other ranks get rank 0's verdict."""
     from ..errors import RunConflictError
+    from .entry import in_multirun
     from .runs import claim
 
     error, taken = None, None
+    dir_hint = "a new hydra.sweep.dir" if in_multirun() else "a new hydra.run.dir"
     if dist_utils.info().is_main:
         try:
-            taken = claim(output_dir, "train", config, outputs=TRAIN_OUTPUTS, new_only=cfg.trainer.resume in (None, ""),
-                          force=cfg.trainer.force, force_hint="trainer.force=true", dir_hint="a new hydra.run.dir")
+            taken = claim(output_dir, "train", config, new_only=cfg.trainer.resume in (None, ""),
+                          force=cfg.trainer.force, force_hint="trainer.force=true", dir_hint=dir_hint)
         except RunConflictError as exc:
             error = str(exc)
     error = dist_utils.broadcast_object(error)
@@ -138,10 +138,11 @@ def run(cfg: Any) -> dict[str, Any]:
     """Validate, claim the run directory, build data/model/logger, train, write ``results.json`` (last)."""
     from ..training.logger import create_logger
     from .entry import hydra_context, run_files
+    from .runs import with_inputs
 
     dist = dist_utils.setup()
     validate(cfg)
-    config = to_container(cfg)
+    config = with_inputs(to_container(cfg))
     output_dir = Path(cfg.paths.output_dir)
     explicit = cfg.trainer.resume not in (None, "", "auto")
     resume_path = ckpt.resolve_resume(cfg.trainer.resume, output_dir) if explicit else None

@@ -23,7 +23,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from ..errors import CorruptFileError, LatencyCacheWarning
+from ..errors import CorruptFileError, LatencyCacheWarning, LatencyDeviceError
 from ..files import SEAL_KEY, json_digest, read_sealed_json, write_sealed_json
 
 CACHE_FORMAT = 2  # 2: sealed with a checksum of the content; 1 (no checksum) is still read and upgraded on write
@@ -54,7 +54,11 @@ def device_lock(device: Any) -> Iterator[None]:
 
     name = _slug(device_name(device)) or "device"
     path = cache_root() / "locks" / f"timing-{name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LatencyDeviceError(f"Cannot create the timing lock folder {path.parent} ({exc.strerror}); set "
+                                 f"${CACHE_ENV} to a folder you can write to.") from None
     lock = _DEVICE_LOCKS.setdefault(str(path), FileLock(str(path)))
     try:
         lock.acquire(timeout=0)

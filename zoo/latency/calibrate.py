@@ -22,7 +22,7 @@ from torch import nn
 from ..surgery import Segment, apply_plan
 from .cache import device_lock
 from .device import resolve_dtype, timing_context
-from .measure import Bench, measured_form, prepare, time_rounds
+from .measure import Bench, check_rounds, measured_form, prepare, time_rounds
 
 if TYPE_CHECKING:
     from .table import LatencyTable
@@ -55,6 +55,9 @@ class CalibrationSettings:
     max_rounds: int = 100
     rel_tol: float = 0.005
     max_time_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        check_rounds(self, "CalibrationSettings (prune.measure)")
 
 
 @dataclass

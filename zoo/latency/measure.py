@@ -65,6 +65,19 @@ class MeasureSettings:
 CLOCKS = ("wall", "thread")
 
 
+def check_rounds(settings: Any, name: str) -> None:
+    """The round and time settings of a timing protocol (``TableSettings``, ``CalibrationSettings``) in range."""
+    from ..errors import ZooError
+
+    problems = [f"{key}={getattr(settings, key)} must be {rule}" for key, ok, rule in (
+        ("min_rounds", settings.min_rounds >= 1, ">= 1"), ("runs_per_round", settings.runs_per_round >= 1, ">= 1"),
+        ("max_rounds", settings.max_rounds >= settings.min_rounds, ">= min_rounds"),
+        ("rel_tol", settings.rel_tol >= 0, ">= 0"), ("max_time_s", settings.max_time_s > 0, "> 0"),
+        ("warmup_s", settings.warmup_s >= 0, ">= 0")) if not ok]
+    if problems:
+        raise ZooError(f"{name}: {'; '.join(problems)}.")
+
+
 def check_clock(clock: str, device: torch.device, threads: int) -> None:
     """The thread clock needs the CPU and one thread; raise a clear error otherwise."""
     from .device import LatencyDeviceError

@@ -47,7 +47,17 @@ from ..surgery import Segment, build_segment, segments
 from .cache import LatencyCache, LatencyCacheWarning, device_lock
 from .calibrate import Correction, calibrate
 from .device import device_name, dtype_name, resolve_device, resolve_dtype, synchronize, timing_context
-from .measure import Bench, can_queue, check_clock, measured_form, peak_memory, prepare, time_rounds
+from .measure import (
+    CLOCKS,
+    Bench,
+    can_queue,
+    check_clock,
+    check_rounds,
+    measured_form,
+    peak_memory,
+    prepare,
+    time_rounds,
+)
 
 logger = logging.getLogger("zoo.latency")
 
@@ -101,6 +111,12 @@ class TableSettings:
     cuda_timing: str = "auto"
 
     def __post_init__(self) -> None:
+        check_rounds(self, "TableSettings (prune.lut)")
+        if self.threads < 1 or self.entry_warmup_s < 0:
+            raise ZooError(f"TableSettings (prune.lut): threads={self.threads} must be >= 1 and entry_warmup_s="
+                           f"{self.entry_warmup_s} >= 0.")
+        if self.clock not in CLOCKS:
+            raise ZooError(f"Unknown clock {self.clock!r}; allowed are {', '.join(CLOCKS)}.")
         if self.estimator not in ESTIMATORS:
             raise ZooError(f"Unknown estimator {self.estimator!r}; allowed are {', '.join(ESTIMATORS)}.")
         if self.cuda_timing not in CUDA_TIMINGS:

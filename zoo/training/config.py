@@ -280,6 +280,43 @@ def check_keys(cfg: Any, schema: type) -> None:
                           f"and val/ class folders for data=imagefolder, text files for data=text's data.files).")
 
 
+# (dotted key, lowest, highest, bounds excluded?) for every numeric setting with a range; a key whose value is null
+# is not checked. One table, so that every bound is stated once and reported the same way.
+RANGES = (
+    ("trainer.max_epochs", 1, None, False), ("trainer.accum_steps", 1, None, False),
+    ("trainer.log_every", 1, None, False), ("trainer.eval_every", 0, None, False),
+    ("trainer.limit_train_batches", 1, None, False), ("trainer.limit_val_batches", 1, None, False),
+    ("trainer.label_smoothing", 0.0, 0.999, False), ("trainer.ema_decay", 0.0, 1.0, False),
+    ("trainer.mixup_alpha", 0.0, None, False), ("trainer.cutmix_alpha", 0.0, None, False),
+    ("data.batch_size", 1, None, False), ("data.eval_batch_size", 1, None, False), ("data.num_workers", 0, None, False),
+    ("data.image_size", 1, None, False), ("data.shift", 0, None, False), ("data.seq_len", 1, None, False),
+    ("data.num_samples", 1, None, False), ("data.num_classes", 1, None, False), ("data.train_samples", 1, None, False),
+    ("data.val_samples", 1, None, False), ("data.val_fraction", 0.0, 1.0, True), ("data.hflip", 0.0, 1.0, False),
+    ("optim.lr", 0.0, None, True), ("optim.weight_decay", 0.0, None, False), ("optim.momentum", 0.0, 1.0, False),
+    ("optim.warmup_epochs", 0, None, False), ("optim.warmup_lr", 0.0, None, False), ("optim.min_lr", 0.0, None, False),
+    ("optim.clip_grad", 0.0, None, True), ("model.num_classes", 1, None, False),
+)
+
+
+def check_ranges(cfg: Any, ranges: tuple = RANGES) -> None:
+    """Every numeric setting within its stated range (raises ConfigError naming the key and the range)."""
+    from omegaconf import OmegaConf
+
+    for key, low, high, exclusive in ranges:
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is None:
+            continue
+        outside = (value <= low or (high is not None and value >= high)) if exclusive else \
+            (value < low or (high is not None and value > high))
+        if outside:
+            low_op, high_op = (">", "<") if exclusive else (">=", "<=")
+            allowed = f"{low_op} {low}" + (f" and {high_op} {high}" if high is not None else "")
+            raise ConfigError(f"{key}={value} is out of range: it must be {allowed}.")
+
+
+METRICS = {"lm": ("loss", "ppl", "tokens_per_s"), "classification": ("loss", "acc1", "acc5")}
+
+
 def validate(cfg: Any, schema: type | None = None) -> None:
     """Check keys, choices, ranges and model/data consistency of a composed config (raises ConfigError)."""
     import zoo
@@ -292,19 +329,15 @@ def validate(cfg: Any, schema: type | None = None) -> None:
     _choice(cfg.trainer.device, DEVICES, "trainer.device")
     _choice(cfg.logger.name, ("wandb", "none"), "logger.name")
     _choice(cfg.logger.mode, LOGGER_MODES, "logger.mode")
+    _choice(cfg.optim.clip_mode, ("norm", "value", "agc"), "optim.clip_mode")
     if cfg.trainer.monitor_mode is not None:
         _choice(cfg.trainer.monitor_mode, MONITOR_MODES, "trainer.monitor_mode")
-    for key, value in (("trainer.max_epochs", cfg.trainer.max_epochs), ("data.batch_size", cfg.data.batch_size),
-                       ("trainer.accum_steps", cfg.trainer.accum_steps), ("trainer.log_every", cfg.trainer.log_every)):
-        if value < 1:
-            raise ConfigError(f"{key}={value} must be at least 1.")
-    if cfg.optim.lr <= 0:
-        raise ConfigError(f"optim.lr={cfg.optim.lr} must be positive.")
+    check_ranges(cfg)
     check_optimizer(cfg.optim.opt, cfg.optim.sched)
+    if cfg.trainer.device == "cuda" and not _cuda_device("cuda"):
+        raise ConfigError("trainer.device=cuda but no CUDA device is available here; use trainer.device=cpu or auto.")
     if cfg.trainer.precision == "fp16" and not _cuda_device(cfg.trainer.device):
         raise ConfigError("trainer.precision=fp16 needs a CUDA device; on the CPU use trainer.precision=bf16 or fp32.")
-    if not 0.0 < cfg.data.val_fraction < 1.0:
-        raise ConfigError(f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1.")
     if cfg.trainer.mixup_alpha > 0 or cfg.trainer.cutmix_alpha > 0:
         if cfg.data.batch_size % 2:
             raise ConfigError("Mixup/CutMix needs an even data.batch_size (timm mixes a batch with its flip).")
@@ -317,3 +350,18 @@ def validate(cfg: Any, schema: type | None = None) -> None:
         fits = ", ".join(TEXT_DATASETS if model_is_lm else IMAGE_DATASETS)
         raise ConfigError(f"model={cfg.model.name} is {kind} but data={cfg.data.name} does not fit it; "
                           f"use one of data={fits}.")
+    if cfg.trainer.monitor is not None:
+        names = [f"{prefix}/{m}" for prefix in ("val", "val_ema") for m in METRICS[task_of(cfg.data.name)]]
+        _choice(cfg.trainer.monitor, tuple(names), "trainer.monitor")
+    check_writable(cfg.paths.log_dir, "paths.log_dir")
+
+
+def check_writable(folder: Any, key: str) -> None:
+    """A folder the run will write into must be one, or be creatable (it is created now: runs write there anyway)."""
+    path = Path(str(folder)).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{key}={folder} is a file, not a folder.")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{key}={folder} cannot be created ({exc.strerror}); give a writable folder.") from None

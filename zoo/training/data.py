@@ -194,9 +194,13 @@ def _digits(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
     size = cfg.image_size or 32
     images = torch.nn.functional.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
     labels = torch.tensor(digits.target, dtype=torch.long)
-    train_idx, val_idx = train_test_split(
-        list(range(len(labels))), test_size=cfg.val_fraction, random_state=0, stratify=digits.target
-    )
+    try:
+        train_idx, val_idx = train_test_split(
+            list(range(len(labels))), test_size=cfg.val_fraction, random_state=0, stratify=digits.target
+        )
+    except ValueError as exc:
+        raise DataError(f"data.val_fraction={cfg.val_fraction} cannot split the {len(labels)} digits with every class "
+                        f"on both sides ({exc}); use a fraction between 0.01 and 0.99.") from None
     train_idx, val_idx = torch.tensor(train_idx), torch.tensor(val_idx)
     mean, std = images[train_idx].mean().item(), images[train_idx].std().item()
     images = ((images - mean) / std).expand(-1, 3, -1, -1).contiguous()

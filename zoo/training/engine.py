@@ -241,8 +241,8 @@ class Trainer:
             self.optimizer = create_optimizer_v2(self.model, opt=oc.opt, lr=oc.lr, weight_decay=oc.weight_decay,
                                                  momentum=oc.momentum)
         except (AssertionError, ValueError) as exc:
-            raise ConfigError(f"optim.opt={oc.opt!r} is not a timm optimizer ({exc}). Common choices: adamw, "
-                              f"sgd, lamb, lion, adam.") from exc
+            raise ConfigError(f"Cannot create the {oc.opt} optimizer with lr={oc.lr}, weight_decay={oc.weight_decay}, "
+                              f"momentum={oc.momentum}: {exc}.") from None
         self.scheduler = None
         if oc.sched not in ("none", "constant"):
             try:
