@@ -67,6 +67,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
             Image.new("RGB", (20, 20), color=(10 * len(cls), 50, 90)).save(folder / "ok.png")
     (base / "images" / "val" / "a" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     (base / "notes.txt").write_text("real text " * 400)
+    from zoo.training import state
+
+    state.save_state({"model_name": "mobilenetv2_035", "step": 1}, base / "last.state.pt")
     return paths
 
 
@@ -74,7 +77,8 @@ def _fill(args: tuple[str, ...], files: dict[str, Path]) -> list[str]:
     return [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
 
 
-def _check(outcome, message: str) -> None:
+def _check(outcome, message: str, files: dict[str, Path] | None = None) -> None:
+    message = message.format(**{k: str(v) for k, v in (files or {}).items()}) if files else message
     assert outcome.code == 2, outcome.output[-3000:]
     assert message in outcome.output, outcome.output[-3000:]
     assert "Traceback" not in outcome.output, outcome.output[-3000:]
@@ -107,6 +111,19 @@ TRAIN_CASES = [
     (["logger.mode=onlin"], "logger.mode='onlin' is not allowed"),
     (["model.pretrained=/nonexistent/w.safetensors"], "Weight file /nonexistent/w.safetensors does not exist"),
     (["trainer.resume=/nonexistent/run"], "no training state found"),
+    (["data.num_workers=-1"], "data.num_workers=-1 is out of range: it must be >= 0"),
+    (["trainer.label_smoothing=1.5"], "trainer.label_smoothing=1.5 is out of range: it must be >= 0.0 and <= 0.999"),
+    (["data.shift=-1"], "data.shift=-1 is out of range: it must be >= 0"),
+    (["model=retnet_tiny", "data=bytes", "data.seq_len=0"], "data.seq_len=0 is out of range: it must be >= 1"),
+    (["trainer.limit_train_batches=0"], "trainer.limit_train_batches=0 is out of range: it must be >= 1"),
+    (["trainer.limit_val_batches=0"], "trainer.limit_val_batches=0 is out of range: it must be >= 1"),
+    (["trainer.monitor=val/foo"], "trainer.monitor='val/foo' is not allowed; choose one of: val/loss, val/acc1"),
+    (["data.image_size=0"], "data.image_size=0 is out of range: it must be >= 1"),
+    (["trainer.ema_decay=2"], "trainer.ema_decay=2.0 is out of range: it must be >= 0.0 and <= 1.0"),
+    (["trainer.mixup_alpha=-1"], "trainer.mixup_alpha=-1.0 is out of range: it must be >= 0.0"),
+    (["model.num_classes=0"], "model.num_classes=0 is out of range: it must be >= 1"),
+    (["optim.clip_mode=max"], "optim.clip_mode='max' is not allowed; choose one of: norm, value, agc"),
+    (["paths.log_dir={base}/notes.txt"], "paths.log_dir={base}/notes.txt is a file, not a folder"),
     ([], "holds a train run of another config"),
     (["trainer.resume=auto"], "holds a train run of another config (model.name: 'tresnet_m' -> 'mobilenetv2_050'"),
 ]
@@ -116,7 +133,7 @@ TRAIN_CASES = [
 def test_train_py_bad_input(args, message, files):
     before = snapshot(files["victim"])
     outcome = run_in_process("train", *_fill(tuple(args), files), f"hydra.run.dir={files['victim']}", "logger=none")
-    _check(outcome, message)
+    _check(outcome, message, files)
     assert snapshot(files["victim"]) == before
 
 
@@ -135,6 +152,7 @@ FRESH_TRAIN_CASES = [  # errors that need the data or the weights read: the run 
     (["model.num_classes=7"], "model.num_classes=7 but the data set has 10 classes"),
     (["model=mobilenetv2_050", "trainer.resume={ckpt}"], "no training state found"),
     (["model.pretrained={truncated}"], "Cannot read weight file {base}/truncated.safetensors"),
+    (["data.val_fraction=0.001"], "data.val_fraction=0.001 cannot split the 1797 digits"),
     (["model.pretrained={evil}"], "{base}/evil.pth is refused for safety"),
     (["model=mobilenetv2_035", "model.pretrained=timm/mobilenetv2_035.no_such_tag"],
      "Hub id 'timm/mobilenetv2_035.no_such_tag' is not in the local Hugging Face cache and HF_HUB_OFFLINE=1"),
@@ -149,6 +167,17 @@ def test_train_py_bad_input_read_at_run_time(args, message, files, tmp_path):
     assert not (tmp_path / "run" / "results.json").exists() and not (tmp_path / "run" / "checkpoints").exists()
     assert not files["marker"].exists(), "the pickle's payload ran"
     assert "will likely succeed" not in outcome.output
+
+
+def test_run_directory_that_cannot_be_created(files):
+    outcome = run_in_process("train", f"hydra.run.dir={files['base']}/notes.txt", "logger=none")
+    _check(outcome, "cannot create the run directory")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+def test_train_py_refuses_cuda_without_a_gpu(files):
+    outcome = run_in_process("train", "trainer.device=cuda", f"hydra.run.dir={files['victim']}", "logger=none")
+    _check(outcome, "trainer.device=cuda but no CUDA device is available here")
 
 
 # ----------------------------------------------------------------------------------------------- prune.py
@@ -173,6 +202,15 @@ PRUNE_CASES = [
                                         "<= 1.0"),
     (["prune.target_speedup=null"], "Give a budget"),
     (["prune.targetspeedup=2"], "prune.targetspeedup is not a config key. Did you mean prune.target_speedup?"),
+    (["finetune.lr=-1"], "finetune.lr=-1.0 is out of range: it must be > 0.0"),
+    (["finetune.distill_temperature=0"], "finetune.distill_temperature=0.0 is out of range: it must be > 0.0"),
+    (["prune.calibrate_plans=-1"], "prune.calibrate_plans=-1 is out of range: it must be >= 0"),
+    (["++prune.lut={{max_rounds: 0}}"], "TableSettings (prune.lut): max_rounds=0 must be >= min_rounds"),
+    (["++prune.measure={{min_rounds: 0}}"], "CalibrationSettings (prune.measure): min_rounds=0 must be >= 1"),
+    (["prune.cache_dir={base}/notes.txt"], "prune.cache_dir={base}/notes.txt is a file, not a folder"),
+    (["checkpoint={base}/notes.txt"], "Cannot read checkpoint {base}/notes.txt"),
+    (["checkpoint={base}/last.state.pt"], "is not a weights file"),
+    (["checkpoint={other_ckpt}"], "holds model 'mobilenetv2_050', but model=mobilenetv2_035"),
     ([], "holds a prune run of another config (model.name: 'tresnet_m' -> 'mobilenetv2_050'"),
 ]
 
@@ -182,16 +220,17 @@ def test_prune_py_bad_input(args, message, files):
     if "float16" in message and torch.cuda.is_available():
         pytest.skip("float16 is allowed where CUDA is")
     before = snapshot(files["prune_victim"])
+    if any(a.startswith("checkpoint=") for a in args):
+        args = ["model=mobilenetv2_035", *args]
     outcome = run_in_process("prune", *_fill(tuple(args), files), f"hydra.run.dir={files['prune_victim']}",
                              "logger=none", f"paths.log_dir={files['base'] / 'outputs'}")
-    _check(outcome, message)
+    _check(outcome, message, files)
     assert "xla" not in outcome.output  # torch's list of device types is not repeated
     assert snapshot(files["prune_victim"]) == before
     assert not (files["base"] / "outputs" / "baselines").exists(), "a baseline was trained for a refused run"
 
 
 FRESH_PRUNE_CASES = [  # checked against the model: the run owns a fresh directory by then
-    (["checkpoint={other_ckpt}"], "holds model 'mobilenetv2_050', but model=mobilenetv2_035"),
     (["checkpoint={timm_file}"], "has no depthzoo metadata"),
     (["checkpoint={ckpt}", "prune.plan={base}/unknown_plan.json"], "'body.layer1.0' are not depth units"),
 ]
@@ -226,7 +265,7 @@ LATENCY_CASES = [
     (["device=tpux"], "Unknown device 'tpux'. Allowed devices are"),
     (["device=cuda:7"], "is not available"),
     (["batch_size=0"], "batch_size=0 must be an integer >= 1"),
-    (["threads=0"], "threads must be >= 1"),
+    (["threads=0"], "threads=0 must be >= 1"),
     (["clock=cpu"], "Unknown clock 'cpu'"),
     (["estimator=mean"], "Unknown estimator 'mean'; allowed are median, p10, min"),
     (["foo=1"], "Bad argument (Key 'foo' not in 'LatencyConfig')"),

@@ -37,10 +37,13 @@ def test_fingerprint_ignores_outputs_and_logging_but_not_what_determines_results
 
 
 def test_a_directory_is_reused_only_by_the_same_config(tmp_path):
-    kwargs = {"outputs": ("results.json", "checkpoints"), "finished": "results.json", "new_only": False,
-              "force_hint": "force=true", "dir_hint": "a new dir"}
+    kwargs = {"finished": "results.json", "force_hint": "force=true", "dir_hint": "a new dir"}
     assert runs.check_reuse(tmp_path, "prune", CONFIG, **kwargs) == "fresh"
+    other = {**CONFIG, "trainer": {**CONFIG["trainer"], "seed": 3}}
+    runs.write_record(tmp_path, "prune", other)
+    assert runs.check_reuse(tmp_path, "prune", CONFIG, **kwargs) == "fresh"  # a record alone protects nothing
     (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "run.json").unlink()
     with pytest.raises(RunConflictError, match="no recorded config"):  # results of an unknown run
         runs.check_reuse(tmp_path, "prune", CONFIG, **kwargs)
     runs.write_record(tmp_path, "prune", CONFIG)
@@ -49,7 +52,6 @@ def test_a_directory_is_reused_only_by_the_same_config(tmp_path):
     assert runs.check_reuse(tmp_path, "prune", CONFIG, **kwargs) == "finished"
     (tmp_path / "results.json").write_text((tmp_path / "results.json").read_text().replace("}", ', "x": 1}'))
     assert runs.check_reuse(tmp_path, "prune", CONFIG, **kwargs) == "resume"  # damaged results: not finished
-    other = {**CONFIG, "trainer": {**CONFIG["trainer"], "seed": 3}}
     with pytest.raises(RunConflictError, match=r"another config \(trainer.seed: 1 -> 3\).*force=true"):
         runs.check_reuse(tmp_path, "prune", other, **kwargs)
     with pytest.raises(RunConflictError, match="it is a prune run, this is a train run"):
@@ -61,6 +63,16 @@ def test_a_directory_is_reused_only_by_the_same_config(tmp_path):
         runs.check_reuse(tmp_path, "prune", CONFIG, **kwargs)
 
 
+def test_the_contents_of_named_files_are_part_of_the_identity(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"remove": []}')
+    config = {**CONFIG, "prune": {"plan": str(plan)}}
+    before = runs.fingerprint(runs.with_inputs(config))
+    assert runs.fingerprint(runs.with_inputs(config)) == before
+    plan.write_text('{"remove": ["blocks.2.1"]}')  # same path, other contents: another config
+    assert runs.fingerprint(runs.with_inputs(config)) != before
+
+
 def test_refused_claim_changes_nothing_and_force_discards(tmp_path):
     runs.write_record(tmp_path, "train", CONFIG)
     (tmp_path / "results.json").write_text("{}")
@@ -68,33 +80,37 @@ def test_refused_claim_changes_nothing_and_force_discards(tmp_path):
     (tmp_path / "checkpoints" / "last.safetensors").write_bytes(b"x")
     before = snapshot(tmp_path)
     other = {**CONFIG, "model": {"name": "tresnet_m"}}
+    (tmp_path / "plan.json").write_text("{}")  # an output of another kind of run: force removes it too
+    before = snapshot(tmp_path)
     with pytest.raises(RunConflictError):
-        runs.claim(tmp_path, "train", other, outputs=("results.json", "checkpoints"))
+        runs.claim(tmp_path, "train", other)
     assert snapshot(tmp_path) == before
-    taken = runs.claim(tmp_path, "train", other, outputs=("results.json", "checkpoints"), force=True)
+    taken = runs.claim(tmp_path, "train", other, force=True)
     taken.release()
-    assert not (tmp_path / "results.json").exists() and not (tmp_path / "checkpoints").exists()
+    assert not [p for p in ("results.json", "checkpoints", "plan.json") if (tmp_path / p).exists()]
     assert runs.read_record(tmp_path)["config"]["model"]["name"] == "tresnet_m"
 
 
 def test_two_processes_cannot_work_in_one_directory(tmp_path):
     code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from zoo.jobs import runs; "
-            f"c = runs.claim({str(tmp_path)!r}, 'train', {{'a': 1}}, outputs=('results.json',)); "
+            f"c = runs.claim({str(tmp_path)!r}, 'train', {{'a': 1}}); "
             "print('claimed', flush=True); time.sleep(30)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "claimed"
         with pytest.raises(RunConflictError, match="Another process is running in"):
-            runs.claim(tmp_path, "train", {"a": 1}, outputs=("results.json",))
+            runs.claim(tmp_path, "train", {"a": 1})
     finally:
         holder.kill()
         holder.wait()
-    runs.claim(tmp_path, "train", {"a": 1}, outputs=("results.json",)).release()  # free once the holder is gone
+    runs.claim(tmp_path, "train", {"a": 1}).release()  # free once the holder is gone
 
 
 def test_job_directories_are_named_after_their_determining_overrides():
-    a = job_dir_name(["prune.target_speedup=1.5", "prune.search=dp", "logger=none", "paths.log_dir=/x"])
-    assert a == "prune.search=dp,prune.target_speedup=1.5"  # sorted; output and logging keys left out
+    a = job_dir_name(["prune.target_speedup=1.5", "prune.search=dp", "logger=none", "paths.log_dir=/x",
+                      "prune.force=true"])
+    assert a == "prune.search=dp,prune.target_speedup=1.5"  # sorted; location, logging and reuse switches left out
+    assert job_dir_name(["trainer.log_every=5"]) != job_dir_name(["trainer.log_every=10"])
     assert job_dir_name(["prune.target_speedup=1.5", "prune.search=dp"]) == a
     assert job_dir_name(["prune.search=dp", "prune.target_speedup=2.0"]) != a
     odd = job_dir_name(["data.files=[a/b.txt]", "++prune.lut={warmup_s: 0.2}"])

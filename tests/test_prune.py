@@ -121,6 +121,7 @@ def test_given_plan_file_and_bad_plan_file(digits_prune, tmp_path):
                                   "removable unit gives at most"),
     (["prune.device=cuda:7"], "cuda"),
     (["prune.search=annealing"], "allowed: dp, greedy, random"),
+    (["prune.target_latency_ms=0.00001"], "ask for prune.target_latency_ms above"),
     (["prune.workload=decode"], "recurrent language model"),
 ])
 def test_bad_input_is_a_clear_error(digits_prune, overrides, message, tmp_path):

@@ -112,9 +112,10 @@ class TableSettings:
 
     def __post_init__(self) -> None:
         check_rounds(self, "TableSettings (prune.lut)")
-        if self.threads < 1 or self.entry_warmup_s < 0:
-            raise ZooError(f"TableSettings (prune.lut): threads={self.threads} must be >= 1 and entry_warmup_s="
-                           f"{self.entry_warmup_s} >= 0.")
+        if self.threads < 1:
+            raise ZooError(f"TableSettings (prune.lut): threads={self.threads} must be >= 1.")
+        if self.entry_warmup_s < 0:
+            raise ZooError(f"TableSettings (prune.lut): entry_warmup_s={self.entry_warmup_s} must be >= 0.")
         if self.clock not in CLOCKS:
             raise ZooError(f"Unknown clock {self.clock!r}; allowed are {', '.join(CLOCKS)}.")
         if self.estimator not in ESTIMATORS:

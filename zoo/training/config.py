@@ -215,9 +215,10 @@ def check_model(model_cfg: Any) -> None:
 
 
 def _cuda_device(device: str) -> bool:
+    """Whether `device` (``trainer.device``) means a CUDA device that exists here."""
     import torch
 
-    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    return device in ("cuda", "auto") and torch.cuda.is_available()
 
 
 def _choice(value: Any, allowed: tuple[str, ...], key: str) -> None:
@@ -334,7 +335,7 @@ def validate(cfg: Any, schema: type | None = None) -> None:
         _choice(cfg.trainer.monitor_mode, MONITOR_MODES, "trainer.monitor_mode")
     check_ranges(cfg)
     check_optimizer(cfg.optim.opt, cfg.optim.sched)
-    if cfg.trainer.device == "cuda" and not _cuda_device("cuda"):
+    if cfg.trainer.device == "cuda" and not _cuda_device("cuda"):  # (auto falls back to the CPU)
         raise ConfigError("trainer.device=cuda but no CUDA device is available here; use trainer.device=cpu or auto.")
     if cfg.trainer.precision == "fp16" and not _cuda_device(cfg.trainer.device):
         raise ConfigError("trainer.precision=fp16 needs a CUDA device; on the CPU use trainer.precision=bf16 or fp32.")
