@@ -327,3 +327,32 @@ def test_gpu_check_verdicts_are_computed_from_the_recorded_numbers():
     assert exit_code(partial) == 3
     docs = (ROOT / "docs" / "benchmarks.md").read_text()
     assert "All five steps passed" not in docs and "lut: failed" in docs
+
+
+def test_a_training_run_from_before_run_records_can_be_continued(tmp_path):
+    """Checkpoints written before this change still load and resume: a run directory without run.json whose saved
+    config lacks the keys added since (inputs, trainer.force) is adopted by trainer.resume=auto; a different config
+    is still refused."""
+    from zoo.training import state as ckpt
+
+    from .helpers import run_in_process
+
+    args = [*TINY_TRAIN, "trainer.max_epochs=2", "logger=none", f"hydra.run.dir={tmp_path / 'run'}",
+            f"paths.log_dir={tmp_path / 'outputs'}"]
+    assert run_in_process("train", *args).code == 0
+    run_dir = tmp_path / "run"
+    state_file = run_dir / "checkpoints" / "last.state.pt"
+    state = ckpt.load_state(state_file)
+    state["epoch"], state["config"] = 1, {k: v for k, v in state["config"].items() if k != "inputs"}
+    state["config"]["trainer"].pop("force")
+    state.pop("format")
+    ckpt.save_state(state, state_file)  # as an earlier version wrote it: mid-run, no run record
+    for name in ("run.json", "results.json"):
+        (run_dir / name).unlink()
+    refused = run_in_process("train", *args, "trainer.resume=auto", "trainer.seed=3")
+    assert refused.code == 2 and "no recorded config" in refused.output
+    assert not (run_dir / "run.json").exists()
+    again = run_in_process("train", *args, "trainer.resume=auto")
+    assert again.code == 0, again.output[-3000:]
+    assert "written before run records existed" in again.output and "Resumed from" in again.output
+    assert json.loads((run_dir / "results.json").read_text())["epochs"] == 2

@@ -248,3 +248,14 @@ def test_zoo_runs_without_hydra_or_wandb(tmp_path):
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr
     assert "torch.Size([1, 3])" in run.stdout and run.stdout.strip().endswith("[]")
+
+
+def test_readme_python_snippet_runs_as_written(tmp_path):
+    """The README's Python example, copied out of README.md and run offline in a fresh folder."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "depth units;" in run.stdout and (tmp_path / "pruned.safetensors").is_file()

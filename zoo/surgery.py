@@ -48,10 +48,10 @@ class ChainBlock(nn.Module):
         self.layers = layers
         self.shortcut = shortcut
         self.post_act = post_act
-        self.removable = removable
+        self._removable = removable  # private: public attributes are part of latency-table keys
 
     def depth_spec(self) -> BlockSpec:
-        return BlockSpec("block", self.removable)
+        return BlockSpec("block", self._removable)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.layers(x)
@@ -200,7 +200,7 @@ def merge_chain_block(block: ChainBlock) -> ChainBlock:
     if len(layers) == 1 and _can_fold_identity(layers[0], shortcut):
         _fold_identity(layers[0])
         shortcut = None
-    return ChainBlock(nn.Sequential(*layers), shortcut, block.post_act, block.removable)
+    return ChainBlock(nn.Sequential(*layers), shortcut, block.post_act, block._removable)
 
 
 def rebuild_block(block: nn.Module, removed_acts: set[str], merge: bool = True, blend: bool = False) -> ChainBlock:

@@ -116,6 +116,14 @@ def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def same_run_config(recorded: dict[str, Any], ours: dict[str, Any]) -> bool:
+    """Whether a config recorded by an earlier version (a training state's ``config``) describes this config: every
+    determining key it has holds the same value now; keys a newer version added (``inputs`` included) are not
+    compared."""
+    old, new = flatten(determining(recorded)), flatten(determining(ours))
+    return all(new.get(key, "<unset>") == value for key, value in old.items())
+
+
 def describe_differences(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> str:
     """``key: old -> new`` for the first keys where two determining configs differ."""
     a, b = flatten(old), flatten(new)
@@ -274,5 +282,5 @@ def claimed(directory: str | Path, kind: str, config: dict[str, Any], **kwargs: 
 
 
 __all__ = ["NON_DETERMINING", "OUTPUTS", "Claim", "check_reuse", "claim", "claimed", "clear_outputs",
-           "describe_differences", "determining", "fingerprint", "flatten", "names_a_job", "read_record", "with_inputs",
-           "write_record"]
+           "describe_differences", "determining", "fingerprint", "flatten", "names_a_job", "read_record",
+           "same_run_config", "with_inputs", "write_record"]

@@ -102,16 +102,34 @@ def write_results(path: Path, cfg: Any, data: DataBundle, model: nn.Module, resu
 def check_resume_config(resume_path: Path | None, config: dict[str, Any]) -> None:
     """An explicit state file to resume from must come from a run of the same config (its fingerprint)."""
     from ..errors import RunConflictError
-    from .runs import describe_differences, determining, fingerprint
+    from .runs import describe_differences, determining, fingerprint, same_run_config
 
     if resume_path is None:
         return
     recorded = ckpt.load_state(resume_path).get("config") or {}
-    if fingerprint(recorded) != fingerprint(config):
+    if fingerprint(recorded) != fingerprint(config) and not same_run_config(recorded, config):
         raise RunConflictError(
             f"trainer.resume={resume_path} was written by a run of another config "
             f"({describe_differences(determining(recorded), determining(config))}). Resume only with that run's "
             f"config, or start a new run from its weights with model.pretrained={resume_path.parent}/best.safetensors.")
+
+
+def adopt_earlier_run(output_dir: Path, config: dict[str, Any]) -> None:
+    """A run directory written before run records existed (no ``run.json``) whose training state was saved with
+    this config is recorded as this run's, so that ``trainer.resume`` can continue it; anything else is left alone
+    (the claim then refuses it)."""
+    from .runs import RUN_FILE, same_run_config, write_record
+
+    state = ckpt.checkpoint_dir(output_dir) / f"last{ckpt.STATE_SUFFIX}"
+    if (output_dir / RUN_FILE).exists() or not state.is_file():
+        return
+    try:
+        recorded = ckpt.load_state(state).get("config") or {}
+    except ckpt.CheckpointError:
+        return
+    if recorded and same_run_config(recorded, config):
+        _log.info("%s was written before run records existed; its saved config matches: continuing it", output_dir)
+        write_record(output_dir, "train", config)
 
 
 def claim_run_dir(cfg: Any, config: dict[str, Any], output_dir: Path) -> Any:
@@ -123,6 +141,8 @@ def claim_run_dir(cfg: Any, config: dict[str, Any], output_dir: Path) -> Any:
     error, taken = None, None
     dir_hint = "a new hydra.sweep.dir" if in_multirun() else "a new hydra.run.dir"
     if dist_utils.info().is_main:
+        if cfg.trainer.resume not in (None, ""):
+            adopt_earlier_run(output_dir, config)
         try:
             taken = claim(output_dir, "train", config, new_only=cfg.trainer.resume in (None, ""),
                           force=cfg.trainer.force, force_hint="trainer.force=true", dir_hint=dir_hint)
