@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from zoo.latency import (
     random_plans,
     resolve_device,
 )
-from zoo.latency.calibrate import fit_correction
+from zoo.latency.calibrate import Correction, fit_correction
 from zoo.surgery import apply_plan, segments
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -213,6 +214,43 @@ def test_fit_correction_picks_what_helps() -> None:
     assert fit_correction(predicted, predicted)[0].kind == "none"
 
 
+def test_correction_falls_back_to_none_on_a_deterministic_synthetic_cost_model(table) -> None:
+    """Predictions from a synthetic table (1 ms per conv) against deterministic 'measurements' of the same plans:
+    a correction is kept only when it beats the raw prediction on held-out networks by more than the margin."""
+    from zoo.surgery import build_segment
+
+    synthetic = replace(table, records=dict(table.records))
+    stat = lambda ms: {"median_ms": ms, "p10_ms": ms, "min_ms": ms}  # noqa: E731
+    for seg, keys in zip(table.segments, table.keys):
+        for variant, key in keys.items():
+            if key is not None:
+                synthetic.records[key] = stat(float(_convs(build_segment(table.model, seg, variant))))
+    synthetic.records[table.overhead_key] = stat(0.0)
+    in_segments = sum(_convs(table.model.get_submodule(seg.name)) for seg in table.segments)
+    synthetic.records[table.fixed_key] = stat(float(_convs(table.model) - in_segments))
+    plans = [{"remove": []}, *random_plans(table.segments, 9, seed=7)]
+    predicted = [synthetic.predict(plan, corrected=False) for plan in plans]
+    exact = [float(_convs(apply_plan(table.model, plan, inplace=False))) for plan in plans]
+    assert predicted == pytest.approx(exact)
+    # exact predictions: nothing to correct
+    assert fit_correction(predicted, exact) == (Correction(), pytest.approx(0.0))
+    # a systematic 25 % underestimate is corrected, and the held-out error says so
+    correction, loo = fit_correction(predicted, [1.25 * m for m in exact])
+    assert correction.kind == "scale" and correction.scale == pytest.approx(1.25) and loo == pytest.approx(0.0)
+    # unbiased +-4 % noise: a fitted correction cannot beat raw on held-out networks, so none is kept
+    noisy = [m * (1.04 if i % 2 else 0.96) for i, m in enumerate(exact)]
+    correction, loo = fit_correction(predicted, noisy)
+    raw_error = sum(abs(p / m - 1) for p, m in zip(predicted, noisy)) / len(noisy)
+    assert correction.kind == "none" and loo == pytest.approx(raw_error)
+    # a 2 % bias helps held out, but not by more than a 3 % noise floor: kept only with the smaller margin
+    biased = [1.02 * m for m in exact]
+    assert fit_correction(predicted, biased, margin=0.03)[0].kind == "none"
+    assert fit_correction(predicted, biased, margin=0.01)[0].kind in ("scale", "offset")
+    # the table applies what was chosen: corrected == raw when there is none
+    synthetic.correction = fit_correction(predicted, noisy)[0]
+    assert [synthetic.predict(plan) for plan in plans] == pytest.approx(predicted)
+
+
 def test_default_cache_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DEPTHZOO_CACHE", str(tmp_path))
     assert default_cache_dir() == tmp_path / "latency"
@@ -236,8 +274,15 @@ def test_benchmark_quick_smoke(tmp_path: Path) -> None:
 
     result = run(quick=True, out=tmp_path / "latency_table.json")
     row = result["rows"][0]
-    assert row["cached_measured"] == 0 and row["entries"] > 0
+    assert row["repeats"] == len(row["builds"]) == 2 and row["clock"] == "wall" and row["entries_timing"] == "auto"
+    for build in row["builds"]:
+        assert build["cached_measured"] == 0 and build["entries"] > 0
+        limit = max(0.03, 1.5 * build["noise_floor"])  # the verdict is computed from the target
+        assert build["target"] == limit
+        assert build["passed"] == (build["mean_abs_error_raw"] <= limit and build["max_abs_error_raw"] <= limit)
+    assert row["passed"] == (row["builds_passed"] >= 0.9 * row["repeats"]) and result["passed"] == row["passed"]
     assert "| mobilenetv2_035 |" in markdown(result)
+    assert f"| {row['builds_passed']}/2 | {'passed' if row['passed'] else 'failed'} |" in markdown(result)
     assert json.loads((tmp_path / "latency_table.json").read_text())["rows"]
 
 
@@ -342,3 +387,58 @@ def test_cpu_tables_ignore_the_cuda_timing_protocol(tmp_path: Path) -> None:
 def test_unknown_cuda_timing_is_refused() -> None:
     with pytest.raises(ValueError, match="cuda_timing"):
         TableSettings(cuda_timing="fast")
+
+
+# -- in-context entry timing ------------------------------------------------------------------------------------
+class _Sleep(torch.nn.Module):
+    def __init__(self, ms: float):
+        super().__init__()
+        self.ms = ms
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.ms / 1e3)
+        return x
+
+
+def test_context_bench_attributes_time_to_the_segment_it_was_spent_in() -> None:
+    from zoo.latency.context import ContextBench
+
+    net = torch.nn.Sequential(_Sleep(2.0), _Sleep(12.0), _Sleep(4.0), _Sleep(6.0))
+    bench = ContextBench(net, ["1", "3"], (torch.zeros(1),))
+    bench.run(min_runs=8)
+    bench.close()
+    median = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    assert 12.0 <= median(bench.segment_ms["1"]) < 13.5 and 6.0 <= median(bench.segment_ms["3"]) < 7.5
+    assert 6.0 <= median(bench.rest_ms) < 8.0  # the 2 ms and 4 ms outside the segments
+    assert all(abs(t - (a + b + r)) < 1e-9 for t, a, b, r in
+               zip(bench.times_ms, bench.segment_ms["1"], bench.segment_ms["3"], bench.rest_ms))
+    assert not net[1]._forward_hooks and not net[1]._forward_pre_hooks  # close() removed the hooks
+
+
+def test_probe_networks_use_every_variant_and_estimator_windows_add_up(table) -> None:
+    import numpy as np
+
+    from zoo.latency.table import estimator_runs, probe_variants
+
+    choices = probe_variants(table.keys)
+    for i, seg_keys in enumerate(table.keys):
+        measured = {v for v, key in seg_keys.items() if key is not None}
+        assert {choice[i] for choice in choices} == measured  # every measured variant is in some probe network
+    rng = np.random.default_rng(0)
+    parts = rng.gamma(4.0, 1.0, size=(3, 200))  # three parts of a network, 200 runs
+    totals = parts.sum(axis=0)
+    for estimator, statistic in (("p10", 10), ("median", 50)):
+        runs = estimator_runs(totals, estimator)
+        assert sum(parts[j, runs].mean() for j in range(3)) == pytest.approx(totals[runs].mean())
+        assert totals[runs].mean() == pytest.approx(np.percentile(totals, statistic), rel=0.05)
+
+
+def test_cpu_tables_time_entries_in_context_by_default_and_isolated_on_request(table, tmp_path: Path) -> None:
+    assert table.condition["protocol"] == "context-1" and table.settings.entries == "context"
+    assert table.overhead_ms == 0.0 and table.fixed_raw_ms > 0
+    isolated = build_table(MODEL, input_size=SIZE, device="cpu", cache_dir=str(tmp_path),
+                           settings=replace(FAST, entries="isolated"))
+    assert isolated.condition["protocol"] == "round-robin-1" and isolated.overhead_ms > 0
+    assert len(list(tmp_path.glob("*.json"))) == 1  # one cache file per protocol: the context one is elsewhere
+    with pytest.raises(ValueError, match="entries timing"):
+        TableSettings(entries="sometimes")

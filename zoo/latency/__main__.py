@@ -3,8 +3,9 @@ with ``calibrate=N``, its prediction error over N random plans beside the noise 
 
 Keys: model, batch_size, input_size (int or [C,H,W] / [T]), device (auto|cpu|cuda|cuda:N), dtype
 (float32|bfloat16|float16), channels_last, threads, cache_dir, calibrate, seed, clock (wall|thread),
-estimator (median|p10|min), warmup_s, min_rounds, max_rounds, cuda_timing (auto|queued|isolated), cuda_graph,
-json (write a summary there).
+estimator (median|p10|min), warmup_s, min_rounds, max_rounds, entries (auto|context|isolated),
+cuda_timing (auto|queued|isolated), cuda_graph, json (write a summary there). The defaults are prune.py's: the wall
+clock, one thread, entries timed in context on the CPU (docs/latency.md says why).
 Example: ``python -m zoo.latency model=mobilenetv2_100 batch_size=32 device=cuda calibrate=5``.
 """
 
@@ -36,6 +37,7 @@ class LatencyConfig:
     warmup_s: float = 3.0
     min_rounds: int = 30
     max_rounds: int = 400
+    entries: str = "auto"
     cuda_timing: str = "auto"
     cuda_graph: bool = False
     json: Any = None
@@ -83,7 +85,7 @@ def run(cfg: LatencyConfig) -> dict[str, Any]:
 
     settings = TableSettings(threads=cfg.threads, warmup_s=cfg.warmup_s, min_rounds=cfg.min_rounds,
                              max_rounds=cfg.max_rounds, estimator=cfg.estimator, clock=cfg.clock,
-                             cuda_timing=cfg.cuda_timing, cuda_graph=cfg.cuda_graph)
+                             entries=cfg.entries, cuda_timing=cfg.cuda_timing, cuda_graph=cfg.cuda_graph)
     table = build_table(cfg.model, batch_size=cfg.batch_size, input_size=cfg.input_size, device=cfg.device,
                         dtype=cfg.dtype, channels_last=cfg.channels_last, cache_dir=cfg.cache_dir, settings=settings)
     print(table.format())

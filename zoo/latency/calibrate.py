@@ -3,8 +3,9 @@
 The original network and pruned networks (:func:`zoo.surgery.apply_plan`, merged) are timed in interleaved
 rounds (A B C ... A' ... each round), with the table's device, dtype, layout and thread count. The original runs
 twice (A and A'); their relative difference is the **noise floor**: a prediction error below it cannot be told
-from measurement noise. A correction ``scale * raw + offset`` (kind none, scale or offset) is chosen by
-leave-one-out error over the measured networks, so it is kept only when it helps on networks it was not fit on.
+from measurement noise. A correction ``scale * raw + offset`` (kind scale or offset) is chosen by leave-one-out
+error over the measured networks and kept only when it beats the raw prediction on networks it was not fit on by
+more than the noise floor; otherwise there is none (raw predictions are used).
 """
 
 from __future__ import annotations
@@ -205,25 +206,29 @@ def _fit(kind: str, predicted: Sequence[float], measured: Sequence[float]) -> Co
     return Correction()
 
 
-def fit_correction(predicted: Sequence[float], measured: Sequence[float]) -> tuple[Correction, float]:
+def fit_correction(predicted: Sequence[float], measured: Sequence[float], margin: float = 0.0
+                   ) -> tuple[Correction, float]:
     """The correction kind with the lowest leave-one-out mean abs relative error, and that error.
 
-    'none' wins ties, so a correction is only kept when it helps on networks it was not fitted on.
+    A correction is kept only when its leave-one-out error beats the raw prediction's error by more than `margin`
+    (a relative error, e.g. the noise floor: an improvement smaller than the measurement noise is not evidence);
+    otherwise 'none' is returned with the raw error.
     """
     n = len(predicted)
     if n < 2:
         return Correction(), float("nan")
-    best: tuple[float, str] | None = None
+    loo: dict[str, float] = {}
     for kind in ("none", "scale", "offset"):
         errors = []
         for i in range(n):
             rest = [j for j in range(n) if j != i]
             corr = _fit(kind, [predicted[j] for j in rest], [measured[j] for j in rest])
             errors.append(abs(corr.apply(predicted[i]) / measured[i] - 1.0))
-        loo = statistics.fmean(errors)
-        if best is None or loo < best[0] - 1e-12:
-            best = (loo, kind)
-    return _fit(best[1], predicted, measured), best[0]
+        loo[kind] = statistics.fmean(errors)
+    best = min(("scale", "offset"), key=lambda kind: loo[kind])
+    if loo[best] < loo["none"] - margin - 1e-12:
+        return _fit(best, predicted, measured), loo[best]
+    return Correction(), loo["none"]
 
 
 def calibrate(table: LatencyTable, n_plans: int = 5, seed: int = 0, settings: CalibrationSettings | None = None,
@@ -238,7 +243,7 @@ def calibrate(table: LatencyTable, n_plans: int = 5, seed: int = 0, settings: Ca
     if fit:
         predicted = [r.predicted_raw_ms for r in evaluation.results]
         measured = [r.measured_ms for r in evaluation.results]
-        table.correction, evaluation.loo_error = fit_correction(predicted, measured)
+        table.correction, evaluation.loo_error = fit_correction(predicted, measured, evaluation.noise_floor)
         evaluation.correction = table.correction
         for r in evaluation.results:
             r.predicted_ms = table.predict(r.plan)

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 from filelock import Timeout
 from torch import nn
@@ -46,6 +47,7 @@ from ..errors import PlanError, ZooError
 from ..surgery import Segment, build_segment, segments
 from .cache import LatencyCache, LatencyCacheWarning, device_lock
 from .calibrate import Correction, calibrate
+from .context import ContextBench, hook_overhead_ms
 from .device import device_name, dtype_name, resolve_device, resolve_dtype, synchronize, timing_context
 from .measure import (
     CLOCKS,
@@ -56,6 +58,7 @@ from .measure import (
     measured_form,
     peak_memory,
     prepare,
+    robust_summary,
     time_rounds,
 )
 
@@ -66,24 +69,31 @@ OVERHEAD = "call-overhead"
 
 
 ESTIMATORS = ("median", "p10", "min")
+ENTRY_TIMINGS = ("auto", "context", "isolated")
 CUDA_TIMINGS = ("auto", "queued", "isolated")
 DEVICE_BOUND = 0.8  # auto: queued when the device is busy for at least this share of the network's latency
 
 
 @dataclass(frozen=True)
 class TableSettings:
-    """How a table is measured: entries are timed in interleaved rounds, each entry once per round by default.
+    """How a table is measured.
 
-    Round-robin timing puts every entry in the state it has inside the network (other layers ran in between,
-    so its weights are not hot in cache) and spreads slow drifts of the machine over all entries alike.
+    entries: ``context`` times every (segment, variant) inside running networks (:func:`measure_in_context`: a
+        few probe networks that together use every variant, timed in interleaved rounds with hooks at the segment
+        boundaries), so each entry starts from the cache and CPU state the network leaves it in and the fixed part
+        is what the network spends outside its segments; ``isolated`` times each entry alone on its captured
+        inputs, all entries in interleaved rounds (:func:`measure_rounds`), and the fixed part as the network
+        with its segments replaced by replays; ``auto``: context on the CPU, isolated on CUDA (where the
+        ``cuda_timing`` protocol applies). docs/latency.md has the measurements behind the choice.
 
     warmup_s: one warm-up of the whole network before the first entry (CPU speed settles over seconds).
-    entry_warmup_s: untimed calls of each entry before the rounds.
-    runs_per_round: timed calls of an entry per round.
+    entry_warmup_s: untimed calls of each entry (each probe network in context) before the rounds.
+    runs_per_round: timed calls of an entry (a probe network) per round.
     min_rounds / max_rounds: every entry gets at least / at most this many rounds; in between, an entry leaves
         once its median's relative standard error is at most `rel_tol`; `max_time_s` caps the rounds' time.
     estimator: which statistic of the runs the costs use: ``median``, ``p10`` (10th percentile; robust to a
-        busy machine, whose interference only ever adds time) or ``min``.
+        busy machine, whose interference only ever adds time) or ``min``. In context, a part's cost is its mean
+        over the runs whose whole-network time is near that statistic of the totals, so the parts add up to it.
     clock: CPU ``wall`` or ``thread`` time (see :class:`~zoo.latency.measure.MeasureSettings`).
     deploy: measure every entry (and every whole network in calibration) in its deploy form, :func:`zoo.fuse`
         (BatchNorm folded, weight standardisation precomputed), the form a pruned network is served in.
@@ -109,6 +119,7 @@ class TableSettings:
     clock: str = "wall"
     deploy: bool = True
     cuda_timing: str = "auto"
+    entries: str = "auto"
 
     def __post_init__(self) -> None:
         check_rounds(self, "TableSettings (prune.lut)")
@@ -120,6 +131,8 @@ class TableSettings:
             raise ZooError(f"Unknown clock {self.clock!r}; allowed are {', '.join(CLOCKS)}.")
         if self.estimator not in ESTIMATORS:
             raise ZooError(f"Unknown estimator {self.estimator!r}; allowed are {', '.join(ESTIMATORS)}.")
+        if self.entries not in ENTRY_TIMINGS:
+            raise ZooError(f"Unknown entries timing {self.entries!r}; allowed are {', '.join(ENTRY_TIMINGS)}.")
         if self.cuda_timing not in CUDA_TIMINGS:
             raise ZooError(f"Unknown cuda_timing {self.cuda_timing!r}; allowed are {', '.join(CUDA_TIMINGS)}.")
 
@@ -287,6 +300,81 @@ def measure_rounds(pending: Sequence[Pending], device: torch.device, settings: T
     return records
 
 
+def probe_variants(keys: Sequence[Mapping[frozenset[str], str | None]]) -> list[list[frozenset[str]]]:
+    """Variant choices for the probe networks of in-context timing: together they use every measured variant of
+    every segment (segment i takes its variant ``(k + i) mod n_i`` in network k, so neighbours vary)."""
+    options = [[variant for variant, key in seg_keys.items() if key is not None] for seg_keys in keys]
+    return [[opts[(k + i) % len(opts)] for i, opts in enumerate(options)] for k in range(max(map(len, options)))]
+
+
+ESTIMATOR_WINDOWS = {"median": (40.0, 60.0), "p10": (0.0, 20.0), "min": (0.0, 5.0)}
+
+
+def estimator_runs(totals: Sequence[float], estimator: str) -> np.ndarray:
+    """Indices of the runs whose total lies in the estimator's percentile window (p10: the fastest 20 %)."""
+    t = np.asarray(totals, dtype=np.float64)
+    lo, hi = np.percentile(t, ESTIMATOR_WINDOWS[estimator])
+    chosen = np.flatnonzero((t >= lo) & (t <= hi))
+    return chosen if chosen.size else np.array([int(np.argmin(np.abs(t - np.median(t))))])
+
+
+def measure_in_context(model: nn.Module, segs: Sequence[Segment], keys: Sequence[Mapping[frozenset[str], str | None]],
+                       fixed_key: str, example: Any, forward_kwargs: Mapping[str, Any], device: torch.device,
+                       channels_last: bool, merge: bool, settings: TableSettings) -> dict[str, dict[str, Any]]:
+    """Time every (segment, variant) and the fixed part inside running probe networks; cache records by key.
+
+    The probe networks (:func:`probe_variants`) are timed in interleaved rounds with a hook pair at every segment
+    boundary (:class:`~zoo.latency.context.ContextBench`). For each estimator, a part's cost is its mean over the
+    runs in the estimator's window of the network's totals (:func:`estimator_runs`), so a network's parts add up to
+    its estimated total; entries met in several networks (or segments) average their per-network costs. The fixed
+    part is the time outside the segments, less the hooks' own cost (:func:`~zoo.latency.context.hook_overhead_ms`).
+    """
+    names = [seg.name for seg in segs]
+    choices = probe_variants(keys)
+    benches = []
+    for variants in choices:
+        net = copy.deepcopy(model)
+        for seg, variant in zip(segs, variants):  # the very modules the isolated entries time
+            net.set_submodule(seg.name, build_segment(model, seg, variant, merge))
+        net = prepare(measured_form(net, settings), device, channels_last)
+        benches.append(ContextBench(net, names, (example,), forward_kwargs, device, settings.clock))
+    try:
+        for bench in benches:
+            bench.warmup(settings.entry_warmup_s)
+        caps = time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round,
+                           settings.rel_tol, settings.max_time_s)
+    finally:
+        for bench in benches:
+            bench.close()
+    hooks_ms = hook_overhead_ms(device, settings.clock) * len(names)
+    parts: dict[str, dict[str, list[float]]] = {}  # key -> estimator -> per-network costs
+    samples: dict[str, list[float]] = {}
+    cap_hit: dict[str, bool] = {}
+    for variants, bench, cap in zip(choices, benches, caps):
+        windows = {est: estimator_runs(bench.times_ms, est) for est in ESTIMATORS}
+        series = [(keys[i][v], bench.segment_ms[name]) for i, (name, v) in enumerate(zip(names, variants))]
+        series.append((fixed_key, [ms - hooks_ms for ms in bench.rest_ms]))
+        for key, times in series:
+            values = np.asarray(times)
+            for est, runs in windows.items():
+                parts.setdefault(key, {}).setdefault(est, []).append(max(0.0, float(values[runs].mean())))
+            samples.setdefault(key, []).extend(times)
+            cap_hit[key] = cap_hit.get(key, False) or cap
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    return {key: {**robust_summary(samples[key]), **{f"{est}_ms": statistics.fmean(v) for est, v in by_est.items()},
+                  "n_runs": len(samples[key]), "cap_hit": cap_hit[key], "networks": len(by_est["median"]),
+                  "time_s": sum(b.time_s for b in benches), "measured_at": stamp}
+            for key, by_est in parts.items()}
+
+
+def context_overhead_record(key: str) -> dict[str, Any]:
+    """In context there is no call of an entry on its own to subtract: the call-overhead entry is 0."""
+    return {**{f"{name}_ms": 0.0 for name in ("median", "iqr", "mad", "mean", "min", "p10")}, "rel_uncertainty": 0.0,
+            "n_runs": 0, "cap_hit": False, "time_s": 0.0, "peak_mem_bytes": 0, "mem_estimated": True,
+            "what": "no call overhead: entries are timed inside the network",
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
 @dataclass
 class LatencyTable:
     """A built table: per-segment variant costs and the fixed part, for one model and condition.
@@ -448,6 +536,13 @@ class LatencyTable:
         return "\n".join(lines)
 
 
+def protocol_name(device: torch.device, settings: TableSettings) -> str:
+    """How the entries of a cache file were timed (part of its condition)."""
+    if settings.entries == "context":
+        return f"context-{settings.runs_per_round}"
+    return f"round-robin-{settings.runs_per_round}" + (f"-{settings.cuda_timing}" if device.type == "cuda" else "")
+
+
 def condition_key(device: torch.device, dtype: torch.dtype, batch_size: int, input_size: Sequence[int],
                   channels_last: bool, workload: str, settings: TableSettings) -> dict[str, Any]:
     """What a measurement depends on beyond the module: one cache file per distinct value."""
@@ -455,8 +550,7 @@ def condition_key(device: torch.device, dtype: torch.dtype, batch_size: int, inp
             "dtype": dtype_name(dtype), "batch_size": int(batch_size), "input_size": list(input_size),
             "layout": "channels_last" if channels_last else "contiguous", "threads": int(settings.threads),
             "workload": workload, "cuda_graph": bool(settings.cuda_graph and device.type == "cuda"),
-            "protocol": f"round-robin-{settings.runs_per_round}" + (f"-{settings.cuda_timing}" if device.type == "cuda"
-                                                                     else ""), "clock": settings.clock,
+            "protocol": protocol_name(device, settings), "clock": settings.clock,
             "form": "deploy" if settings.deploy else "eager"}
 
 
@@ -612,6 +706,8 @@ def build_table(
     call_kwargs = dict(forward_kwargs or {})
     segs = segments(model)
     probe: dict[str, Any] = {}
+    if settings.entries == "auto":
+        settings = replace(settings, entries="context" if dev.type == "cpu" else "isolated")
     if dev.type == "cuda":
         def condition_of(s: TableSettings) -> dict[str, Any]:
             return condition_key(dev, torch_dtype, batch_size, size, channels_last, workload, s)
@@ -641,7 +737,18 @@ def build_table(
                                 condition["device_name"])
                     Bench(model, (example,), call_kwargs, dev, settings.cuda_graph, settings.clock).warmup(
                         settings.warmup_s)
-                    known = _store(cache, measure_rounds(missing, dev, settings), known)
+                    if settings.entries == "context":
+                        records = measure_in_context(model, segs, keys, fixed.key, example, call_kwargs, dev,
+                                                     channels_last, merge, settings)
+                        for p in pending:  # peak memory of each entry alone (an estimate on the CPU)
+                            if p.key in records:
+                                mem = peak_memory(p.module, p.capture.args, p.capture.kwargs, dev)
+                                records[p.key].update(peak_mem_bytes=mem[0], mem_estimated=mem[1], what=p.what)
+                        records[pending[-1].key] = context_overhead_record(pending[-1].key)
+                        records = {k: v for k, v in records.items() if k in {p.key for p in missing}}
+                    else:
+                        records = measure_rounds(missing, dev, settings)
+                    known = _store(cache, records, known)
     measured = {p.key for p in missing}
     sources = {p.key: "measured" if p.key in measured else "cached" for p in pending}
     return LatencyTable(

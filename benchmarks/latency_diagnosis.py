@@ -1,0 +1,177 @@
+"""Where a latency table's error comes from: every segment timed isolated (the table) and in context, side by side.
+
+One cold table build (fresh cache, the table protocol under test), then the original network and `--plans` random
+pruned networks are timed end to end in interleaved rounds with hooks at every segment's boundaries
+(:class:`zoo.latency.context.ContextBench`). For every network the prediction error splits exactly into
+
+* **segments**: the table's entry costs minus the same segments' times inside the network;
+* **rest**: the table's fixed part minus the network's time outside the segments (stem, head, glue);
+* **estimator**: the sum of the parts' estimates minus the estimate of the total (a 10th percentile of a sum is
+  not the sum of the 10th percentiles).
+
+Per entry it lists the largest isolated - in-context gaps with the kind of module (intact, activations merged,
+dense merged kernels). Afterwards the isolated entries are timed once more (``--rebuild``) to show how much of the
+gap is drift between the build and the networks' measurement rather than isolation.
+
+    python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --batch-size 1 --plans 6 [--protocol isolated]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from zoo.latency import CalibrationSettings, TableSettings, build_table, random_plans
+from zoo.latency.calibrate import pruned_network
+from zoo.latency.context import ContextBench, hook_overhead_ms
+from zoo.latency.device import timing_context
+from zoo.latency.measure import time_rounds
+from zoo.latency.table import variant_label
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def estimate(values: list[float], estimator: str) -> float:
+    a = np.asarray(values)
+    return float({"median": np.median, "p10": lambda v: np.percentile(v, 10), "min": np.min}[estimator](a))
+
+
+def time_in_context(table: Any, plans: list[dict[str, Any]], calib: CalibrationSettings) -> list[ContextBench]:
+    """The networks of `plans` timed in interleaved rounds with a hook pair on every segment."""
+    device = next(iter(table.model.parameters())).device
+    names = [seg.name for seg in table.segments]
+    benches = []
+    for plan in plans:
+        net = pruned_network(table, plan)
+        kept = [n for n, v in zip(names, table.variants_of(plan)) if n not in v]
+        benches.append(ContextBench(net, kept, (table.example,), table.forward_kwargs, device, table.settings.clock))
+    with timing_context(device, torch.float32, table.settings.threads):
+        benches[0].warmup(calib.warmup_s)
+        for bench in benches:
+            bench.warmup(calib.net_warmup_s)
+        time_rounds(benches, (calib.min_rounds, calib.max_rounds), 1, calib.rel_tol, calib.max_time_s)
+    return benches
+
+
+def kind_of(table: Any, index: int, variant: frozenset[str]) -> str:
+    if not variant:
+        return "intact"
+    module = table.model.get_submodule(table.segments[index].name)
+    groups = {getattr(m, "groups", 1) for m in module.modules() if isinstance(m, torch.nn.Conv2d)}
+    return "merged" + (" (dense)" if groups == {1} else "")
+
+
+def diagnose(model: str, batch_size: int, input_size: int | None, plans: int, seed: int, settings: TableSettings,
+             calib: CalibrationSettings, rebuild: bool) -> dict[str, Any]:
+    est = settings.estimator
+    with tempfile.TemporaryDirectory() as cache_dir:
+        kwargs = dict(batch_size=batch_size, input_size=input_size, device="cpu", cache_dir=cache_dir,
+                      settings=settings)
+        table = build_table(model, **kwargs)
+        chosen = [{"remove": [], "merge": True}, *random_plans(table.segments, plans, seed=seed)]
+        benches = time_in_context(table, chosen, calib)
+        again = build_table(model, **{**kwargs, "cache_dir": tempfile.mkdtemp(dir=cache_dir)}) if rebuild else None
+    hooks_ms = hook_overhead_ms(torch.device("cpu"), settings.clock)
+    networks, entries = [], {}
+    for plan, bench in zip(chosen, benches):
+        variants = table.variants_of(plan)
+        seg_iso = seg_ctx = 0.0
+        for i, (seg, variant) in enumerate(zip(table.segments, variants)):
+            if seg.name in variant:
+                continue
+            iso, ctx = table.raw_cost(i, variant), estimate(bench.segment_ms[seg.name], est)
+            seg_iso, seg_ctx = seg_iso + iso, seg_ctx + ctx
+            row = entries.setdefault((seg.name, variant), {"segment": seg.name, "variant": variant_label(seg, variant),
+                                                          "kind": kind_of(table, i, variant), "isolated_ms": iso,
+                                                          "again_ms": again.raw_cost(i, variant) if again else None,
+                                                          "context_ms": []})
+            row["context_ms"].append(ctx)
+        rest = estimate(bench.rest_ms, est) - hooks_ms * len(bench.names)
+        total = estimate(bench.times_ms, est) - hooks_ms * len(bench.names)
+        predicted = table.predict(plan, corrected=False)
+        networks.append({
+            "removed": len(plan["remove"]), "measured_ms": total, "predicted_ms": predicted,
+            "error": predicted / total - 1, "segments_gap_ms": seg_iso - seg_ctx,
+            "rest_gap_ms": table.fixed_raw_ms - rest,
+            "estimator_gap_ms": (seg_ctx + rest) - total,
+            "median_error": (table.fixed_raw_ms + seg_iso) / (estimate(bench.times_ms, "median")
+                                                              - hooks_ms * len(bench.names)) - 1,
+        })
+    for row in entries.values():
+        row["context_ms"] = statistics.median(row["context_ms"])
+        row["gap"] = row["isolated_ms"] / row["context_ms"] - 1 if row["context_ms"] > 0 else float("nan")
+    rows = sorted(entries.values(), key=lambda r: -abs(r["isolated_ms"] - r["context_ms"]))
+    by_kind: dict[str, list[float]] = {}
+    for row in rows:
+        by_kind.setdefault(row["kind"], []).append(row["gap"])
+    noise = abs(networks[0]["measured_ms"] - estimate(benches[0].times_ms[::2], est)) / networks[0]["measured_ms"]
+    return {"model": model, "batch_size": batch_size, "input_size": table.condition["input_size"],
+            "clock": settings.clock, "estimator": est, "fixed_ms": table.fixed_raw_ms,
+            "overhead_ms": table.overhead_ms, "hook_pair_ms": hooks_ms, "networks": networks,
+            "gap_by_kind": {k: {"n": len(v), "median": statistics.median(v), "max_abs": max(map(abs, v))}
+                            for k, v in by_kind.items()},
+            "entries": rows, "half_sample_noise": noise, "table_s": table.build_s}
+
+
+def report(result: dict[str, Any], top: int = 12) -> str:
+    lines = [f"## {result['model']}, batch {result['batch_size']}, {result['clock']} clock, {result['estimator']}",
+             f"fixed part {result['fixed_ms']:.3f} ms, call overhead {result['overhead_ms'] * 1e3:.1f} us, hook pair "
+             f"{result['hook_pair_ms'] * 1e3:.2f} us, table built in {result['table_s']:.0f} s", "",
+             "| network | removed | measured ms | error | segments gap ms | rest gap ms | estimator gap ms "
+             "| error with medians |", "|---|---|---|---|---|---|---|---|"]
+    for i, n in enumerate(result["networks"]):
+        lines.append(f"| {'original' if i == 0 else f'plan {i}'} | {n['removed']} | {n['measured_ms']:.3f} | "
+                     f"{n['error']:+.1%} | {n['segments_gap_ms']:+.3f} | {n['rest_gap_ms']:+.3f} | "
+                     f"{n['estimator_gap_ms']:+.3f} | {n['median_error']:+.1%} |")
+    lines += ["", "| kind | entries | median isolated/context - 1 | max abs |", "|---|---|---|---|"]
+    lines += [f"| {k} | {v['n']} | {v['median']:+.1%} | {v['max_abs']:.1%} |" for k, v in result["gap_by_kind"].items()]
+    lines += ["", "| segment | variant | kind | isolated ms | rebuilt ms | in context ms | gap |",
+              "|---|---|---|---|---|---|---|"]
+    for r in result["entries"][:top]:
+        again = f"{r['again_ms']:.3f}" if r["again_ms"] is not None else "-"
+        lines.append(f"| {r['segment']} | {r['variant']} | {r['kind']} | {r['isolated_ms']:.3f} | {again} | "
+                     f"{r['context_ms']:.3f} | {r['gap']:+.1%} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="mobilenetv2_100")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--input-size", type=int, default=None)
+    parser.add_argument("--plans", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=2)
+    parser.add_argument("--clock", choices=("wall", "thread"), default="wall")
+    parser.add_argument("--estimator", choices=("median", "p10", "min"), default="p10")
+    parser.add_argument("--protocol", default=None, help="TableSettings.protocol (default: the table's default)")
+    parser.add_argument("--rebuild", action="store_true", help="time the isolated entries once more afterwards")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    settings = TableSettings(clock=args.clock, estimator=args.estimator)
+    if args.protocol:
+        settings = replace(settings, protocol=args.protocol)
+    calib = CalibrationSettings(max_rounds=60, max_time_s=180.0)
+    if args.quick:
+        settings = replace(settings, warmup_s=0.3, min_rounds=3, max_rounds=5)
+        calib = CalibrationSettings(warmup_s=0.2, min_rounds=3, max_rounds=5)
+    start = time.perf_counter()
+    result = diagnose(args.model, args.batch_size, args.input_size, args.plans, args.seed, settings, calib,
+                      args.rebuild)
+    result["total_s"] = time.perf_counter() - start
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"latency_diagnosis_{args.model}_b{args.batch_size}_{args.clock}.json"
+    out.write_text(json.dumps(result, indent=1, default=str))
+    print(report(result))
+
+
+if __name__ == "__main__":
+    main()
