@@ -6,14 +6,16 @@ pruned networks are timed end to end in interleaved rounds with hooks at every s
 
 * **segments**: the table's entry costs minus the same segments' times inside the network;
 * **rest**: the table's fixed part minus the network's time outside the segments (stem, head, glue);
-* **estimator**: the sum of the parts' estimates minus the estimate of the total (a 10th percentile of a sum is
-  not the sum of the 10th percentiles).
+and, beside them, the **estimator** effect: the sum of the parts' own estimates (each part's 10th percentile, as an
+isolated table takes them) minus the estimate of the total (a 10th percentile of a sum is not the sum of the 10th
+percentiles). In-context parts are means over the runs whose totals sit at the estimator's statistic, so segments
+and rest add up to the measured total exactly.
 
 Per entry it lists the largest isolated - in-context gaps with the kind of module (intact, activations merged,
 dense merged kernels). Afterwards the isolated entries are timed once more (``--rebuild``) to show how much of the
 gap is drift between the build and the networks' measurement rather than isolation.
 
-    python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --batch-size 1 --plans 6 [--protocol isolated]
+    python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --batch-size 1 --plans 6 [--entries isolated]
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from zoo.latency.calibrate import pruned_network
 from zoo.latency.context import ContextBench, hook_overhead_ms
 from zoo.latency.device import timing_context
 from zoo.latency.measure import time_rounds
-from zoo.latency.table import variant_label
+from zoo.latency.table import estimator_runs, variant_label
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -82,30 +84,41 @@ def diagnose(model: str, batch_size: int, input_size: int | None, plans: int, se
         again = build_table(model, **{**kwargs, "cache_dir": tempfile.mkdtemp(dir=cache_dir)}) if rebuild else None
     hooks_ms = hook_overhead_ms(torch.device("cpu"), settings.clock)
     networks, entries = [], {}
+    by_median = replace(table, settings=replace(table.settings, estimator="median"))
     for plan, bench in zip(chosen, benches):
         variants = table.variants_of(plan)
-        seg_iso = seg_ctx = 0.0
+        runs = estimator_runs(bench.times_ms, est)  # the runs whose totals sit at the estimator's statistic
+
+        def window(values: list[float], runs: np.ndarray = runs) -> float:
+            return float(np.asarray(values)[runs].mean())
+
+        seg_iso = seg_ctx = per_part = 0.0
         for i, (seg, variant) in enumerate(zip(table.segments, variants)):
             if seg.name in variant:
                 continue
-            iso, ctx = table.raw_cost(i, variant), estimate(bench.segment_ms[seg.name], est)
+            iso, ctx = table.raw_cost(i, variant), window(bench.segment_ms[seg.name])
+            per_part += estimate(bench.segment_ms[seg.name], est)
             seg_iso, seg_ctx = seg_iso + iso, seg_ctx + ctx
             row = entries.setdefault((seg.name, variant), {"segment": seg.name, "variant": variant_label(seg, variant),
                                                           "kind": kind_of(table, i, variant), "isolated_ms": iso,
                                                           "again_ms": again.raw_cost(i, variant) if again else None,
                                                           "context_ms": []})
             row["context_ms"].append(ctx)
-        rest = estimate(bench.rest_ms, est) - hooks_ms * len(bench.names)
-        total = estimate(bench.times_ms, est) - hooks_ms * len(bench.names)
+        rest = window(bench.rest_ms) - hooks_ms * len(bench.names)
+        total = window(bench.times_ms) - hooks_ms * len(bench.names)
+        per_part += estimate(bench.rest_ms, est) - hooks_ms * len(bench.names)
         predicted = table.predict(plan, corrected=False)
         networks.append({
             "removed": len(plan["remove"]), "measured_ms": total, "predicted_ms": predicted,
             "error": predicted / total - 1, "segments_gap_ms": seg_iso - seg_ctx,
             "rest_gap_ms": table.fixed_raw_ms - rest,
-            "estimator_gap_ms": (seg_ctx + rest) - total,
-            "median_error": (table.fixed_raw_ms + seg_iso) / (estimate(bench.times_ms, "median")
-                                                              - hooks_ms * len(bench.names)) - 1,
+            "estimator_gap_ms": per_part - total,
+            "median_error": by_median.predict(plan, corrected=False) / (estimate(bench.times_ms, "median")
+                                                                       - hooks_ms * len(bench.names)) - 1,
         })
+    anchor = networks[0]["measured_ms"] / networks[0]["predicted_ms"]
+    for n in networks:
+        n["anchored_error"] = n["predicted_ms"] * anchor / n["measured_ms"] - 1
     for row in entries.values():
         row["context_ms"] = statistics.median(row["context_ms"])
         row["gap"] = row["isolated_ms"] / row["context_ms"] - 1 if row["context_ms"] > 0 else float("nan")
@@ -127,10 +140,11 @@ def report(result: dict[str, Any], top: int = 12) -> str:
              f"fixed part {result['fixed_ms']:.3f} ms, call overhead {result['overhead_ms'] * 1e3:.1f} us, hook pair "
              f"{result['hook_pair_ms'] * 1e3:.2f} us, table built in {result['table_s']:.0f} s", "",
              "| network | removed | measured ms | error | segments gap ms | rest gap ms | estimator gap ms "
-             "| error with medians |", "|---|---|---|---|---|---|---|---|"]
+             "| error, all medians |", "|---|---|---|---|---|---|---|---|"]
     for i, n in enumerate(result["networks"]):
         lines.append(f"| {'original' if i == 0 else f'plan {i}'} | {n['removed']} | {n['measured_ms']:.3f} | "
-                     f"{n['error']:+.1%} | {n['segments_gap_ms']:+.3f} | {n['rest_gap_ms']:+.3f} | "
+                     f"{n['error']:+.1%} | {n['anchored_error']:+.1%} | {n['segments_gap_ms']:+.3f} | "
+                     f"{n['rest_gap_ms']:+.3f} | "
                      f"{n['estimator_gap_ms']:+.3f} | {n['median_error']:+.1%} |")
     lines += ["", "| kind | entries | median isolated/context - 1 | max abs |", "|---|---|---|---|"]
     lines += [f"| {k} | {v['n']} | {v['median']:+.1%} | {v['max_abs']:.1%} |" for k, v in result["gap_by_kind"].items()]
@@ -152,13 +166,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=2)
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall")
     parser.add_argument("--estimator", choices=("median", "p10", "min"), default="p10")
-    parser.add_argument("--protocol", default=None, help="TableSettings.protocol (default: the table's default)")
+    parser.add_argument("--entries", default=None, help="TableSettings.entries: auto, context or isolated")
     parser.add_argument("--rebuild", action="store_true", help="time the isolated entries once more afterwards")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     settings = TableSettings(clock=args.clock, estimator=args.estimator)
-    if args.protocol:
-        settings = replace(settings, protocol=args.protocol)
+    if args.entries:
+        settings = replace(settings, entries=args.entries)
     calib = CalibrationSettings(max_rounds=60, max_time_s=180.0)
     if args.quick:
         settings = replace(settings, warmup_s=0.3, min_rounds=3, max_rounds=5)
@@ -168,7 +182,7 @@ def main() -> None:
                       args.rebuild)
     result["total_s"] = time.perf_counter() - start
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"latency_diagnosis_{args.model}_b{args.batch_size}_{args.clock}.json"
+    out = RESULTS / f"latency_diagnosis_{args.model}_b{args.batch_size}_{args.clock}_{args.entries or 'auto'}.json"
     out.write_text(json.dumps(result, indent=1, default=str))
     print(report(result))
 

@@ -282,7 +282,10 @@ def test_benchmark_quick_smoke(tmp_path: Path) -> None:
         assert build["passed"] == (build["mean_abs_error_raw"] <= limit and build["max_abs_error_raw"] <= limit)
     assert row["passed"] == (row["builds_passed"] >= 0.9 * row["repeats"]) and result["passed"] == row["passed"]
     assert "| mobilenetv2_035 |" in markdown(result)
-    assert f"| {row['builds_passed']}/2 | {'passed' if row['passed'] else 'failed'} |" in markdown(result)
+    assert f"| {row['builds_passed']}/2 {'passed' if row['passed'] else 'failed'} |" in markdown(result)
+    for build in row["builds"]:  # the anchored verdict, too, is computed from the target
+        anchored = max(build["mean_abs_error_anchored"], build["max_abs_error_anchored"])
+        assert build["passed_anchored"] == (anchored <= build["target"])
     assert json.loads((tmp_path / "latency_table.json").read_text())["rows"]
 
 

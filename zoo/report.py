@@ -210,13 +210,15 @@ def make_report(sweep_dir: str | Path, allow_mixed_devices: bool = False, log_wa
 def _log_wandb(root: Path, rows: list[dict[str, Any]], paths: dict[str, str]) -> None:
     import wandb
 
+    from .training.logger import finish_run
+
     run = wandb.init(project="depthzoo", group=str(root), name="report", job_type="report", mode="offline",
                      dir=str(root), reinit="finish_previous")
     try:
         run.log({"report/table": wandb.Table(columns=list(COLUMNS), data=[[r.get(c) for c in COLUMNS] for r in rows]),
                  "report/pareto": wandb.Image(paths["pareto.png"])})
     finally:
-        run.finish()
+        finish_run(run)
 
 
 class ReportCallback(SweepCallback):

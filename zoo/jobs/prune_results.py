@@ -52,6 +52,8 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
         "predicted_peak_memory_mb": None if memory is None else memory / 2**20,
         "max_memory_mb": cfg.prune.max_memory_mb,
         "prediction_error": predicted / pruned_ms - 1.0,
+        "predicted_speedup": table.predict({"remove": []}) / predicted,
+        "speedup_prediction_error": (table.predict({"remove": []}) / predicted) / (base_ms / pruned_ms) - 1.0,
         "measured_speedup": base_ms / pruned_ms,
         "measured_speedup_eager": eager_base / eager_pruned,
         "measurements": measured,
@@ -88,7 +90,9 @@ def format_summary(results: dict[str, Any]) -> str:
         rows.append((metric, f"{base['metrics'].get(metric, float('nan')):.3f}", f"{pruned['metrics'][metric]:.3f}"))
     lines = [f"{a:<24}{b:>14}{c:>14}" for a, b, c in rows]
     lines.append(f"measured speed-up {results['measured_speedup']:.2f}x (target {results['target_speedup']}x) on "
-                 f"{results['device']}; table prediction error {results['prediction_error']:+.1%}; "
+                 f"{results['device']}; predicted {results['predicted_speedup']:.2f}x "
+                 f"({results['speedup_prediction_error']:+.1%}); latency prediction error "
+                 f"{results['prediction_error']:+.1%} (includes the machine's drift since the table was measured); "
                  f"{len(results['plan']['remove'])} unit(s) removed")
     lines += [f"note: {note}" for note in results.get("notes", [])]
     return "\n".join(lines)

@@ -74,9 +74,16 @@ class NetworkResult:
     rel_uncertainty: float
     n_runs: int
 
+    predicted_anchored_ms: float = float("nan")
+
     def error(self, corrected: bool = True) -> float:
         """Signed relative prediction error (predicted / measured - 1)."""
         return (self.predicted_ms if corrected else self.predicted_raw_ms) / self.measured_ms - 1.0
+
+    def anchored_error(self) -> float:
+        """Signed error of the prediction anchored to the original measured in the same session: the error of the
+        predicted speed-up over the original, free of the machine's drift since the table was built."""
+        return self.predicted_anchored_ms / self.measured_ms - 1.0
 
 
 @dataclass
@@ -93,6 +100,15 @@ class Evaluation:
         chosen = self.results if include_original else self.results[1:]
         return [abs(r.error(corrected)) for r in chosen]
 
+    def anchored_errors(self) -> list[float]:
+        return [abs(r.anchored_error()) for r in self.results[1:]]
+
+    @property
+    def drift(self) -> float:
+        """The table's raw prediction of the original over its measurement now, minus 1: how much the machine's
+        speed (and the table) moved between the build and this measurement."""
+        return self.results[0].error(False)
+
     def mean_error(self, corrected: bool = True, include_original: bool = False) -> float:
         errors = self.errors(corrected, include_original)
         return statistics.fmean(errors) if errors else float("nan")
@@ -104,7 +120,10 @@ class Evaluation:
         return {"n_plans": len(self.results) - 1, "noise_floor": self.noise_floor,
                 "mean_abs_error_raw": self.mean_error(False), "max_abs_error_raw": self.max_error(False),
                 "mean_abs_error": self.mean_error(True), "max_abs_error": self.max_error(True),
-                "original_error_raw": abs(self.results[0].error(False)), "loo_error": self.loo_error,
+                "original_error_raw": abs(self.results[0].error(False)), "drift": self.drift,
+                "mean_abs_error_anchored": statistics.fmean(self.anchored_errors()) if self.anchored_errors()
+                else float("nan"), "max_abs_error_anchored": max(self.anchored_errors(), default=float("nan")),
+                "loo_error": self.loo_error,
                 "correction": asdict(self.correction), "time_s": self.time_s}
 
     def format(self) -> str:
@@ -114,11 +133,16 @@ class Evaluation:
             lines.append(f"{r.label:<10} {len(r.plan.get('remove', [])):>7} {r.measured_ms:>12.3f} {r.iqr_ms:>8.3f} "
                          f"{r.predicted_raw_ms:>9.3f} {r.error(False):>+8.1%} {r.predicted_ms:>9.3f} "
                          f"{r.error(True):>+7.1%}")
+        anchored = self.anchored_errors()
         lines.append(
             f"prediction error over {len(self.results) - 1} random plans: mean {self.mean_error(False):.1%} / max "
             f"{self.max_error(False):.1%} raw, mean {self.mean_error(True):.1%} / max {self.max_error(True):.1%} "
             f"with correction '{self.correction.kind}'; noise floor (original measured twice) {self.noise_floor:.1%}"
         )
+        if anchored:
+            lines.append(f"anchored to the original measured now (the speed-up error): mean "
+                         f"{statistics.fmean(anchored):.1%} / max {max(anchored):.1%}; the raw prediction of the "
+                         f"original is {self.drift:+.1%} off its measurement now (machine drift since the build)")
         return "\n".join(lines)
 
 
@@ -188,6 +212,9 @@ def evaluate(table: LatencyTable, plans: Sequence[Mapping[str, Any]], settings: 
     results = [_result("original", {"remove": [], "merge": table.merge}, table, pooled)]
     results += [_result(f"plan {i}", dict(plan), table, bench) for i, (plan, bench) in enumerate(zip(plans,
                                                                                                       plan_benches))]
+    anchor = results[0].measured_ms / results[0].predicted_raw_ms
+    for r in results:
+        r.predicted_anchored_ms = r.predicted_raw_ms * anchor
     return Evaluation(results, abs(a - b) / ((a + b) / 2), time.perf_counter() - start, table.correction)
 
 

@@ -318,19 +318,30 @@ def estimator_runs(totals: Sequence[float], estimator: str) -> np.ndarray:
     return chosen if chosen.size else np.array([int(np.argmin(np.abs(t - np.median(t))))])
 
 
+def machine_speed(reference_ms: Sequence[float], runs_per_round: int, span: int = 3) -> np.ndarray:
+    """Per round, how slow the machine was: the reference network's time in that round (a running median over
+    ``2 * span + 1`` rounds, which keeps one slow run from counting as a slow machine) over its median."""
+    per_round = np.asarray(reference_ms, dtype=np.float64).reshape(-1, runs_per_round).mean(axis=1)
+    smooth = np.array([np.median(per_round[max(0, r - span):r + span + 1]) for r in range(per_round.size)])
+    return smooth / np.median(smooth)
+
+
 def measure_in_context(model: nn.Module, segs: Sequence[Segment], keys: Sequence[Mapping[frozenset[str], str | None]],
                        fixed_key: str, example: Any, forward_kwargs: Mapping[str, Any], device: torch.device,
                        channels_last: bool, merge: bool, settings: TableSettings) -> dict[str, dict[str, Any]]:
-    """Time every (segment, variant) and the fixed part inside running probe networks; cache records by key.
+    """Time every (segment, variant) and the fixed part inside running networks; cache records by key.
 
-    The probe networks (:func:`probe_variants`) are timed in interleaved rounds with a hook pair at every segment
-    boundary (:class:`~zoo.latency.context.ContextBench`). For each estimator, a part's cost is its mean over the
-    runs in the estimator's window of the network's totals (:func:`estimator_runs`), so a network's parts add up to
-    its estimated total; entries met in several networks (or segments) average their per-network costs. The fixed
+    The intact network and the probe networks (:func:`probe_variants`) run in interleaved rounds, every network
+    once per round (``runs_per_round`` times), with a hook pair at every segment boundary
+    (:class:`~zoo.latency.context.ContextBench`). The machine's speed drifts over seconds (docs/latency.md), so each
+    round's runs are divided by that round's :func:`machine_speed`, from the intact network: the table holds
+    times at the build's median speed. For each estimator, a part's cost is its mean over the runs in the
+    estimator's window of its network's totals (:func:`estimator_runs`), so a network's parts add up to its
+    estimated total; entries met in several networks (or segments) average their per-network costs. The fixed
     part is the time outside the segments, less the hooks' own cost (:func:`~zoo.latency.context.hook_overhead_ms`).
     """
     names = [seg.name for seg in segs]
-    choices = probe_variants(keys)
+    choices = [[frozenset()] * len(segs), *probe_variants(keys)]
     benches = []
     for variants in choices:
         net = copy.deepcopy(model)
@@ -338,32 +349,41 @@ def measure_in_context(model: nn.Module, segs: Sequence[Segment], keys: Sequence
             net.set_submodule(seg.name, build_segment(model, seg, variant, merge))
         net = prepare(measured_form(net, settings), device, channels_last)
         benches.append(ContextBench(net, names, (example,), forward_kwargs, device, settings.clock))
+    start, cap_hit = time.perf_counter(), True
     try:
         for bench in benches:
             bench.warmup(settings.entry_warmup_s)
-        caps = time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round,
-                           settings.rel_tol, settings.max_time_s)
+        for round_index in range(settings.max_rounds):
+            for bench in benches:
+                bench.run(min_runs=settings.runs_per_round, max_runs=settings.runs_per_round)
+            if round_index + 1 >= settings.min_rounds and all(
+                    b.converged(settings.rel_tol, settings.min_rounds * settings.runs_per_round) for b in benches):
+                cap_hit = False
+                break
+            if time.perf_counter() - start > settings.max_time_s:
+                break
     finally:
         for bench in benches:
             bench.close()
+    speed = np.repeat(machine_speed(benches[0].times_ms, settings.runs_per_round), settings.runs_per_round)
     hooks_ms = hook_overhead_ms(device, settings.clock) * len(names)
     parts: dict[str, dict[str, list[float]]] = {}  # key -> estimator -> per-network costs
     samples: dict[str, list[float]] = {}
-    cap_hit: dict[str, bool] = {}
-    for variants, bench, cap in zip(choices, benches, caps):
-        windows = {est: estimator_runs(bench.times_ms, est) for est in ESTIMATORS}
+    for variants, bench in zip(choices, benches):
+        windows = {est: estimator_runs(np.asarray(bench.times_ms) / speed, est) for est in ESTIMATORS}
         series = [(keys[i][v], bench.segment_ms[name]) for i, (name, v) in enumerate(zip(names, variants))]
         series.append((fixed_key, [ms - hooks_ms for ms in bench.rest_ms]))
         for key, times in series:
-            values = np.asarray(times)
+            values = np.asarray(times) / speed
             for est, runs in windows.items():
                 parts.setdefault(key, {}).setdefault(est, []).append(max(0.0, float(values[runs].mean())))
-            samples.setdefault(key, []).extend(times)
-            cap_hit[key] = cap_hit.get(key, False) or cap
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+            samples.setdefault(key, []).extend(values.tolist())
+    stamp, spent = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter() - start
+    logger.info("latency table: %d networks x %d rounds in %.0f s; machine speed ranged %.2f-%.2f of its median",
+                len(benches), len(benches[0].times_ms) // settings.runs_per_round, spent, speed.min(), speed.max())
     return {key: {**robust_summary(samples[key]), **{f"{est}_ms": statistics.fmean(v) for est, v in by_est.items()},
-                  "n_runs": len(samples[key]), "cap_hit": cap_hit[key], "networks": len(by_est["median"]),
-                  "time_s": sum(b.time_s for b in benches), "measured_at": stamp}
+                  "n_runs": len(samples[key]), "cap_hit": cap_hit, "networks": len(by_est["median"]),
+                  "time_s": spent, "speed_range": [float(speed.min()), float(speed.max())], "measured_at": stamp}
             for key, by_est in parts.items()}
 
 

@@ -79,15 +79,21 @@ class WandbLogger(NullLogger):
         self.run.log_artifact(artifact, aliases=aliases)
 
     def finish(self, exit_code: int = 0) -> None:
-        """End the run and wait until its data is on disk.
+        finish_run(self.run, exit_code)
 
-        ``run.finish`` can return before W&B's service has written the run file (offline runs were seen
-        empty or without history right after it), so the service is shut down too when no other run is
-        active: whatever is written after this call (results.json) comes after the run's data.
-        """
-        self.run.finish(exit_code=exit_code)
-        if self._wandb.run is None:
-            self._wandb.teardown()
+
+def finish_run(run: Any, exit_code: int = 0) -> None:
+    """End a W&B run and wait until its data is on disk.
+
+    ``run.finish`` can return before W&B's service has written the run file (offline runs were seen empty or
+    without history right after it), so the service is shut down too when no other run is active: whatever is
+    written after this call (results.json) comes after the run's data.
+    """
+    import wandb
+
+    run.finish(exit_code=exit_code)
+    if wandb.run is None:
+        wandb.teardown()
 
 
 def create_logger(cfg: Any, config: dict | None = None, is_main: bool = True, group: str | None = None) -> NullLogger:
