@@ -16,6 +16,7 @@ dense merged kernels). Afterwards the isolated entries are timed once more (``--
 gap is drift between the build and the networks' measurement rather than isolation.
 
     python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --batch-size 1 --plans 6 [--entries isolated]
+    python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --drift 120   # the machine's own speed over time
 """
 
 from __future__ import annotations
@@ -135,12 +136,39 @@ def diagnose(model: str, batch_size: int, input_size: int | None, plans: int, se
             "entries": rows, "half_sample_noise": noise, "table_s": table.build_s}
 
 
+def drift_trace(model: str, seconds: float, batch_size: int = 1, window_s: float = 10.0, clock: str = "wall"
+                ) -> list[dict[str, float]]:
+    """The same network (deploy form, one thread) run back to back for `seconds`: per `window_s` window, the
+    number of runs and their min, 10th percentile and median (ms): how far the machine's own speed moves."""
+    from zoo.factory import create_model
+    from zoo.fuse import fuse
+
+    net = fuse(create_model(model)).eval()
+    x = net.example_input(batch_size, tuple(net.default_cfg["input_size"]))
+    read = time.thread_time if clock == "thread" else time.perf_counter
+    samples = []
+    with timing_context(torch.device("cpu"), torch.float32, 1):
+        start = time.perf_counter()
+        while (now := time.perf_counter() - start) < seconds:
+            t0 = read()
+            net(x)
+            samples.append((now, (read() - t0) * 1e3))
+    at, ms = np.array(samples).T
+    rows = []
+    for w in np.arange(0.0, seconds, window_s):
+        sel = ms[(at >= w) & (at < w + window_s)]
+        if sel.size:
+            rows.append({"from_s": float(w), "runs": int(sel.size), "min_ms": float(sel.min()),
+                         "p10_ms": float(np.percentile(sel, 10)), "median_ms": float(np.median(sel))})
+    return rows
+
+
 def report(result: dict[str, Any], top: int = 12) -> str:
     lines = [f"## {result['model']}, batch {result['batch_size']}, {result['clock']} clock, {result['estimator']}",
              f"fixed part {result['fixed_ms']:.3f} ms, call overhead {result['overhead_ms'] * 1e3:.1f} us, hook pair "
              f"{result['hook_pair_ms'] * 1e3:.2f} us, table built in {result['table_s']:.0f} s", "",
-             "| network | removed | measured ms | error | segments gap ms | rest gap ms | estimator gap ms "
-             "| error, all medians |", "|---|---|---|---|---|---|---|---|"]
+             "| network | removed | measured ms | error | anchored error | segments gap ms | rest gap ms "
+             "| estimator effect ms | error, all medians |", "|---|---|---|---|---|---|---|---|---|"]
     for i, n in enumerate(result["networks"]):
         lines.append(f"| {'original' if i == 0 else f'plan {i}'} | {n['removed']} | {n['measured_ms']:.3f} | "
                      f"{n['error']:+.1%} | {n['anchored_error']:+.1%} | {n['segments_gap_ms']:+.3f} | "
@@ -169,7 +197,15 @@ def main() -> None:
     parser.add_argument("--entries", default=None, help="TableSettings.entries: auto, context or isolated")
     parser.add_argument("--rebuild", action="store_true", help="time the isolated entries once more afterwards")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--drift", type=float, default=0.0, metavar="SECONDS",
+                        help="instead: run the network back to back this long and print its speed per 10-s window")
     args = parser.parse_args()
+    if args.drift > 0:
+        rows = drift_trace(args.model, args.drift, args.batch_size, clock=args.clock)
+        print("| from s | runs | min ms | p10 ms | median ms |\n|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['from_s']:.0f} | {r['runs']} | {r['min_ms']:.3f} | {r['p10_ms']:.3f} | {r['median_ms']:.3f} |")
+        return
     settings = TableSettings(clock=args.clock, estimator=args.estimator)
     if args.entries:
         settings = replace(settings, entries=args.entries)

@@ -159,7 +159,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {verdict(r['builds_passed_anchored'], r['passed_anchored'])} |")
     n_plans = result["rows"][0]["n_plans"] if result["rows"] else 0
     lines.append(f"\nEach build: a cold table (fresh cache), a correction fitted on 5 calibration plans, errors over "
-                 f"{n_plans} other random plans measured end to end. Raw: the table's ms against the measured ms; "
+                 f"{n_plans} other random plans, all measured end to end in one interleaved session. Raw: the "
+                 f"table's ms against the measured ms; "
                  f"anchored: the table's prediction scaled by the original network measured in the same session (the "
                  f"error of the predicted speed-up); drift: the raw prediction of the original against its "
                  f"measurement. Target per build: mean and max error within max(3 %, 1.5 x the build's noise floor); "

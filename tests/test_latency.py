@@ -445,3 +445,37 @@ def test_cpu_tables_time_entries_in_context_by_default_and_isolated_on_request(t
     assert len(list(tmp_path.glob("*.json"))) == 1  # one cache file per protocol: the context one is elsewhere
     with pytest.raises(ValueError, match="entries timing"):
         TableSettings(entries="sometimes")
+
+
+def test_evaluation_anchors_predictions_to_the_original_measured_in_the_same_session(table) -> None:
+    from zoo.latency import CalibrationSettings, evaluate
+
+    evaluation = evaluate(table, random_plans(table.segments, 3, seed=11),
+                          CalibrationSettings(warmup_s=0.05, net_warmup_s=0.0, min_rounds=3, max_rounds=3))
+    original = evaluation.results[0]
+    assert original.anchored_error() == pytest.approx(0.0)  # the anchor itself
+    assert evaluation.drift == pytest.approx(original.predicted_raw_ms / original.measured_ms - 1)
+    for r in evaluation.results[1:]:  # the error of the predicted speed-up over the original
+        predicted_speedup = original.predicted_raw_ms / r.predicted_raw_ms
+        measured_speedup = original.measured_ms / r.measured_ms
+        assert r.anchored_error() == pytest.approx(measured_speedup / predicted_speedup - 1)
+    summary = evaluation.summary()
+    assert summary["max_abs_error_anchored"] == pytest.approx(max(abs(r.anchored_error())
+                                                                  for r in evaluation.results[1:]))
+    assert "anchored to the original measured now" in evaluation.format()
+
+
+def test_diagnosis_splits_each_networks_error_into_segments_and_rest() -> None:
+    from benchmarks.latency_diagnosis import diagnose, drift_trace, report
+
+    quick = replace(FAST, entries="isolated")
+    calib = zoo.latency.CalibrationSettings(warmup_s=0.05, net_warmup_s=0.0, min_rounds=5, max_rounds=5)
+    result = diagnose(MODEL, 1, SIZE, 2, 0, quick, calib, rebuild=False)
+    assert len(result["networks"]) == 3 and result["entries"]
+    for n in result["networks"]:  # in-context parts add up to the measured total, so the split is exact
+        assert n["predicted_ms"] - n["measured_ms"] == pytest.approx(n["segments_gap_ms"] + n["rest_gap_ms"], abs=1e-9)
+        assert n["error"] == pytest.approx(n["predicted_ms"] / n["measured_ms"] - 1)
+    assert result["networks"][0]["anchored_error"] == pytest.approx(0.0)
+    assert "| original |" in report(result)
+    rows = drift_trace(MODEL, 1.0, window_s=0.5)
+    assert rows and all(r["min_ms"] <= r["p10_ms"] <= r["median_ms"] for r in rows)

@@ -387,7 +387,7 @@ def measure_in_context(model: nn.Module, segs: Sequence[Segment], keys: Sequence
             for key, by_est in parts.items()}
 
 
-def context_overhead_record(key: str) -> dict[str, Any]:
+def context_overhead_record() -> dict[str, Any]:
     """In context there is no call of an entry on its own to subtract: the call-overhead entry is 0."""
     return {**{f"{name}_ms": 0.0 for name in ("median", "iqr", "mad", "mean", "min", "p10")}, "rel_uncertainty": 0.0,
             "n_runs": 0, "cap_hit": False, "time_s": 0.0, "peak_mem_bytes": 0, "mem_estimated": True,
@@ -547,8 +547,9 @@ class LatencyTable:
                          "the search takes such a variant only where it pays.")
         lines += ["-" * 96,
                   f"fixed part (stem, head, glue): {self.fixed_raw_ms:.4f} ms (IQR {fixed['iqr_ms']:.4f}); "
-                  f"call overhead subtracted per entry: {self.overhead_ms * 1e3:.1f} us; costs use the "
-                  f"{self.settings.estimator} of {self.settings.clock}-clock runs",
+                  + ("entries timed inside the running network; " if self.settings.entries == "context" else
+                     f"entries timed alone, call overhead subtracted per entry: {self.overhead_ms * 1e3:.1f} us; ")
+                  + f"costs use the {self.settings.estimator} of {self.settings.clock}-clock runs",
                   f"predicted original: {self.predict(corrected=False):.3f} ms raw, {self.predict():.3f} ms "
                   f"corrected ({corr.kind}: scale {corr.scale:.4f}, offset {corr.offset_ms:.4f} ms)",
                   f"{self.model_name} on {self.describe_condition()}: {self.n_entries} entries, {self.n_measured} "
@@ -763,9 +764,12 @@ def build_table(
                         for p in pending:  # peak memory of each entry alone (an estimate on the CPU)
                             if p.key in records:
                                 mem = peak_memory(p.module, p.capture.args, p.capture.kwargs, dev)
-                                records[p.key].update(peak_mem_bytes=mem[0], mem_estimated=mem[1], what=p.what)
-                        records[pending[-1].key] = context_overhead_record(pending[-1].key)
-                        records = {k: v for k, v in records.items() if k in {p.key for p in missing}}
+                                what = p.what if p is not fixed else p.what.replace("segments replayed",
+                                                                                    "time outside the segments")
+                                records[p.key].update(peak_mem_bytes=mem[0], mem_estimated=mem[1], what=what)
+                        records[pending[-1].key] = context_overhead_record()
+                        wanted = {p.key for p in missing}
+                        records = {k: v for k, v in records.items() if k in wanted}
                     else:
                         records = measure_rounds(missing, dev, settings)
                     known = _store(cache, records, known)
