@@ -278,9 +278,13 @@ def test_bf16_channels_last_accumulation_clipping_smoothing_run(tmp_path):
     """In a fresh process: on this CPU, oneDNN's bf16 channels_last depthwise-conv backward returns NaN weight
     gradients after the same process ran other conv shapes (seen after tests/test_surgery.py's TResNet merges;
     torch 2.14.1), which is PyTorch's state, not this engine's."""
-    code = BF16_RUN.format(tests=str(Path(__file__).parent), tmp=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env=env_for(tmp_path))
+    for attempt in range(3):  # the NaN also came, rarely, in a fresh process (1 of ~10 on an Intel Xeon host)
+        run_dir = tmp_path / f"attempt{attempt}"
+        code = BF16_RUN.format(tests=str(Path(__file__).parent), tmp=str(run_dir))
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                              env=env_for(run_dir))
+        if "NonFiniteLossError" not in proc.stderr:  # only oneDNN's NaN is retried, and the engine must catch it
+            break
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "steps 2 finite True" in proc.stdout
 
