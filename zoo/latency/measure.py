@@ -401,9 +401,10 @@ def measure(
 
 
 def time_rounds(benches: Sequence[Bench], rounds: tuple[int, int], runs_per_round: int, rel_tol: float,
-                max_time_s: float) -> list[bool]:
+                max_time_s: float, together: bool = False) -> list[bool]:
     """Time benches in interleaved rounds until each converged (after the minimum rounds) or a cap hit.
 
+    ``together``: every bench runs in every round until all have converged (runs line up round by round).
     Returns per bench whether a cap (max rounds or time) stopped it before its median converged.
     """
     min_rounds, max_rounds = rounds
@@ -413,7 +414,8 @@ def time_rounds(benches: Sequence[Bench], rounds: tuple[int, int], runs_per_roun
         for i in active:
             benches[i].run(min_runs=runs_per_round)
         if round_index + 1 >= min_rounds:
-            active = [i for i in active if not benches[i].converged(rel_tol, min_rounds * runs_per_round)]
+            pending = [i for i in active if not benches[i].converged(rel_tol, min_rounds * runs_per_round)]
+            active = (active if pending else []) if together else pending
         if not active or time.perf_counter() - start > max_time_s:
             break
     return [i in active for i in range(len(benches))]

@@ -349,19 +349,12 @@ def measure_in_context(model: nn.Module, segs: Sequence[Segment], keys: Sequence
             net.set_submodule(seg.name, build_segment(model, seg, variant, merge))
         net = prepare(measured_form(net, settings), device, channels_last)
         benches.append(ContextBench(net, names, (example,), forward_kwargs, device, settings.clock))
-    start, cap_hit = time.perf_counter(), True
+    start = time.perf_counter()
     try:
         for bench in benches:
             bench.warmup(settings.entry_warmup_s)
-        for round_index in range(settings.max_rounds):
-            for bench in benches:
-                bench.run(min_runs=settings.runs_per_round, max_runs=settings.runs_per_round)
-            if round_index + 1 >= settings.min_rounds and all(
-                    b.converged(settings.rel_tol, settings.min_rounds * settings.runs_per_round) for b in benches):
-                cap_hit = False
-                break
-            if time.perf_counter() - start > settings.max_time_s:
-                break
+        cap_hit = any(time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round,
+                                  settings.rel_tol, settings.max_time_s, together=True))
     finally:
         for bench in benches:
             bench.close()
