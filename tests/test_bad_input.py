@@ -44,6 +44,10 @@ def files(tmp_path_factory) -> dict[str, Path]:
     timm_file = base / "timm_format.safetensors"
     save_file({k: v.contiguous() for k, v in mbv2.state_dict().items()}, str(timm_file))
     paths["timm_file"] = timm_file
+    paths["timm_050"] = base / "timm_mobilenetv2_050.pth"
+    torch.save(zoo.create_model("mobilenetv2_050", num_classes=10).state_dict(), paths["timm_050"])
+    paths["timm_1000"] = base / "timm_mobilenetv2_035_in1k.pth"
+    torch.save(zoo.create_model("mobilenetv2_035").state_dict(), paths["timm_1000"])
     truncated = base / "truncated.safetensors"
     truncated.write_bytes(paths["ckpt"].read_bytes()[:5000])
     paths["truncated"] = truncated
@@ -192,7 +196,8 @@ PRUNE_CASES = [
     (["prune.plan=/nonexistent/plan.json"], "Cannot read plan file /nonexistent/plan.json"),
     (["prune.plan={base}/bad_plan.json"], "is not JSON"),
     (["prune.plan={base}/plan_keys.json"], "Unknown plan keys ['prune']"),
-    (["checkpoint=/nonexistent/model.safetensors"], "checkpoint=/nonexistent/model.safetensors is not a weights file"),
+    (["checkpoint=/nonexistent/model.safetensors"], "Weight file /nonexistent/model.safetensors does not exist"),
+    (["model.tag=in22k"], "Unknown pretrained tag 'in22k' for mobilenetv2_050; known tags: mobilenetv2_050.lamb_in1k"),
     (["++prune.lut={{foo: 1}}"], "prune.lut has unknown key(s) foo; allowed: warmup_s"),
     (["++prune.measure={{rounds: 3}}"], "prune.measure has unknown key(s) rounds"),
     (["prune.max_memory_mb=-1"], "prune.max_memory_mb=-1.0 is out of range: it must be > 0.0"),
@@ -208,8 +213,8 @@ PRUNE_CASES = [
     (["++prune.lut={{max_rounds: 0}}"], "TableSettings (prune.lut): max_rounds=0 must be >= min_rounds"),
     (["++prune.measure={{min_rounds: 0}}"], "CalibrationSettings (prune.measure): min_rounds=0 must be >= 1"),
     (["prune.cache_dir={base}/notes.txt"], "prune.cache_dir={base}/notes.txt is a file, not a folder"),
-    (["checkpoint={base}/notes.txt"], "Cannot read checkpoint {base}/notes.txt"),
-    (["checkpoint={base}/last.state.pt"], "is not a weights file"),
+    (["checkpoint={base}/notes.txt"], "checkpoint={base}/notes.txt is not a weight file; allowed are .safetensors"),
+    (["checkpoint={base}/last.state.pt"], "is a training state, not weights"),
     (["checkpoint={other_ckpt}"], "holds model 'mobilenetv2_050', but model=mobilenetv2_035"),
     ([], "holds a prune run of another config (model.name: 'tresnet_m' -> 'mobilenetv2_050'"),
 ]
@@ -231,7 +236,8 @@ def test_prune_py_bad_input(args, message, files):
 
 
 FRESH_PRUNE_CASES = [  # checked against the model: the run owns a fresh directory by then
-    (["checkpoint={timm_file}"], "has no depthzoo metadata"),
+    (["checkpoint={timm_050}"], "The weights fit mobilenetv2_050 best: use that model name"),
+    (["checkpoint={timm_1000}"], "has a classifier for another number of classes than the data's 10"),
     (["checkpoint={ckpt}", "prune.plan={base}/unknown_plan.json"], "'body.layer1.0' are not depth units"),
 ]
 

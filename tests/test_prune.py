@@ -28,11 +28,11 @@ TINY_LM = ["model=retnet_tiny", "data=bytes", "data.seq_len=32", "data.batch_siz
            "prune.target_speedup=1.25", *FAST_LUT]
 
 
-def run_prune(*overrides: str, base: Path, run_dir: Path | None = None, timeout: float = 300
-              ) -> subprocess.CompletedProcess:
+def run_prune(*overrides: str, base: Path, run_dir: Path | None = None, timeout: float = 300,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     run_dir = run_dir or base / "run"
     env = {**os.environ, "WANDB_DIR": str(base), "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1",
-           "OMP_NUM_THREADS": "1"}  # tiny models: one thread is as fast, and immune to a busy machine
+           "OMP_NUM_THREADS": "1", **(env or {})}  # tiny models: one thread is as fast, and immune to a busy machine
     cmd = [sys.executable, str(ROOT / "prune.py"), *overrides, f"hydra.run.dir={run_dir}",
            f"paths.log_dir={base / 'outputs'}", f"prune.cache_dir={base / 'cache'}"]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=base)

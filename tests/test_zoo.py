@@ -63,7 +63,7 @@ def test_list_models_and_info():
     info = zoo.model_info("mobilenetv2_100")
     timm_params = sum(p.numel() for p in timm.create_model("mobilenetv2_100").parameters())
     assert info["family"] == "mobilenetv2" and info["params"] == timm_params
-    assert info["input_size"] == (3, 224, 224) and info["pretrained_tag"] == "timm/mobilenetv2_100.ra_in1k"
+    assert info["input_size"] == (3, 224, 224) and info["pretrained_tag"] == "mobilenetv2_100.ra_in1k"
 
 
 @pytest.mark.parametrize("name", [n for n in zoo.list_models() if zoo.get_entry(n).family in CNN_FAMILIES])

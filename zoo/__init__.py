@@ -9,13 +9,14 @@ from .depth import DepthUnit, depth_units
 from .errors import PlanError, UnknownModelError, WeightsError, ZooError
 from .factory import create_model, load
 from .fuse import fuse
-from .registry import get_entry, is_model, list_models, model_info, register_model
+from .registry import get_entry, is_model, list_models, register_model
 from .surgery import apply_plan, remove_units
+from .tags import known_tags, model_info
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DepthUnit", "PlanError", "UnknownModelError", "WeightsError", "ZooError", "apply_plan", "create_model",
-    "depth_units", "fuse", "get_entry", "is_model", "list_models", "load", "model_info", "read_checkpoint_meta",
-    "register_model", "remove_units", "save_checkpoint",
+    "depth_units", "fuse", "get_entry", "is_model", "known_tags", "list_models", "load", "model_info",
+    "read_checkpoint_meta", "register_model", "remove_units", "save_checkpoint",
 ]

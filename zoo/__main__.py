@@ -9,6 +9,7 @@ import sys
 from . import list_models, model_info
 from .errors import UnknownModelError, ZooError
 from .registry import load_plugins
+from .tags import known_tags, resolve_tag, split_name
 
 
 def _format_params(count: int) -> str:
@@ -32,18 +33,37 @@ def print_table(pattern: str = "*") -> None:
     print(f"{len(rows)} models")
 
 
+def print_tags(pattern: str = "*") -> None:
+    """Print every pretrained tag of the matching models with its eval config (what ``pretrained=True`` loads)."""
+    names = known_tags(pattern)
+    if not names:
+        raise UnknownModelError(f"No registered model matching {pattern!r} has pretrained tags; `python -m zoo list "
+                                f"--pretrained` lists all of them.")
+    header = f"{'model.tag':<48} {'input':<10} {'crop':>5}  {'interp':<9} {'classes':>7}  mean / std"
+    print(header)
+    print("-" * len(header))
+    for full in names:
+        cfg = resolve_tag(*split_name(full))
+        size = "x".join(str(s) for s in cfg["input_size"][1:])
+        stats = f"{tuple(round(m, 3) for m in cfg['mean'])} / {tuple(round(s, 3) for s in cfg['std'])}"
+        print(f"{full:<48} {size:<10} {cfg['crop_pct']:>5.3f}  {cfg['interpolation']:<9} {cfg['num_classes']:>7}  "
+              f"{stats}")
+    print(f"{len(names)} pretrained tags")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     list_cmd = sub.add_parser("list", help="table of registered models")
     list_cmd.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'mobilenetv2_*'")
+    list_cmd.add_argument("--pretrained", action="store_true", help="list pretrained tags and their eval configs")
     info_cmd = sub.add_parser("info", help="one model's details as JSON")
     info_cmd.add_argument("name")
     args = parser.parse_args(argv)
     try:
         load_plugins()
         if args.command == "list":
-            print_table(args.pattern)
+            (print_tags if args.pretrained else print_table)(args.pattern)
         else:
             print(json.dumps(model_info(args.name), indent=2))
     except ZooError as exc:

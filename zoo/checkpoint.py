@@ -47,6 +47,7 @@ def checkpoint_meta(model: nn.Module, **extra: Any) -> dict[str, Any]:
         "model": name,
         "overrides": dict(getattr(model, "zoo_overrides", {})),
         "num_classes": getattr(model, "num_classes", None),
+        "tag": getattr(model, "zoo_tag", None),
         "plan": getattr(model, "zoo_plan", None),
         "fused": bool(getattr(model, "zoo_fused", False)),
         **extra,

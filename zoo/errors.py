@@ -30,6 +30,10 @@ class WeightsError(ZooError):
     """A weight file or hub id that cannot be loaded into the requested model."""
 
 
+class UnknownTagError(UnknownModelError, WeightsError):
+    """A pretrained tag that is not known for the architecture, or weights asked of a model without any tag."""
+
+
 class PlanError(ZooError):
     """A pruning plan that does not fit the model."""
 

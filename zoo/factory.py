@@ -18,6 +18,7 @@ from .fuse import fuse
 from .pretrained import load_into, resolve_source
 from .registry import build_model, get_entry
 from .surgery import apply_plan
+from .tags import hub_id, pretrained_cfg, resolve_tag, split_name
 
 
 def create_model(
@@ -26,32 +27,44 @@ def create_model(
     num_classes: int | None = None,
     **overrides: Any,
 ) -> nn.Module:
-    """Create a zoo model by name, optionally with weights.
+    """Create a zoo model by name (timm's form: ``"mobilenetv2_140"`` or ``"mobilenetv2_140.ra_in1k"``).
 
-    `pretrained`: False (random init), True (the default published tag through the HF cache or a
-    download), a HF hub id such as ``"timm/mobilenetv2_100.ra_in1k"``, or a local file
-    (``.safetensors``, a ``.pth``/``.pt``/``.bin`` state dict, or a checkpoint written by this project).
-    A different `num_classes` than the weights' re-initialises the classifier. A project checkpoint keeps
-    its own head and overrides unless new ones are given.
+    `pretrained`: False (random init), True (the tag's weights, by default the architecture's default tag, through
+    the HF cache or a download), a HF hub id such as ``"timm/mobilenetv2_100.ra_in1k"``, or a local file
+    (``.safetensors``, a ``.pth``/``.pt``/``.bin`` state dict, or a checkpoint written by this project). A tag sets
+    the model's ``default_cfg`` to the tag's eval config (input size, crop, interpolation, mean/std, classes) even
+    without weights. A different `num_classes` than the weights' re-initialises the classifier. A project
+    checkpoint keeps its own head, overrides and tag unless new ones are given.
     """
-    entry = get_entry(name)
-    source = resolve_source(entry, pretrained) if pretrained is not False else None
+    arch, tag = split_name(name)
+    get_entry(arch)  # an unknown name fails first, with the closest names
+    if pretrained is True:
+        pretrained = hub_id(arch, tag)
+        tag = tag or resolve_tag(arch, None)["tag"]
+    if tag is not None:
+        resolve_tag(arch, tag)  # an unknown tag fails before any file is read
+    source = resolve_source(pretrained) if pretrained is not False else None
     meta = source.meta if source is not None else None
     if meta is not None:
-        if meta.get("model") != name:
+        if meta.get("model") != arch:
             raise WeightsError(
-                f"Checkpoint {source.path} was written for model {meta.get('model')!r}, not {name!r}. "
+                f"Checkpoint {source.path} was written for model {meta.get('model')!r}, not {arch!r}. "
                 f"Load it with zoo.create_model({meta.get('model')!r}, pretrained=...) or zoo.load(path)."
             )
         overrides = {**meta.get("overrides", {}), **overrides}
+        tag = tag or meta.get("tag")
         if num_classes is None:
             num_classes = meta.get("num_classes")
+    cfg = pretrained_cfg(arch, tag)
     if num_classes is None:
-        num_classes = entry.default_cfg.get("num_classes")
+        num_classes = cfg.get("num_classes")
     kwargs = dict(overrides)
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
-    model = build_model(name, **kwargs)
+    model = build_model(arch, **kwargs)
+    if tag is not None:
+        model.default_cfg = model.pretrained_cfg = {**cfg, "num_classes": model.default_cfg.get("num_classes")}
+    model.zoo_tag = tag
     if meta is not None and meta.get("plan"):
         model = apply_plan(model, meta["plan"])
     if meta is not None and meta.get("fused"):

@@ -152,7 +152,7 @@ def mobilenetv2_035(**kwargs) -> MobileNetV2:
     return _create(0.35, **kwargs)
 
 
-@register_model("mobilenetv2", **_cfg(hf_hub_id="timm/mobilenetv2_050.lamb_in1k"))
+@register_model("mobilenetv2", **_cfg())
 def mobilenetv2_050(**kwargs) -> MobileNetV2:
     return _create(0.5, **kwargs)
 
@@ -162,11 +162,11 @@ def mobilenetv2_075(**kwargs) -> MobileNetV2:
     return _create(0.75, **kwargs)
 
 
-@register_model("mobilenetv2", **_cfg(hf_hub_id="timm/mobilenetv2_100.ra_in1k"))
+@register_model("mobilenetv2", **_cfg())
 def mobilenetv2_100(**kwargs) -> MobileNetV2:
     return _create(1.0, **kwargs)
 
 
-@register_model("mobilenetv2", **_cfg(hf_hub_id="timm/mobilenetv2_140.ra_in1k"))
+@register_model("mobilenetv2", **_cfg())
 def mobilenetv2_140(**kwargs) -> MobileNetV2:
     return _create(1.4, **kwargs)

@@ -20,7 +20,6 @@ from torch import nn
 
 from .checkpoint import read_checkpoint_meta, tied_aliases
 from .errors import WeightsError
-from .registry import ModelEntry
 
 _logger = logging.getLogger(__name__)
 
@@ -151,24 +150,15 @@ def check_source(pretrained: bool | str | Path | None) -> None:
                            f"true (the default tag) or false.")
 
 
-def resolve_source(entry: ModelEntry, pretrained: bool | str | Path) -> WeightSource:
-    """Turn the `pretrained` argument of create_model into loaded tensors (see module docstring)."""
-    if pretrained is True:
-        hub_id = entry.default_cfg.get("hf_hub_id")
-        if not hub_id:
-            raise WeightsError(
-                f"Model {entry.name!r} has no published pretrained weights. Pass a local file or a hub id "
-                f"as pretrained=..., or pretrained=False."
-            )
-        path, origin = _download_from_hub(hub_id), f"hf-hub:{hub_id}"
+def resolve_source(pretrained: str | Path) -> WeightSource:
+    """Turn a local file or a hub id (``hf-hub:`` prefix optional) into loaded tensors (see module docstring)."""
+    text = str(pretrained)
+    local = Path(text).expanduser()
+    if is_local(text):
+        path, origin = local, str(local)
     else:
-        text = str(pretrained)
-        local = Path(text).expanduser()
-        if is_local(text):
-            path, origin = local, str(local)
-        else:
-            hub_id = text.removeprefix("hf-hub:")
-            path, origin = _download_from_hub(hub_id), f"hf-hub:{hub_id}"
+        hub_id = text.removeprefix("hf-hub:")
+        path, origin = _download_from_hub(hub_id), f"hf-hub:{hub_id}"
     meta = None
     if path.suffix == ".safetensors" and path.is_file():
         try:
@@ -184,6 +174,30 @@ def _classifier_keys(model: nn.Module) -> list[str]:
     if not prefix:
         return []
     return [k for k in model.state_dict() if k.startswith(prefix + ".")]
+
+
+def closest_architectures(state: dict[str, torch.Tensor], limit: int = 3) -> list[str]:
+    """Registered models whose weights best match `state` (keys and shapes, the classifier aside): exact fits
+    first, then by the share of tensors that fit. Built on the meta device (no memory, no weights)."""
+    from .registry import build_model, get_entry, list_models
+
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    scored = []
+    for name in list_models():
+        if get_entry(name).task != "classification" and not any("embed" in k for k in shapes):
+            continue
+        try:
+            with torch.device("meta"):
+                model = build_model(name)
+        except Exception:  # noqa: BLE001 - a model that needs options is simply not suggested
+            continue
+        head = model.default_cfg.get("classifier") or "\0"
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if not k.startswith(head + ".")}
+        given = {k: v for k, v in shapes.items() if not k.startswith(head + ".")}
+        fit = sum(1 for k, v in expected.items() if given.get(k) == v)
+        scored.append((fit / max(len(expected), len(given), 1), name))
+    scored.sort(reverse=True)
+    return [name for score, name in scored[:limit] if score > 0.5]
 
 
 def _format_mismatch(path: Path, missing: list[str], unexpected: list[str], shapes: list[str]) -> str:
@@ -213,10 +227,6 @@ def load_into(model: nn.Module, source: WeightSource) -> nn.Module:
         for key in list(state):
             if key.startswith(prefix + "."):
                 state.pop(key)
-        _logger.warning(
-            "Classifier %s re-initialised: %s has a head for another number of classes than num_classes=%s.",
-            prefix, source.origin, getattr(model, "num_classes", "?"),
-        )
         expected = {k: v for k, v in expected.items() if k not in head_keys}
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
@@ -226,7 +236,15 @@ def load_into(model: nn.Module, source: WeightSource) -> nn.Module:
         if k in state and state[k].shape != expected[k].shape
     ]
     if missing or unexpected or shapes:
-        raise WeightsError(_format_mismatch(source.path, missing, unexpected, shapes))
+        closest = closest_architectures(source.state_dict)
+        hint = (f" The weights fit {', '.join(closest)} best: use that model name." if closest else
+                " No registered model fits them.")
+        raise WeightsError(_format_mismatch(source.path, missing, unexpected, shapes) + hint)
+    if head_differs:
+        _logger.warning("Classifier %s re-initialised: %s has a head for another number of classes than "
+                        "num_classes=%s.", model.default_cfg.get("classifier"), source.origin,
+                        getattr(model, "num_classes", "?"))
     model.load_state_dict(state, strict=not head_differs)
     model.pretrained_source = source.origin
+    model.pretrained_head_reset = bool(head_differs)
     return model

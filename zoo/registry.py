@@ -139,19 +139,3 @@ def builder_options(entry: ModelEntry) -> list[str]:
     with torch.device("meta"):
         model = entry.builder()
     return [p for p in inspect.signature(type(model).__init__).parameters if p not in ("self", "args", "kwargs")]
-
-
-def model_info(name: str) -> dict[str, Any]:
-    """Family, default input size, parameter count and default pretrained tag of a registered model."""
-    entry = get_entry(name)
-    kwargs = {"num_classes": entry.default_cfg["num_classes"]} if entry.default_cfg.get("num_classes") else {}
-    with torch.device("meta"):
-        model = entry.builder(**kwargs)
-    return {
-        "name": name,
-        "family": entry.family,
-        "input_size": tuple(entry.default_cfg.get("input_size", ())),
-        "params": sum(p.numel() for p in model.parameters()),
-        "pretrained_tag": entry.default_cfg.get("hf_hub_id"),
-        "num_classes": entry.default_cfg.get("num_classes"),
-    }

@@ -140,36 +140,36 @@ def _cfg(**kwargs) -> dict:
     }
 
 
-def _bit_m(name: str) -> dict:
-    return _cfg(hf_hub_id=f"timm/{name}.goog_in21k_ft_in1k", input_size=(3, 448, 448), pool_size=(14, 14),
-                crop_pct=1.0, interpolation="bilinear")
+def _bit_m() -> dict:
+    """BiT-M's architecture defaults (its published weights are fine-tuned at 448 px)."""
+    return _cfg(input_size=(3, 448, 448), pool_size=(14, 14), crop_pct=1.0, interpolation="bilinear")
 
 
-@register_model("bit", **_cfg(hf_hub_id="timm/resnetv2_50x1_bit.goog_distilled_in1k", interpolation="bicubic"))
+@register_model("bit", **_cfg(interpolation="bicubic"))
 def resnetv2_50x1_bit(**kwargs) -> ResNetV2:
     return ResNetV2(layers=(3, 4, 6, 3), width_factor=1, **kwargs)
 
 
-@register_model("bit", **_bit_m("resnetv2_50x3_bit"))
+@register_model("bit", **_bit_m())
 def resnetv2_50x3_bit(**kwargs) -> ResNetV2:
     return ResNetV2(layers=(3, 4, 6, 3), width_factor=3, **kwargs)
 
 
-@register_model("bit", **_bit_m("resnetv2_101x1_bit"))
+@register_model("bit", **_bit_m())
 def resnetv2_101x1_bit(**kwargs) -> ResNetV2:
     return ResNetV2(layers=(3, 4, 23, 3), width_factor=1, **kwargs)
 
 
-@register_model("bit", **_bit_m("resnetv2_101x3_bit"))
+@register_model("bit", **_bit_m())
 def resnetv2_101x3_bit(**kwargs) -> ResNetV2:
     return ResNetV2(layers=(3, 4, 23, 3), width_factor=3, **kwargs)
 
 
-@register_model("bit", **_bit_m("resnetv2_152x2_bit"))
+@register_model("bit", **_bit_m())
 def resnetv2_152x2_bit(**kwargs) -> ResNetV2:
     return ResNetV2(layers=(3, 8, 36, 3), width_factor=2, **kwargs)
 
 
-@register_model("bit", **_bit_m("resnetv2_152x4_bit"))
+@register_model("bit", **_bit_m())
 def resnetv2_152x4_bit(**kwargs) -> ResNetV2:
     return ResNetV2(layers=(3, 8, 36, 3), width_factor=4, **kwargs)

@@ -155,16 +155,16 @@ def _cfg(**kwargs) -> dict:
     }
 
 
-@register_model("tresnet", **_cfg(hf_hub_id="timm/tresnet_m.miil_in21k_ft_in1k"))
+@register_model("tresnet", **_cfg())
 def tresnet_m(**kwargs) -> TResNet:
     return TResNet(layers=(3, 4, 11, 3), **kwargs)
 
 
-@register_model("tresnet", **_cfg(hf_hub_id="timm/tresnet_l.miil_in1k"))
+@register_model("tresnet", **_cfg())
 def tresnet_l(**kwargs) -> TResNet:
     return TResNet(layers=(4, 5, 18, 3), width_factor=1.2, **kwargs)
 
 
-@register_model("tresnet", **_cfg(hf_hub_id="timm/tresnet_xl.miil_in1k"))
+@register_model("tresnet", **_cfg())
 def tresnet_xl(**kwargs) -> TResNet:
     return TResNet(layers=(4, 5, 24, 3), width_factor=1.3, **kwargs)

@@ -117,7 +117,6 @@ def validate_prune(cfg: Any) -> None:
     """Checks before any long work: budget, choices, ranges, device, the files it names (raises ZooError)."""
     from ..latency.device import resolve_device, resolve_dtype
     from ..registry import get_entry
-    from ..training import state as ckpt
     from ..training.config import check_ranges, check_writable
 
     p = cfg.prune
@@ -137,19 +136,42 @@ def validate_prune(cfg: Any) -> None:
     if p.plan:
         read_plan_file(p.plan)
     if cfg.checkpoint:
-        if not Path(cfg.checkpoint).is_file() or str(cfg.checkpoint).endswith(ckpt.STATE_SUFFIX):
-            raise ZooError(f"checkpoint={cfg.checkpoint} is not a weights file. Give a depthzoo checkpoint "
-                           "(.safetensors, e.g. checkpoints/best.safetensors of a train.py run) or leave "
-                           "checkpoint=null to train the baseline.")
-        name = ckpt.model_name_from_checkpoint(cfg.checkpoint)
-        if name != cfg.model.name:
-            raise ZooError(f"checkpoint={cfg.checkpoint} holds model {name!r}, but model={cfg.model.name}. Use "
-                           f"model={name} or a checkpoint of {cfg.model.name}.")
+        check_baseline_source(cfg)
     if p.cache_dir:
         check_writable(p.cache_dir, "prune.cache_dir")
     lut_settings(p)
     measure_settings(p)
     resolve_dtype(p.dtype, resolve_device(p.device))
+
+
+def check_baseline_source(cfg: Any) -> None:
+    """``checkpoint=`` names weights: a depthzoo checkpoint of this model, a timm-format file, a hub id or true (the
+    tag's weights). Checked before any work; a hub id is resolved when the baseline is built."""
+    from ..checkpoint import read_checkpoint_meta
+    from ..pretrained import WEIGHT_SUFFIXES, check_source, is_local
+    from ..training import state as ckpt
+    from .train import weights_arg
+
+    source = weights_arg(cfg.checkpoint)
+    if source is True or source is False:
+        return
+    if str(source).endswith(ckpt.STATE_SUFFIX):
+        raise ZooError(f"checkpoint={source} is a training state, not weights. Give the run's weights file (e.g. "
+                       f"checkpoints/best.safetensors), a timm-format file, a hub id, true (the model's pretrained "
+                       f"tag) or leave checkpoint=null to train the baseline.")
+    check_source(source)
+    if is_local(source) and not str(source).endswith(WEIGHT_SUFFIXES):
+        raise ZooError(f"checkpoint={source} is not a weight file; allowed are {', '.join(WEIGHT_SUFFIXES)} files, "
+                       f"a hub id such as timm/mobilenetv2_100.ra_in1k, or true (the model's pretrained tag).")
+    if is_local(source) and Path(source).suffix == ".safetensors":
+        try:
+            meta = read_checkpoint_meta(source)
+        except Exception as exc:  # noqa: BLE001 - any decode failure means the same
+            raise ZooError(f"checkpoint={source} cannot be read as safetensors ({exc}).") from None
+        name = (meta or {}).get("model")
+        if name is not None and name != cfg.model.name:
+            raise ZooError(f"checkpoint={source} holds model {name!r}, but model={cfg.model.name}. Use "
+                           f"model={name} or a checkpoint of {cfg.model.name}.")
 
 
 def _settings(kind: type, values: Any, key: str) -> Any:
@@ -276,24 +298,62 @@ def train_baseline(cfg: Any, data: Any, config: dict, directory: Path) -> Path:
     return best
 
 
-def load_or_train_baseline(cfg: Any, data: Any, config: dict) -> tuple[nn.Module, Path]:
-    """The baseline model and its checkpoint: ``checkpoint=...`` or a cached training (trained once, locked)."""
+def load_or_train_baseline(cfg: Any, data: Any, config: dict) -> tuple[nn.Module, str]:
+    """The baseline model and where its weights came from.
+
+    Given weights are the baseline as they are (never trained): ``checkpoint=...`` (a depthzoo checkpoint, a
+    timm-format file, a hub id or true), or ``model.pretrained=...`` whose classifier fits the data. Otherwise the
+    baseline is trained once (from ``model.pretrained`` when its classifier had to be re-initialised) and cached.
+    """
     from .. import load
-    from ..training import state as ckpt
+    from .train import build_model, weights_arg
 
     if cfg.checkpoint:
-        path = Path(cfg.checkpoint)
-        name = ckpt.model_name_from_checkpoint(path)
-        if name != cfg.model.name:
-            raise ZooError(f"checkpoint={path} holds model {name!r}, but model={cfg.model.name}. Use model={name} "
-                           f"or a checkpoint of {cfg.model.name}.")
-        return load(path), path
+        model = build_model(cfg.model, data, pretrained=weights_arg(cfg.checkpoint))
+        if getattr(model, "pretrained_head_reset", False):
+            raise ZooError(f"checkpoint={cfg.checkpoint} has a classifier for another number of classes than the "
+                           f"data's {data.num_classes}, so it cannot be the baseline as it is. Fine-tune a baseline "
+                           f"from it with model.pretrained={cfg.checkpoint} (and checkpoint=null), or use data with "
+                           f"the checkpoint's classes.")
+        return model, model.pretrained_source
+    if weights_arg(cfg.model.pretrained) is not False:
+        model = build_model(cfg.model, data)
+        if not getattr(model, "pretrained_head_reset", False):
+            _log.info("baseline: the pretrained weights %s as they are (not trained)", model.pretrained_source)
+            return model, model.pretrained_source
+        _log.info("baseline: the classifier of %s was re-initialised for %d classes, so the baseline is fine-tuned "
+                  "from those weights (once, cached)", model.pretrained_source, data.num_classes)
     directory = baseline_dir(cfg, config)
     directory.mkdir(parents=True, exist_ok=True)
     with FileLock(str(directory / ".lock")):
         own = baseline_config(config)
         best = finished_baseline(directory, own) or train_baseline(cfg, data, config, directory)
-    return load(best), best
+    return load(best), str(best)
+
+
+def evaluate_baseline(cfg: Any, config: dict, baseline: nn.Module, data: Any) -> tuple[dict[str, float], bool]:
+    """The baseline's validation metrics, cached by (weights digest, data config, tag): published weights are
+    evaluated once per data set. Returns (metrics, whether they came from the cache)."""
+    from ..errors import CorruptFileError
+    from ..files import read_sealed_json, write_sealed_json
+    from ..training import evaluate
+    from .runs import fingerprint
+
+    key = {"weights": weights_digest(baseline), "data": config["data"], "tag": cfg.model.get("tag"),
+           "limit_val_batches": cfg.trainer.limit_val_batches}
+    path = Path(cfg.prune.cache_dir or Path(cfg.paths.log_dir) / "cache") / "baseline_eval" / f"{fingerprint(key)}.json"
+    try:
+        stored = read_sealed_json(path)
+        if stored.get("key") == json.loads(json.dumps(key, default=str)):
+            _log.info("baseline metrics from the cache (%s)", path)
+            return stored["metrics"], True
+        _log.warning("%s was written for another baseline or data: evaluating again", path)
+    except CorruptFileError as exc:
+        if path.exists():
+            _log.warning("The cached baseline metrics %s are not usable (%s): evaluating again", path, exc)
+    metrics = evaluate(baseline, data.val, task=data.task)
+    write_sealed_json(path, {"key": key, "metrics": metrics})
+    return metrics, False
 
 
 def read_plan_file(path: str | Path) -> dict[str, Any]:
@@ -583,15 +643,15 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
 
     W&B is finished before ``results.json`` (sealed, with the config's fingerprint) is written, last.
     """
-    from .. import get_entry
     from ..files import file_digest, write_sealed_json
-    from ..training import build_loaders, create_logger, evaluate, seed_everything
+    from ..training import build_loaders, create_logger, seed_everything
     from .entry import hydra_context
     from .runs import fingerprint
+    from .train import data_model_cfg
 
     timings: dict[str, float] = {}
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
-    data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=get_entry(cfg.model.name).default_cfg)
+    data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=data_model_cfg(cfg.model))
     with phase(timings, "baseline"):
         baseline, baseline_path = load_or_train_baseline(cfg, data, config)
         baseline.eval()
@@ -613,7 +673,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
                 plan, result = choose_plan(cfg, table, options)
                 write_json(plan_file, plan)
         with phase(timings, "finetune"):
-            base_metrics = evaluate(baseline, data.val, task=data.task)
+            base_metrics, base_cached = evaluate_baseline(cfg, config, baseline, data)
             pruned, pruned_metrics = finetune(cfg, baseline, plan, data, logger, output_dir, config)
         with phase(timings, "measure"):
             measured = measure_side_by_side(table, {"baseline": baseline, "pruned": pruned.eval()},
@@ -622,6 +682,8 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
                                      baseline=str(baseline_path), target_speedup=cfg.prune.target_speedup)
         results = assemble_results(cfg, table, plan, result, baseline, pruned, base_metrics, pruned_metrics,
                                    measured, timings, checkpoint, calibration, importance_cached)
+        results["baseline"].update(source=str(baseline_path), metrics_cached=base_cached,
+                                   tag=getattr(baseline, "zoo_tag", None))
         results["fingerprint"] = fingerprint(config)
         results["checkpoint_sha256"] = file_digest(checkpoint)
         log_to_wandb(logger, table, options, damages, plan, results)

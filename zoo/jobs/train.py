@@ -50,13 +50,36 @@ def model_kwargs(model_cfg: Any, data: DataBundle) -> dict[str, Any]:
     return {"overrides": overrides, "num_classes": data.num_classes}
 
 
-def build_model(model_cfg: Any, data: DataBundle) -> nn.Module:
-    """The configured zoo model, sized for `data` (see :func:`model_kwargs`)."""
+def weights_arg(value: Any) -> bool | str:
+    """A ``model.pretrained``/``checkpoint`` value as ``create_model(pretrained=...)`` takes it: False for none,
+    True for the tag's weights, else a file or hub id (Hydra may give ``true`` as a string)."""
+    if value in (None, "", False, "false", "False", "null"):
+        return False
+    if value in (True, "true", "True"):
+        return True
+    return str(value)
+
+
+def model_name(model_cfg: Any) -> str:
+    """The name ``create_model`` takes: ``model.name`` with ``model.tag`` (``mobilenetv2_140.ra_in1k``)."""
+    return f"{model_cfg.name}.{model_cfg.tag}" if model_cfg.get("tag") else model_cfg.name
+
+
+def data_model_cfg(model_cfg: Any) -> dict[str, Any]:
+    """The model config the data transforms follow: the tag's eval config when a tag is given (timm's)."""
+    from ..tags import pretrained_cfg
+
+    return pretrained_cfg(model_cfg.name, model_cfg.get("tag"))
+
+
+def build_model(model_cfg: Any, data: DataBundle, pretrained: Any = None) -> nn.Module:
+    """The configured zoo model, sized for `data` (see :func:`model_kwargs`), with ``model.pretrained`` weights
+    (or `pretrained` instead, when given)."""
     import zoo
 
     kwargs = model_kwargs(model_cfg, data)
-    pretrained = model_cfg.pretrained if model_cfg.pretrained not in (None, "") else False
-    return zoo.create_model(model_cfg.name, pretrained=pretrained, num_classes=kwargs["num_classes"],
+    weights = weights_arg(model_cfg.pretrained if pretrained is None else pretrained)
+    return zoo.create_model(model_name(model_cfg), pretrained=weights, num_classes=kwargs["num_classes"],
                             **kwargs["overrides"])
 
 
@@ -183,12 +206,10 @@ def run(cfg: Any) -> dict[str, Any]:
 def train(cfg: Any, config: dict[str, Any], output_dir: Path, resume_path: Path | None, create_logger: Any,
           group: str | None) -> dict[str, Any]:
     """The training itself, in a claimed directory: W&B is finished before ``results.json`` is written."""
-    import zoo
-
     dist = dist_utils.info()
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     device = resolve_device(cfg.trainer.device)
-    data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=zoo.get_entry(cfg.model.name).default_cfg,
+    data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=data_model_cfg(cfg.model),
                          rank=dist.rank, world=dist.world, pin_memory=device.type == "cuda")
     model = build_model(cfg.model, data)
     logger = create_logger(cfg.logger, config=config, is_main=dist.is_main, group=group)

@@ -23,9 +23,11 @@ MONITOR_MODES = ("max", "min")
 
 @dataclass
 class ModelConfig:
-    """`name`: a registered zoo model; `num_classes: null` takes the data set's class count."""
+    """`name`: a registered zoo model; `tag`: a pretrained tag (timm's, e.g. ``ra_in1k``: its weights with
+    ``pretrained: true`` and its eval config always); `num_classes: null` takes the data set's class count."""
 
     name: str = "mobilenetv2_050"
+    tag: str | None = None
     pretrained: Any = False
     num_classes: int | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -208,9 +210,12 @@ def check_model(model_cfg: Any) -> None:
 
     from ..pretrained import check_source
     from ..registry import build_model
+    from ..tags import resolve_tag
 
     with torch.device("meta"):
         build_model(model_cfg.name, **dict(model_cfg.overrides or {}))
+    if model_cfg.tag:
+        resolve_tag(model_cfg.name, model_cfg.tag)
     check_source(model_cfg.pretrained)
 
 

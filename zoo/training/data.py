@@ -222,15 +222,27 @@ def _synthetic(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
 
 
 def _transforms(cfg: Any, model_cfg: dict | None) -> tuple[Any, Any]:
-    """timm train/eval transforms at ``data.image_size`` with the model's mean/std/interpolation."""
+    """timm train/eval transforms with the model's mean/std/interpolation.
+
+    With ``data.image_size: null`` the evaluation transform is exactly timm's for the model's config (a pretrained
+    tag's eval config: test input size, crop_pct, crop_mode, interpolation, mean/std), built by timm's own
+    ``resolve_data_config`` + ``create_transform`` as its validate script does; the training transform uses the
+    training input size. An explicit ``data.image_size`` resizes to that size instead (center crop by crop_pct
+    above 64 px).
+    """
     from timm.data import create_transform, resolve_data_config
 
-    resolved = resolve_data_config(pretrained_cfg=dict(model_cfg or {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}))
+    pretrained = dict(model_cfg or {"mean": IMAGENET_MEAN, "std": IMAGENET_STD})
+    resolved = resolve_data_config(pretrained_cfg=pretrained)
     size = cfg.image_size or resolved["input_size"][-1]
     common = {"input_size": (3, size, size), "mean": resolved["mean"], "std": resolved["std"],
               "interpolation": resolved["interpolation"]}
     train_tf = create_transform(is_training=True, hflip=cfg.hflip, scale=tuple(cfg.scale), **common)
-    eval_tf = create_transform(is_training=False, crop_pct=resolved["crop_pct"] if size > 64 else 1.0, **common)
+    if cfg.image_size is None:
+        eval_tf = create_transform(**resolve_data_config(pretrained_cfg=pretrained, use_test_size=True),
+                                   is_training=False)
+    else:
+        eval_tf = create_transform(is_training=False, crop_pct=resolved["crop_pct"] if size > 64 else 1.0, **common)
     return train_tf, eval_tf
 
 

@@ -1,0 +1,240 @@
+"""Published weights: timm's tags and eval configs, every weight source in one key, evaluation equal to timm's
+pipeline, and prune.py starting from given weights without training a baseline."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+import zoo
+from zoo.tags import EVAL_KEYS, UnknownTagError, pretrained_cfg, resolve_tag
+
+from .test_prune import FAST_LUT, ROOT, run_prune
+
+CNN_ARCHS = [n for n in zoo.list_models() if zoo.get_entry(n).task == "classification"]
+
+
+def put_in_hf_cache(hf_home: Path, repo_id: str, weights: Path) -> None:
+    """Place `weights` in a Hugging Face cache as `repo_id`'s model.safetensors (the layout huggingface_hub reads)."""
+    repo = hf_home / "hub" / ("models--" + repo_id.replace("/", "--"))
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    shutil.copy(weights, snapshot / "model.safetensors")
+
+
+def offline_hf(monkeypatch, hf_home: Path) -> None:
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(hf_home / "hub"))
+
+
+def varied_timm_model(name: str, num_classes: int, seed: int = 0) -> torch.nn.Module:
+    """A timm model with random weights whose predictions differ between images (random BN statistics)."""
+    torch.manual_seed(seed)
+    model = timm.create_model(name, pretrained=False, num_classes=num_classes)
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.normal_(0, 0.1)
+            module.running_var.uniform_(0.5, 1.5)
+            module.weight.data.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def make_image_folder(root: Path, classes: int = 3, train: int = 4, val: int = 4, seed: int = 0) -> Path:
+    """root/{train,val}/<class>/*: images of different sizes, aspect ratios, modes and formats."""
+    rng = np.random.default_rng(seed)
+    for split, count in (("train", train), ("val", val)):
+        for c in range(classes):
+            folder = root / split / f"class_{c}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                h, w = int(rng.integers(180, 320)), int(rng.integers(180, 320))
+                pixels = (rng.random((h, w, 3)) * 255 * (0.3 + 0.7 * c / classes)).astype(np.uint8)
+                image = Image.fromarray(pixels)
+                if i % 3 == 1:
+                    image = image.convert("L")
+                image.save(folder / f"{i}.{'png' if i % 2 else 'jpg'}")
+    return root
+
+
+def timm_pipeline_predictions(model: torch.nn.Module, val_root: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and labels as timm's validate script computes them: resolve_data_config + create_transform on an
+    ImageDataset of the folder."""
+    from timm.data import ImageDataset, create_transform, resolve_data_config
+
+    config = resolve_data_config({}, model=model, use_test_size=True)
+    dataset = ImageDataset(str(val_root), transform=create_transform(**config, is_training=False))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4)
+    logits, labels = [], []
+    with torch.no_grad():
+        for images, targets in loader:
+            logits.append(model(images))
+            labels.append(targets)
+    return torch.cat(logits), torch.cat(labels)
+
+
+# ------------------------------------------------------------------------------------------------------ tags
+@pytest.mark.parametrize("arch", CNN_ARCHS)
+def test_every_timm_tag_is_known_with_its_eval_config(arch):
+    published = [t for t in timm.list_pretrained(f"{arch}.*")
+                 if timm.models.get_pretrained_cfg(t).hf_hub_id]
+    assert sorted(f"{arch}.{t}" for t in zoo.tags.tag_cfgs(arch)) == sorted(published)
+    for full in published:
+        ours = pretrained_cfg(*full.split("."))
+        theirs = timm.models.get_pretrained_cfg(full).to_dict()
+        for key in EVAL_KEYS:
+            if theirs.get(key) is not None:
+                assert ours[key] == theirs[key], (full, key)
+    if published:
+        default = zoo.model_info(arch)["pretrained_tag"]
+        assert default == f"{arch}.{timm.models.get_pretrained_cfg(arch).tag}"  # timm's default tag
+
+
+def test_tagged_model_takes_the_tags_classes_and_input_size():
+    model = zoo.create_model("tresnet_m.miil_in1k_448")
+    assert model.default_cfg["input_size"] == (3, 448, 448) and model.zoo_tag == "miil_in1k_448"
+    assert model.default_cfg == pretrained_cfg("tresnet_m", "miil_in1k_448")
+    assert zoo.create_model("tresnet_m.miil_in21k").num_classes == 11221
+    with pytest.raises(UnknownTagError, match=r"known tags: tresnet_m\.miil_in21k_ft_in1k, tresnet_m\.miil_in21k"):
+        zoo.create_model("tresnet_m.miil_in22k", pretrained=True)
+    with pytest.raises(UnknownTagError, match="no published pretrained weights"):
+        resolve_tag("mobilenetv2_035", None)
+
+
+def test_list_pretrained_prints_every_tag():
+    proc = subprocess.run([sys.executable, "-m", "zoo", "list", "--pretrained"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split()[0] for line in proc.stdout.splitlines()[2:-1]]
+    assert rows == zoo.known_tags()
+    assert "mobilenetv2_140.ra_in1k" in rows and len(rows) >= 20
+    line = next(r for r in proc.stdout.splitlines() if r.startswith("tresnet_m.miil_in1k_448 "))
+    assert "448x448" in line and "bilinear" in line
+
+
+# ----------------------------------------------------------------------------------------- weight sources
+def test_every_source_gives_timms_outputs(tmp_path, monkeypatch):
+    reference = varied_timm_model("mobilenetv2_050", 1000)
+    state = {k: v.contiguous() for k, v in reference.state_dict().items()}
+    files = {"safetensors": tmp_path / "w.safetensors", "pth": tmp_path / "w.pth", "bin": tmp_path / "w.bin"}
+    save_file(state, str(files["safetensors"]))
+    torch.save(state, files["pth"])
+    torch.save({"state_dict": state}, files["bin"])
+    offline_hf(monkeypatch, tmp_path / "hf")
+    put_in_hf_cache(tmp_path / "hf", "timm/mobilenetv2_050.lamb_in1k", files["safetensors"])
+    x = torch.randn(2, 3, 96, 96)
+    with torch.no_grad():
+        expected = reference(x)
+        sources = [*files.values(), "timm/mobilenetv2_050.lamb_in1k", "hf-hub:timm/mobilenetv2_050.lamb_in1k", True]
+        for source in sources:
+            model = zoo.create_model("mobilenetv2_050.lamb_in1k", pretrained=source).eval()
+            torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5, msg=str(source))
+        plain = zoo.create_model("mobilenetv2_050", pretrained=True).eval()  # the default tag
+        torch.testing.assert_close(plain(x), expected, rtol=1e-5, atol=1e-5)
+        assert plain.zoo_tag == "lamb_in1k"
+        saved = zoo.save_checkpoint(plain, tmp_path / "ours.safetensors")
+        back = zoo.load(saved).eval()  # a project checkpoint keeps the tag and its eval config
+        assert back.zoo_tag == "lamb_in1k" and back.default_cfg["interpolation"] == "bicubic"
+        torch.testing.assert_close(back(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_wrong_architecture_names_the_closest_model(tmp_path):
+    weights = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in zoo.create_model("mobilenetv2_035").state_dict().items()}, str(weights))
+    with pytest.raises(zoo.WeightsError, match="fit mobilenetv2_035 best"):
+        zoo.create_model("mobilenetv2_050", pretrained=weights)
+
+
+# ----------------------------------------------------------------------------------- evaluation equals timm's
+def test_imagefolder_evaluation_equals_timms_pipeline(tmp_path):
+    from omegaconf import OmegaConf
+
+    from zoo.training import build_loaders, evaluate
+
+    root = make_image_folder(tmp_path / "images")
+    reference = varied_timm_model("mobilenetv2_050", 3)
+    weights = tmp_path / "w.pth"
+    torch.save(reference.state_dict(), weights)
+    timm_logits, labels = timm_pipeline_predictions(reference, root / "val")
+    data_cfg = OmegaConf.create({"name": "imagefolder", "root": str(root), "image_size": None, "batch_size": 4,
+                                 "eval_batch_size": 4, "num_workers": 0, "hflip": 0.5, "scale": [0.08, 1.0]})
+    data = build_loaders(data_cfg, model_cfg=pretrained_cfg("mobilenetv2_050", "lamb_in1k"))
+    assert data.input_size == (3, 224, 224)
+    model = zoo.create_model("mobilenetv2_050.lamb_in1k", pretrained=weights, num_classes=3).eval()
+    with torch.no_grad():
+        ours = torch.cat([model(images) for images, _ in data.val])
+    ours_labels = torch.cat([t for _, t in data.val])
+    assert torch.equal(ours_labels, labels)
+    torch.testing.assert_close(ours, timm_logits, rtol=1e-4, atol=1e-4)
+    timm_top1 = 100.0 * int((timm_logits.argmax(1) == labels).sum()) / len(labels)
+    metrics = evaluate(model, data.val, task="classification")
+    assert metrics["acc1"] == pytest.approx(timm_top1, abs=1e-9)
+    assert 0 < len(set(timm_logits.argmax(1).tolist()))
+
+
+@pytest.mark.parametrize("full", ["resnetv2_50x1_bit.goog_in21k_ft_in1k", "tresnet_m.miil_in1k_448",
+                                  "mobilenetv2_140.ra_in1k"])
+def test_eval_transform_is_timms_for_the_tag(full, tmp_path):
+    from omegaconf import OmegaConf
+    from timm.data import create_transform, resolve_data_config
+
+    from zoo.training.data import _transforms
+
+    cfg = OmegaConf.create({"image_size": None, "hflip": 0.5, "scale": [0.08, 1.0]})
+    _, ours = _transforms(cfg, pretrained_cfg(*full.split(".")))
+    theirs = create_transform(**resolve_data_config({}, pretrained_cfg=timm.models.get_pretrained_cfg(full).to_dict(),
+                                                    use_test_size=True), is_training=False)
+    assert repr(ours) == repr(theirs)
+
+
+# ------------------------------------------------------------------------------------ prune.py from weights
+IMAGENET_LIKE = ["model=mobilenetv2_050", "model.tag=lamb_in1k", "data=imagefolder", "data.batch_size=4",
+                 "data.num_workers=0", "trainer.limit_train_batches=2", "trainer.progress=false",
+                 "optim.warmup_epochs=0", "prune.batch_size=1", "prune.calib_batches=1", "finetune.epochs=1",
+                 "prune.target_speedup=1.2", "logger=none", *FAST_LUT]
+
+
+def test_prune_py_starts_from_published_weights_without_training(tmp_path):
+    root = make_image_folder(tmp_path / "images")
+    reference = varied_timm_model("mobilenetv2_050", 3)
+    weights = tmp_path / "timm_mobilenetv2_050.safetensors"
+    save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, str(weights))
+    timm_logits, labels = timm_pipeline_predictions(reference, root / "val")
+    timm_top1 = 100.0 * int((timm_logits.argmax(1) == labels).sum()) / len(labels)
+
+    proc = run_prune(*IMAGENET_LIKE, f"data.root={root}", f"checkpoint={weights}", base=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert not (tmp_path / "outputs" / "baselines").exists()  # no baseline was trained
+    assert results["baseline"]["metrics"]["val/acc1"] == pytest.approx(timm_top1, abs=1e-4)
+    assert results["baseline"]["source"] == str(weights) and results["baseline"]["metrics_cached"] is False
+    assert results["tag"] == "lamb_in1k" and results["condition"]["input_size"] == [3, 224, 224]
+
+    # the same weights through the HF cache (checkpoint=true: the tag's hub id): evaluated once, then cached
+    hf = tmp_path / "hf"
+    put_in_hf_cache(hf, "timm/mobilenetv2_050.lamb_in1k", weights)
+    env = {"HF_HOME": str(hf), "HF_HUB_OFFLINE": "1"}
+    proc = run_prune(*IMAGENET_LIKE, f"data.root={root}", "checkpoint=true", "prune.target_speedup=1.3",
+                     base=tmp_path, run_dir=tmp_path / "run2", timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    second = json.loads((tmp_path / "run2" / "results.json").read_text())
+    assert second["baseline"]["metrics_cached"] is True
+    assert second["baseline"]["metrics"] == results["baseline"]["metrics"]
+    assert second["baseline"]["source"] == "hf-hub:timm/mobilenetv2_050.lamb_in1k"
+    assert not (tmp_path / "outputs" / "baselines").exists()

@@ -1,0 +1,120 @@
+"""Pretrained tags, as timm names them: ``mobilenetv2_140.ra_in1k`` is the architecture ``mobilenetv2_140`` with the
+weights (and the evaluation config they were published with) of tag ``ra_in1k``.
+
+timm is the one source of these facts: for every registered name that timm also has, the known tags, the default
+tag (timm's first) and each tag's eval config (input size, crop_pct, crop_mode, interpolation, mean/std,
+num_classes) are read from timm's pretrained configs when first needed, so ``import zoo`` stays free of timm. A
+registered model timm does not have may name its weights with ``hf_hub_id`` in its default config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .errors import UnknownTagError
+from .registry import get_entry
+
+EVAL_KEYS = ("input_size", "test_input_size", "interpolation", "crop_pct", "test_crop_pct", "crop_mode", "mean",
+             "std", "num_classes", "pool_size", "first_conv", "classifier", "fixed_input_size", "label_offset")
+
+
+def split_name(name: str) -> tuple[str, str | None]:
+    """``"mobilenetv2_140.ra_in1k"`` -> (``"mobilenetv2_140"``, ``"ra_in1k"``); a plain name has tag None."""
+    arch, _, tag = str(name).partition(".")
+    return arch, (tag or None)
+
+
+def _timm_cfgs(arch: str) -> dict[str, dict[str, Any]]:
+    """timm's pretrained configs of `arch` that name published weights, by tag, in timm's order (default first)."""
+    from timm.models import get_arch_pretrained_cfgs, is_model
+
+    if not is_model(arch):
+        return {}
+    cfgs = {}
+    for full, cfg in get_arch_pretrained_cfgs(arch).items():
+        values = cfg.to_dict()
+        if values.get("hf_hub_id") or values.get("url"):
+            cfgs[split_name(full)[1]] = values
+    return cfgs
+
+
+def tag_cfgs(arch: str) -> dict[str, dict[str, Any]]:
+    """Every known tag of a registered architecture with its full pretrained config (default tag first)."""
+    entry = get_entry(arch)
+    cfgs = _timm_cfgs(arch)
+    own = entry.default_cfg.get("hf_hub_id")
+    if own and not cfgs:
+        cfgs[split_name(own.split("/")[-1])[1] or "default"] = {**entry.default_cfg, "architecture": arch}
+    return cfgs
+
+
+def known_tags(pattern: str = "*") -> list[str]:
+    """``arch.tag`` of every pretrained tag of the registered models matching `pattern` (``list --pretrained``)."""
+    from .registry import list_models
+
+    return [f"{arch}.{tag}" for arch in list_models(pattern) for tag in tag_cfgs(arch)]
+
+
+def default_tag(arch: str) -> str | None:
+    """The tag ``pretrained=True`` loads for a plain architecture name (timm's default), or None when none exists."""
+    return next(iter(tag_cfgs(arch)), None)
+
+
+def resolve_tag(arch: str, tag: str | None) -> dict[str, Any]:
+    """The pretrained config of ``arch.tag``; tag None means the default tag. Unknown tags list the known ones."""
+    cfgs = tag_cfgs(arch)
+    tag = tag or default_tag(arch)
+    if tag is None:
+        raise UnknownTagError(f"Model {arch!r} has no published pretrained weights (no tag is known). Pass a local "
+                              f"file or a hub id as pretrained=..., or pretrained=False.")
+    if tag not in cfgs:
+        known = ", ".join(f"{arch}.{t}" for t in cfgs) or "none"
+        raise UnknownTagError(f"Unknown pretrained tag {tag!r} for {arch}; known tags: {known}. "
+                              f"`python -m zoo list --pretrained` lists every tag.")
+    return {**cfgs[tag], "tag": tag}
+
+
+def hub_id(arch: str, tag: str | None) -> str:
+    """The Hugging Face hub id that holds ``arch.tag``'s weights."""
+    cfg = resolve_tag(arch, tag)
+    hub = cfg.get("hf_hub_id") or ""
+    if hub.endswith("/"):  # timm writes "timm/" and appends the model name and tag
+        hub = f"{hub}{arch}.{cfg['tag']}"
+    if not hub:
+        raise UnknownTagError(f"{arch}.{cfg['tag']} is published only by URL ({cfg.get('url')}), not on the "
+                              f"Hugging Face Hub; download it and pass the file as pretrained=...")
+    return hub
+
+
+def pretrained_cfg(arch: str, tag: str | None = None) -> dict[str, Any]:
+    """A model's default config (eval config included): the registered defaults, updated with the tag's when a tag
+    is given. This is what ``model.default_cfg`` holds and what the data transforms and latency tables use."""
+    entry = get_entry(arch)
+    cfg = dict(entry.default_cfg)
+    if tag is not None:
+        found = resolve_tag(arch, tag)
+        cfg.update({k: found[k] for k in EVAL_KEYS if found.get(k) is not None})
+        cfg["tag"] = found["tag"]
+        cfg["hf_hub_id"] = hub_id(arch, tag) if found.get("hf_hub_id") else None
+    cfg["architecture"] = arch
+    return cfg
+
+
+def model_info(name: str) -> dict[str, Any]:
+    """Family, default input size, parameter count and default pretrained tag of a registered model."""
+    entry = get_entry(name)
+    tag = default_tag(name)
+    kwargs = {"num_classes": entry.default_cfg["num_classes"]} if entry.default_cfg.get("num_classes") else {}
+    with torch.device("meta"):
+        model = entry.builder(**kwargs)
+    return {
+        "name": name,
+        "family": entry.family,
+        "input_size": tuple(entry.default_cfg.get("input_size", ())),
+        "params": sum(p.numel() for p in model.parameters()),
+        "pretrained_tag": f"{name}.{tag}" if tag else None,
+        "tags": [f"{name}.{t}" for t in tag_cfgs(name)],
+        "num_classes": entry.default_cfg.get("num_classes"),
+    }
