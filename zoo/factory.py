@@ -7,6 +7,7 @@ weights), :mod:`zoo.surgery` (plans) and :mod:`zoo.fuse` (deploy form), none of 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from .checkpoint import read_checkpoint_meta
 from .errors import WeightsError
 from .fuse import fuse
 from .pretrained import load_into, resolve_source
-from .registry import build_model, get_entry
+from .registry import build_model, get_entry, model_class
 from .surgery import apply_plan
 from .tags import hub_id, pretrained_cfg, resolve_tag, split_name
 
@@ -55,6 +56,13 @@ def create_model(
         tag = tag or meta.get("tag")
         if num_classes is None:
             num_classes = meta.get("num_classes")
+    if source is not None and meta is None:
+        reader = getattr(model_class(arch), "read_foreign", None)
+        found = reader(arch, source.state_dict, source.config, overrides) if reader else None
+        if found is not None:  # another project's format: its architecture options, our keys
+            options, state = found
+            overrides = {**options, **overrides}
+            source = replace(source, state_dict=state)
     cfg = pretrained_cfg(arch, tag)
     if num_classes is None:
         num_classes = cfg.get("num_classes")

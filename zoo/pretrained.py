@@ -7,6 +7,7 @@ leaves a half-loaded model.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -32,12 +33,44 @@ __all__ = ["WeightsError", "WeightSource", "resolve_source", "load_into", "read_
 
 @dataclass
 class WeightSource:
-    """A resolved weight file: where it came from, its tensors, and depthzoo metadata if it has any."""
+    """Resolved weights: where they came from, their tensors, depthzoo metadata if they have any, and the
+    ``config.json`` beside them (a Hugging Face model folder or hub repo, e.g. flash-linear-attention's)."""
 
     path: Path
     origin: str
     state_dict: dict[str, torch.Tensor]
     meta: dict[str, Any] | None
+    config: dict[str, Any] | None = None
+
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The weight files of a model folder: its sharded index's shards, model.safetensors, any *.safetensors, or
+    pytorch_model.bin (in that order of preference)."""
+    if (folder / INDEX_FILE).is_file():
+        index = json.loads((folder / INDEX_FILE).read_text())
+        return [folder / name for name in sorted(set(index.get("weight_map", {}).values()))]
+    for pattern in ("model.safetensors", "*.safetensors", "pytorch_model.bin", "*.bin", "*.pth"):
+        found = sorted(folder.glob(pattern))
+        if found:
+            return found if pattern.endswith("safetensors") else found[:1]
+    raise WeightsError(f"{folder} holds no weights: expected {INDEX_FILE}, model.safetensors, *.safetensors or "
+                       f"pytorch_model.bin (with config.json for a Hugging Face model folder).")
+
+
+def read_folder(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """All tensors of a model folder (shards merged) and its config.json (None when it has none)."""
+    state: dict[str, torch.Tensor] = {}
+    for file in weight_files(folder):
+        state.update(read_state_dict(file))
+    config_file = folder / "config.json"
+    try:
+        config = json.loads(config_file.read_text()) if config_file.is_file() else None
+    except ValueError as exc:
+        raise WeightsError(f"{config_file} is not JSON ({exc}).") from None
+    return state, config
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -74,7 +107,8 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in state.items()}
 
 
-HUB_FILES = ("model.safetensors", "pytorch_model.bin")
+HUB_FILES = ("model.safetensors", INDEX_FILE, "pytorch_model.bin")
+HUB_EXTRAS = ("config.json",)  # fetched beside the weights where the repo has them
 
 
 def download_command(hub_id: str) -> str:
@@ -100,15 +134,35 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def _fetch_rest(hub_id: str, weights: Path, cached: bool) -> Path:
+    """Fetch the files that go with a repo's weights (config.json; the shards of a sharded index) into the same
+    snapshot folder; returns the folder."""
+    from huggingface_hub import hf_hub_download
+
+    wanted = list(HUB_EXTRAS)
+    if weights.name == INDEX_FILE:
+        wanted += sorted(set(json.loads(weights.read_text()).get("weight_map", {}).values()))
+    for filename in wanted:
+        try:
+            hf_hub_download(hub_id, filename, local_files_only=cached)
+        except Exception as exc:  # noqa: BLE001 - a missing config is fine; a missing shard is reported when read
+            if filename not in HUB_EXTRAS:
+                raise WeightsError(f"Shard {filename} of hub id {hub_id!r} is not available ({type(exc).__name__}); "
+                                   f"download the whole repo with `{download_command(hub_id)}`.") from None
+    return weights.parent
+
+
 def _download_from_hub(hub_id: str) -> Path:
-    """A repo's weights from the local Hugging Face cache, else downloaded; fails at once, with the command that
-    downloads it, when the Hub cannot be reached (offline, or HF_HUB_OFFLINE=1)."""
+    """A repo's snapshot folder (weights and config.json) from the local Hugging Face cache, else downloaded; fails
+    at once, with the command that downloads it, when the Hub cannot be reached (offline, or HF_HUB_OFFLINE=1)."""
     from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.utils import EntryNotFoundError, RepositoryNotFoundError
 
     for filename in HUB_FILES:
         try:
-            return Path(hf_hub_download(hub_id, filename, local_files_only=True))
+            return _fetch_rest(hub_id, Path(hf_hub_download(hub_id, filename, local_files_only=True)), cached=True)
+        except WeightsError:
+            raise
         except Exception:  # noqa: BLE001 - not in the cache (the error type varies by version)
             continue
     offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
@@ -122,7 +176,7 @@ def _download_from_hub(hub_id: str) -> Path:
     errors = []
     for filename in HUB_FILES:
         try:
-            return Path(hf_hub_download(hub_id, filename))
+            return _fetch_rest(hub_id, Path(hf_hub_download(hub_id, filename)), cached=False)
         except RepositoryNotFoundError:
             raise WeightsError(f"Hub id {hub_id!r} does not exist on the Hugging Face Hub (or is private). Check "
                                f"the spelling, e.g. 'timm/mobilenetv2_100.ra_in1k'.") from None
@@ -141,10 +195,15 @@ def is_local(pretrained: str | Path) -> bool:
 
 
 def check_source(pretrained: bool | str | Path | None) -> None:
-    """Before any work: a ``pretrained`` local file must exist (a hub id is resolved when the model is built)."""
+    """Before any work: a ``pretrained`` local file or model folder must exist (a hub id is resolved when the model
+    is built)."""
     if pretrained in (None, False, True, "", "false", "False") or not is_local(pretrained):
         return
-    if not Path(str(pretrained)).expanduser().is_file():
+    local = Path(str(pretrained)).expanduser()
+    if local.is_dir():
+        weight_files(local)
+        return
+    if not local.is_file():
         raise WeightsError(f"Weight file {pretrained} does not exist. Give an existing "
                            f"{'/'.join(WEIGHT_SUFFIXES)} file, a hub id such as 'timm/mobilenetv2_100.ra_in1k', "
                            f"true (the default tag) or false.")
@@ -159,13 +218,22 @@ def resolve_source(pretrained: str | Path) -> WeightSource:
     else:
         hub_id = text.removeprefix("hf-hub:")
         path, origin = _download_from_hub(hub_id), f"hf-hub:{hub_id}"
-    meta = None
-    if path.suffix == ".safetensors" and path.is_file():
-        try:
-            meta = read_checkpoint_meta(path)
-        except Exception:  # noqa: BLE001 - unreadable files are reported by read_state_dict below
-            meta = None
-    return WeightSource(path=path, origin=origin, state_dict=read_state_dict(path), meta=meta)
+    if path.is_dir():
+        state, config = read_folder(path)
+        files = weight_files(path)
+        meta = _meta(files[0]) if len(files) == 1 else None
+        return WeightSource(path=path, origin=origin, state_dict=state, meta=meta, config=config)
+    return WeightSource(path=path, origin=origin, state_dict=read_state_dict(path), meta=_meta(path))
+
+
+def _meta(path: Path) -> dict[str, Any] | None:
+    """depthzoo metadata of a .safetensors file (None for other files, and for files without it)."""
+    if path.suffix != ".safetensors" or not path.is_file():
+        return None
+    try:
+        return read_checkpoint_meta(path)
+    except Exception:  # noqa: BLE001 - unreadable files are reported by read_state_dict
+        return None
 
 
 def _classifier_keys(model: nn.Module) -> list[str]:

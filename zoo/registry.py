@@ -134,6 +134,12 @@ def build_model(name: str, **kwargs: Any) -> nn.Module:
     return model
 
 
+def model_class(name: str) -> type:
+    """The nn.Module class a registered name builds (built once on the meta device: no memory, no weights)."""
+    with torch.device("meta"):
+        return type(get_entry(name).builder())
+
+
 def builder_options(entry: ModelEntry) -> list[str]:
     """The keyword options a registered model's class takes (what ``create_model(name, **options)`` accepts)."""
     with torch.device("meta"):

@@ -60,6 +60,7 @@ from .registry import register_model
 
 MODES = ("parallel", "recurrent", "chunkwise")
 DECAYS = ("torchscale", "linspace")
+ROPES = ("torchscale", "neox")  # interleaved pairs, linspace frequencies | rotate-half, theta^(-2i/d) (fla's)
 
 
 @dataclass
@@ -96,10 +97,17 @@ def decay_logs(heads: int, variant: str = "torchscale") -> list[float]:
     return [math.log1p(-math.exp(lo + (hi - lo) * h / (heads - 1))) for h in range(heads)]
 
 
-def rotary_frequencies(dim: int, theta: float = 10000.0) -> torch.Tensor:
-    """Signed angular frequency of each of `dim` features (fp64): pair i turns at theta^(-i / (dim/2 - 1)), and
-    the first feature of each pair carries a minus sign, so that ``sin`` of the angles is the signed sine that
-    :func:`rotate` needs while ``cos`` (even) is unchanged."""
+def rotary_frequencies(dim: int, theta: float = 10000.0, rope: str = "torchscale") -> torch.Tensor:
+    """Signed angular frequency of each of `dim` features (fp64), so that ``sin`` of the angles is the signed sine
+    that :func:`rotate` needs while ``cos`` (even) is unchanged.
+
+    ``torchscale``: interleaved pairs (x0, x1), (x2, x3), ...; pair i turns at theta^(-i / (dim/2 - 1)) and its first
+    feature carries the minus sign. ``neox`` (rotate-half, as flash-linear-attention and GPT-NeoX): feature i and
+    i + dim/2 form a pair turning at theta^(-2i / dim); the first half carries the minus sign.
+    """
+    if rope == "neox":
+        inv_freq = theta ** -(torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+        return torch.cat((-inv_freq, inv_freq))
     inv_freq = theta ** -torch.linspace(0, 1, dim // 2, dtype=torch.float64)
     return torch.stack((-inv_freq, inv_freq), dim=-1).flatten()
 
@@ -112,10 +120,13 @@ def rotary_tables(positions: torch.Tensor, frequencies: torch.Tensor, dtype: tor
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary rotation of interleaved pairs (x0, x1), (x2, x3), ...: (x0 cos - x1 sin, x1 cos + x0 sin) per pair,
-    with the tables of :func:`rotary_tables`."""
-    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x1, x0), (x3, x2), ...
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: str = "torchscale") -> torch.Tensor:
+    """Rotary rotation of each pair (a, b) to (a cos - b sin, b cos + a sin), with the tables of
+    :func:`rotary_tables` for the same `rope` layout (see :func:`rotary_frequencies`)."""
+    if rope == "neox":
+        swapped = x.roll(x.shape[-1] // 2, dims=-1)  # (x_half2, x_half1)
+    else:
+        swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x1, x0), (x3, x2), ...
     return (x * cos + swapped * sin).contiguous()  # a no-op for one token; the matmuls after it want rows
 
 
@@ -222,12 +233,14 @@ class MultiScaleRetention(nn.Module):
         return BlockSpec("retention", removable=True)  # its own residual add: removing it leaves x
 
     def __init__(self, dim: int, heads: int, value_dim: int, decay: str, norm_eps: float, rope_theta: float,
-                 use_fla: bool = True):
+                 use_fla: bool = True, rope: str = "torchscale", head_norm_affine: bool = False):
         super().__init__()
         self.heads, self.key_dim, self.value_dim = heads, dim // heads, value_dim // heads
         self.log_decays = decay_logs(heads, decay)
         self._constants: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = {}
-        self.norm_eps, self.rope_theta, self.use_fla = norm_eps, rope_theta, use_fla
+        self.norm_eps, self.rope_theta, self.use_fla, self.rope = norm_eps, rope_theta, use_fla, rope
+        # the per-head norm's learned scale (shared by the heads), as flash-linear-attention's checkpoints have it
+        self.head_norm_weight = nn.Parameter(torch.ones(self.value_dim)) if head_norm_affine else None
         self.norm = RMSNorm(dim, norm_eps)
         self.q_proj = nn.Linear(dim, dim, bias=False)
         self.k_proj = nn.Linear(dim, dim, bias=False)
@@ -246,7 +259,7 @@ class MultiScaleRetention(nn.Module):
         if key not in self._constants:
             with torch.inference_mode(False):  # a normal tensor, usable in training and in inference mode
                 values = (torch.tensor(self.log_decays, dtype=torch.float64) if name == "log_gamma"
-                          else rotary_frequencies(self.key_dim, self.rope_theta))
+                          else rotary_frequencies(self.key_dim, self.rope_theta, self.rope))
                 self._constants[key] = values.to(device=device, dtype=dtype, copy=True)
         return self._constants[key]
 
@@ -278,8 +291,8 @@ class MultiScaleRetention(nn.Module):
             q, k, v = q.to(core), k.to(core), v.to(core)
             positions = torch.arange(offset, offset + q.shape[2], dtype=torch.float64, device=q.device)
             cos, sin = rotary_tables(positions, self.constant("frequencies", q.device, torch.float64), core)
-            q = rotate(q, cos, sin)
-            k = rotate(k, cos, sin) * self.key_dim**-0.5
+            q = rotate(q, cos, sin, self.rope)
+            k = rotate(k, cos, sin, self.rope) * self.key_dim**-0.5
             log_gamma = self.constant("log_gamma", q.device, core)
             if state is None:
                 state = q.new_zeros(self.state_shape(q.shape[0]))
@@ -294,6 +307,8 @@ class MultiScaleRetention(nn.Module):
             else:
                 out, state = retention_recurrent(q, k, v, log_gamma, state)
             out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.norm_eps)
+            if self.head_norm_weight is not None:
+                out = out * self.head_norm_weight.to(core)
         return out, state
 
 
@@ -319,9 +334,10 @@ class RetNetBlock(nn.Module):
     """One RetNet layer: a retention sub-layer then an FFN sub-layer; either may be an ``nn.Identity``."""
 
     def __init__(self, dim: int, heads: int, value_dim: int, ffn_dim: int, decay: str, norm_eps: float,
-                 rope_theta: float, use_fla: bool):
+                 rope_theta: float, use_fla: bool, rope: str = "torchscale", head_norm_affine: bool = False):
         super().__init__()
-        self.retention = MultiScaleRetention(dim, heads, value_dim, decay, norm_eps, rope_theta, use_fla)
+        self.retention = MultiScaleRetention(dim, heads, value_dim, decay, norm_eps, rope_theta, use_fla, rope,
+                                             head_norm_affine)
         self.ffn = GatedFFN(dim, ffn_dim, norm_eps)
 
     def forward(self, x: torch.Tensor, mode: str, chunk_size: int, state: torch.Tensor | None,
@@ -341,7 +357,8 @@ class RetNet(DepthMixin, nn.Module):
     def __init__(self, vocab_size: int = 256, dim: int = 256, depth: int = 6, heads: int = 4,
                  ffn_dim: int | None = None, value_factor: float = 2.0, tie_embeddings: bool = False,
                  decay: str = "torchscale", norm_eps: float = 1e-6, chunk_size: int = 64,
-                 rope_theta: float = 10000.0, use_fla: bool = True):
+                 rope_theta: float = 10000.0, use_fla: bool = True, rope: str = "torchscale",
+                 head_norm_affine: bool = False):
         super().__init__()
         value_dim = int(dim * value_factor)
         if vocab_size < 1 or depth < 1 or heads < 1:
@@ -353,13 +370,16 @@ class RetNet(DepthMixin, nn.Module):
             )
         if decay not in DECAYS:
             raise RetNetInputError(f"Unknown decay {decay!r}; allowed are {', '.join(DECAYS)}.")
+        if rope not in ROPES:
+            raise RetNetInputError(f"Unknown rope layout {rope!r}; allowed are {', '.join(ROPES)}.")
         _check_chunk_size(chunk_size)
         self.vocab_size, self.dim, self.depth, self.heads = vocab_size, dim, depth, heads
         self.ffn_dim = ffn_dim or 2 * dim
         self.value_dim, self.chunk_size, self.tie_embeddings = value_dim, chunk_size, tie_embeddings
         self.embed = nn.Embedding(vocab_size, dim)
         self.blocks = nn.ModuleList(
-            RetNetBlock(dim, heads, value_dim, self.ffn_dim, decay, norm_eps, rope_theta, use_fla)
+            RetNetBlock(dim, heads, value_dim, self.ffn_dim, decay, norm_eps, rope_theta, use_fla, rope,
+                        head_norm_affine)
             for _ in range(depth)
         )
         self.norm = RMSNorm(dim, norm_eps)
@@ -377,6 +397,13 @@ class RetNet(DepthMixin, nn.Module):
             nn.init.normal_(p, std=std)
 
     # -- zoo conventions ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def read_foreign(arch: str, state: dict[str, torch.Tensor], config: dict[str, Any] | None,
+                     overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
+        """Weights published in another project's format (flash-linear-attention, torchscale): see
+        :func:`read_foreign`. ``zoo.create_model`` calls it for any weights without depthzoo metadata."""
+        return read_foreign(arch, state, config, overrides)
 
     def example_input(self, batch_size: int = 1, input_size: Sequence[int] | None = None) -> torch.Tensor:
         """Zero token ids of shape [batch, T] on the model's device (T from input_size or default_cfg)."""
@@ -509,6 +536,152 @@ def _check_chunk_size(chunk_size: Any) -> int:
 def _shapes_text(shapes: list[tuple[int, ...] | None]) -> str:
     distinct = sorted({str(s) for s in shapes})
     return f"[{len(shapes)} blocks: {', '.join(distinct)}]"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Published checkpoints: flash-linear-attention's RetNet (config.json + safetensors; fla-hub/retnet-1.3B-100B and
+# siblings) and torchscale's RetNetDecoder state dict. Each becomes RetNet options plus our state-dict keys.
+
+SHAPE_KEYS = ("dim", "depth", "heads")
+
+
+def fla_options(config: dict[str, Any]) -> dict[str, Any]:
+    """RetNet options equal to a flash-linear-attention RetNet ``config.json``; options we do not support are named
+    (WeightsError) instead of being loaded into a different network."""
+    from .errors import WeightsError
+
+    heads = int(config.get("num_heads", 8))
+    unsupported = []
+    checks = [("model_type", "retnet"), ("feature_map", None), ("use_short_conv", False), ("use_output_gate", True),
+              ("hidden_act", "swish"), ("expand_k", 1), ("attnres_block_size", None)]
+    for key, supported in checks:
+        value = config.get(key, supported)
+        if value != supported and not (key == "expand_k" and float(value) == 1.0):
+            unsupported.append(f"{key}={value!r} (supported: {supported!r})")
+    if config.get("num_kv_heads") not in (None, heads):
+        unsupported.append(f"num_kv_heads={config['num_kv_heads']} (grouped keys; supported: null or num_heads)")
+    if unsupported:
+        raise WeightsError(f"This flash-linear-attention config has options the zoo RetNet does not support: "
+                           f"{'; '.join(unsupported)}.")
+    dim = int(config["hidden_size"])
+    ffn_dim = config.get("intermediate_size")
+    if ffn_dim is None:  # fla's GatedMLP: 2/3 * hidden_ratio * hidden, rounded up to a multiple of 256
+        ffn_dim = int(dim * (config.get("hidden_ratio") or 4) * 2 / 3)
+        ffn_dim = 256 * ((ffn_dim + 255) // 256)
+    return {"vocab_size": int(config.get("vocab_size", 32000)), "dim": dim,
+            "depth": int(config["num_hidden_layers"]), "heads": heads, "ffn_dim": int(ffn_dim),
+            "value_factor": float(config.get("expand_v", 2.0)),
+            "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
+            "norm_eps": float(config.get("norm_eps", 1e-6)), "rope": "neox",
+            "rope_theta": float(config.get("rope_theta", 10000.0)),
+            "head_norm_affine": bool(config.get("elementwise_affine", True)), "decay": "torchscale"}
+
+
+def fla_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """flash-linear-attention RetNet keys -> ours (an older fused ``mlp.gate_proj`` of twice the width is split)."""
+    out: dict[str, torch.Tensor] = {}
+    renames = {"attn_norm": "retention.norm", "attn.o_proj": "retention.out_proj",
+               "attn.g_norm_swish_gate.weight": "retention.head_norm_weight",
+               "attn.g_norm.weight": "retention.head_norm_weight", "attn.": "retention.", "mlp_norm": "ffn.norm",
+               "mlp.": "ffn."}
+    for key, tensor in state.items():
+        if key.startswith("model.layers."):
+            index, rest = key.removeprefix("model.layers.").split(".", 1)
+            for old, new in renames.items():
+                if rest.startswith(old):
+                    rest = new + rest[len(old):]
+                    break
+            out[f"blocks.{index}.{rest}"] = tensor
+        else:
+            out[{"model.embeddings.weight": "embed.weight", "model.norm.weight": "norm.weight"}.get(key, key)] = tensor
+    for key in [k for k in out if k.endswith("ffn.gate_proj.weight")]:
+        up = key.replace("gate_proj", "up_proj")
+        if up not in out:  # fused gate and up projections: first half gate, second half up
+            out[key], out[up] = out[key].chunk(2, dim=0)
+    return out
+
+
+def torchscale_options(state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """RetNet options of a torchscale ``RetNetDecoder`` state dict (sizes from the tensors; its rotary angles and
+    decays are checked against ours)."""
+    from .errors import WeightsError
+
+    dim = state["embed_tokens.weight"].shape[1]
+    heads = state["retnet_rel_pos.decay"].shape[0] if "retnet_rel_pos.decay" in state else None
+    if heads is None:
+        raise WeightsError("This torchscale state dict has no retnet_rel_pos.decay, so its number of heads is unknown.")
+    options = {"vocab_size": state["embed_tokens.weight"].shape[0], "dim": dim,
+               "depth": 1 + max(int(k.split(".")[1]) for k in state if k.startswith("layers.")), "heads": int(heads),
+               "ffn_dim": state["layers.0.ffn.fc1.weight"].shape[0],
+               "value_factor": state["layers.0.retention.v_proj.weight"].shape[0] / dim,
+               "tie_embeddings": "output_projection.weight" not in state, "rope": "torchscale", "decay": "torchscale"}
+    decay = torch.tensor(decay_logs(options["heads"], "torchscale"), dtype=torch.float32)
+    if not torch.allclose(state["retnet_rel_pos.decay"].float(), decay, atol=1e-6):
+        raise WeightsError("This torchscale checkpoint's decays (retnet_rel_pos.decay) are not 1 - 2^(-5-h), the "
+                           "only schedule torchscale writes that the zoo RetNet supports.")
+    angle = rotary_frequencies(dim // options["heads"]).abs().float()
+    if "retnet_rel_pos.angle" in state and not torch.allclose(state["retnet_rel_pos.angle"].float(), angle, rtol=1e-5):
+        raise WeightsError("This torchscale checkpoint's rotary angles (retnet_rel_pos.angle) are not 1/10000^"
+                           "linspace(0, 1, head_dim/2), the only ones the zoo RetNet supports.")
+    return options
+
+
+def torchscale_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """torchscale RetNetDecoder keys -> ours: its GLU ``fc2(swish(fc1 x) * gate x)`` is our gate/up/down."""
+    renames = {"retention_layer_norm": "retention.norm", "final_layer_norm": "ffn.norm", "ffn.fc1": "ffn.gate_proj",
+               "ffn.gate": "ffn.up_proj", "ffn.fc2": "ffn.down_proj"}
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        if key.startswith("retnet_rel_pos."):
+            continue  # fixed buffers, checked by torchscale_options
+        if key.startswith("layers."):
+            index, rest = key.removeprefix("layers.").split(".", 1)
+            for old, new in renames.items():
+                if rest.startswith(old):
+                    rest = new + rest[len(old):]
+                    break
+            out[f"blocks.{index}.{rest}"] = tensor
+        else:
+            out[{"embed_tokens.weight": "embed.weight", "output_projection.weight": "lm_head.weight",
+                 "layer_norm.weight": "norm.weight"}.get(key, key)] = tensor
+    return out
+
+
+def foreign_format(state: dict[str, torch.Tensor], config: dict[str, Any] | None) -> str | None:
+    """``fla`` or ``torchscale`` when the weights are in that format, else None (ours, or not a RetNet)."""
+    if "model.embeddings.weight" in state or (config or {}).get("model_type") == "retnet":
+        return "fla"
+    if "embed_tokens.weight" in state and any(k.startswith("layers.0.retention.") for k in state):
+        return "torchscale"
+    return None
+
+
+def read_foreign(arch: str, state: dict[str, torch.Tensor], config: dict[str, Any] | None,
+                 overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
+    """(options, our state dict) of flash-linear-attention or torchscale weights for the registered `arch`, or None
+    when they are in neither format. Their sizes must be `arch`'s (or given as overrides); else the message names
+    the registered size that fits."""
+    from .errors import WeightsError
+
+    fmt = foreign_format(state, config)
+    if fmt is None:
+        return None
+    if fmt == "fla":
+        if config is None:
+            raise WeightsError("flash-linear-attention weights need their config.json: pass the model folder (or hub "
+                               "id) that holds config.json and the safetensors, not the weight file alone.")
+        options, converted = fla_options(config), fla_state_dict(state)
+    else:
+        options, converted = torchscale_options(state), torchscale_state_dict(state)
+    expected = {**{k: v for k, v in RETNET_SIZES[arch].items() if k in SHAPE_KEYS}, **overrides}
+    found = {k: options[k] for k in SHAPE_KEYS}
+    if any(expected.get(k) != v for k, v in found.items()):
+        fits = [n for n, size in RETNET_SIZES.items() if all(size[k] == v for k, v in found.items())]
+        hint = (f"use model {fits[0]}" if fits else
+                f"build it with {', '.join(f'{k}={v}' for k, v in found.items())} as model options")
+        raise WeightsError(f"These {fmt} weights are a RetNet of {', '.join(f'{k} {v}' for k, v in found.items())}, "
+                           f"not {arch} ({', '.join(f'{k} {expected.get(k)}' for k in SHAPE_KEYS)}): {hint}.")
+    return options, converted
 
 
 # ----------------------------------------------------------------------------------------------------------

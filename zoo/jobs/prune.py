@@ -160,9 +160,10 @@ def check_baseline_source(cfg: Any) -> None:
                        f"checkpoints/best.safetensors), a timm-format file, a hub id, true (the model's pretrained "
                        f"tag) or leave checkpoint=null to train the baseline.")
     check_source(source)
-    if is_local(source) and not str(source).endswith(WEIGHT_SUFFIXES):
+    if is_local(source) and not str(source).endswith(WEIGHT_SUFFIXES) and not Path(source).is_dir():
         raise ZooError(f"checkpoint={source} is not a weight file; allowed are {', '.join(WEIGHT_SUFFIXES)} files, "
-                       f"a hub id such as timm/mobilenetv2_100.ra_in1k, or true (the model's pretrained tag).")
+                       f"a model folder (config.json + safetensors), a hub id such as timm/mobilenetv2_100.ra_in1k, "
+                       f"or true (the model's pretrained tag).")
     if is_local(source) and Path(source).suffix == ".safetensors":
         try:
             meta = read_checkpoint_meta(source)

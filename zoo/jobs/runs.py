@@ -49,7 +49,8 @@ OUTPUTS = {
     "baseline": ("checkpoints", "trained.json"),
 }
 ALL_OUTPUTS = tuple(dict.fromkeys(name for names in OUTPUTS.values() for name in names))
-FILE_KEYS = ("checkpoint", "prune.plan", "model.pretrained", "data.files")  # keys that name input files
+FILE_KEYS = ("checkpoint", "prune.plan", "model.pretrained", "data.files", "data.tokenizer")  # name input files
+FOLDER_KEYS = ("checkpoint", "model.pretrained", "data.tokenizer")  # may name a model/tokenizer folder: its files
 FULL_DIGEST_BYTES = 256 * 2**20  # files up to this size are hashed; larger ones are identified by size and mtime
 
 
@@ -85,7 +86,8 @@ def _file_identity(path: Path) -> str:
 
 def with_inputs(config: dict[str, Any]) -> dict[str, Any]:
     """`config` plus ``inputs``: the identity of every local file it names (a checkpoint, a plan, pretrained weights,
-    text files): the same path with other contents is another config. Folders (image data) count by path only."""
+    text files, the files of a model or tokenizer folder): the same path with other contents is another config. Image
+    folders count by path only."""
     import glob
 
     inputs = {}
@@ -96,8 +98,10 @@ def with_inputs(config: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(pattern, str) or not pattern:
                 continue
             for name in sorted(glob.glob(str(Path(pattern).expanduser()), recursive=True)):
-                if Path(name).is_file():
-                    inputs[f"{key}:{Path(name).resolve()}"] = _file_identity(Path(name))
+                files = sorted(Path(name).iterdir()) if key in FOLDER_KEYS and Path(name).is_dir() else [Path(name)]
+                for file in files:
+                    if file.is_file():
+                        inputs[f"{key}:{file.resolve()}"] = _file_identity(file)
     return {**config, "inputs": inputs}
 
 

@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from ..training import distributed as dist_utils
 from ..training import state as ckpt
 from ..training.config import validate
-from ..training.data import BYTE_VOCAB, DataBundle, build_loaders
+from ..training.data import DataBundle, build_loaders
 from ..training.engine import FitResult, fit, resolve_device, seed_everything
 
 _log = logging.getLogger(__name__)
@@ -30,24 +30,38 @@ def to_container(cfg: Any) -> dict:
     return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
 
 
-def model_kwargs(model_cfg: Any, data: DataBundle) -> dict[str, Any]:
+def model_kwargs(model_cfg: Any, data: DataBundle, weights: bool = False) -> dict[str, Any]:
     """``create_model`` arguments: num_classes (classification) or vocab_size (LM) checked against the data.
 
     ``model.num_classes: null`` takes the data set's class count; a different explicit value is an error.
-    For language models ``model.overrides.vocab_size`` defaults to the data's vocabulary (256 bytes).
+    For language models ``model.overrides.vocab_size`` defaults to the data's vocabulary (256 bytes, or the
+    tokenizer's), except when `weights` are loaded: then the weights decide it (checked by :func:`check_vocab`).
     """
     overrides = dict(model_cfg.overrides or {})
     if data.task == "lm":
-        vocab = overrides.setdefault("vocab_size", BYTE_VOCAB)
-        if vocab < data.num_classes:
-            raise ConfigError(f"model.overrides.vocab_size={vocab} is smaller than the data's vocabulary "
-                              f"({data.num_classes} byte values); remove the override or set it to {data.num_classes}.")
+        vocab = overrides.get("vocab_size", None if weights else data.num_classes)
+        if vocab is not None:
+            overrides["vocab_size"] = vocab
+            if vocab < data.num_classes:
+                raise ConfigError(f"model.overrides.vocab_size={vocab} is smaller than the data's vocabulary "
+                                  f"({data.num_classes} tokens); remove the override or set it to {data.num_classes}.")
         return {"overrides": overrides, "num_classes": None}
     classes = model_cfg.num_classes
     if classes is not None and classes != data.num_classes:
         raise ConfigError(f"model.num_classes={classes} but the data set has {data.num_classes} classes; set "
                           f"model.num_classes={data.num_classes} or leave it null to take the data's count.")
     return {"overrides": overrides, "num_classes": data.num_classes}
+
+
+def check_vocab(model: nn.Module, data: DataBundle, source: Any) -> None:
+    """A language model's vocabulary must hold every token id of the data (its tokenizer's vocabulary)."""
+    vocab = getattr(model, "vocab_size", None)
+    if data.task == "lm" and vocab is not None and vocab < data.num_classes:
+        tokenizer = data.info.get("tokenizer", "bytes")
+        name = getattr(model, "zoo_name", "the model")
+        raise ConfigError(f"The tokenizer ({tokenizer}) has {data.num_classes} tokens, more than the vocabulary of "
+                          f"{name} with weights {source} ({vocab}): its ids would not fit. Use the tokenizer the "
+                          f"weights were trained with (data.tokenizer=...).")
 
 
 def weights_arg(value: Any) -> bool | str:
@@ -77,10 +91,12 @@ def build_model(model_cfg: Any, data: DataBundle, pretrained: Any = None) -> nn.
     (or `pretrained` instead, when given)."""
     import zoo
 
-    kwargs = model_kwargs(model_cfg, data)
     weights = weights_arg(model_cfg.pretrained if pretrained is None else pretrained)
-    return zoo.create_model(model_name(model_cfg), pretrained=weights, num_classes=kwargs["num_classes"],
-                            **kwargs["overrides"])
+    kwargs = model_kwargs(model_cfg, data, weights=weights is not False)
+    model = zoo.create_model(model_name(model_cfg), pretrained=weights, num_classes=kwargs["num_classes"],
+                             **kwargs["overrides"])
+    check_vocab(model, data, weights)
+    return model
 
 
 def check_resume_target(resume_path: Path | None, model_name: str) -> None:

@@ -54,6 +54,7 @@ class DataConfig:
     train_samples: int | None = None
     val_samples: int | None = None
     files: list[str] = field(default_factory=list)
+    tokenizer: str = "bytes"
 
 
 @dataclass

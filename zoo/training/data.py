@@ -157,7 +157,7 @@ class RandomWindows(Dataset):
 
     def __init__(self, tokens: torch.Tensor, seq_len: int, count: int):
         if len(tokens) <= seq_len + 1:
-            raise DataError(f"The text has {len(tokens)} bytes, too few for data.seq_len={seq_len}.")
+            raise DataError(f"The text has {len(tokens)} tokens, too few for data.seq_len={seq_len}.")
         self.tokens, self.seq_len, self.count = tokens, seq_len, count
 
     def __len__(self) -> int:
@@ -338,16 +338,46 @@ def unigram_entropy(tokens: torch.Tensor, vocab: int = BYTE_VOCAB) -> float:
     return float(-(probs * probs.log()).sum())
 
 
+def load_tokenizer(name: str) -> Any:
+    """A Hugging Face tokenizer by local path or hub name (``transformers.AutoTokenizer``; offline it reads the local
+    cache). A name that cannot be loaded is a DataError saying where it was looked for."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise DataError(f"data.tokenizer={name!r} needs the transformers package: pip install transformers "
+                        f"(or data.tokenizer=bytes).") from None
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as exc:
+        where = "local folder" if Path(name).expanduser().exists() else "hub name (offline: from the local HF cache)"
+        raise DataError(f"data.tokenizer={name!r} cannot be loaded as a {where}: {str(exc).splitlines()[0]} Give a "
+                        f"folder with tokenizer files (tokenizer.json or tokenizer.model + config), a hub name in the "
+                        f"cache, or bytes.") from None
+
+
+def tokenize(blob: bytes, tokenizer: str) -> tuple[torch.Tensor, int, dict]:
+    """(token ids, vocabulary size, facts) of text: raw bytes for ``bytes``, else the named tokenizer's ids of the
+    UTF-8 text (undecodable bytes replaced)."""
+    if tokenizer == "bytes":
+        return torch.frombuffer(bytearray(blob), dtype=torch.uint8), BYTE_VOCAB, {"tokenizer": "bytes"}
+    tok = load_tokenizer(tokenizer)
+    ids = tok(blob.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
+    vocab = len(tok)
+    dtype = torch.int32 if vocab < 2**31 else torch.int64
+    return torch.tensor(ids, dtype=dtype), vocab, {"tokenizer": tokenizer, "bytes_per_token": len(blob) / max(
+        len(ids), 1)}
+
+
 def _text(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
     blob = stdlib_corpus() if cfg.name == "bytes" else read_text_files(list(cfg.files))
-    tokens = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    tokens, vocab, info = tokenize(blob, cfg.get("tokenizer") or "bytes")
     split = int(len(tokens) * (1.0 - cfg.val_fraction))
     train_tokens, val_tokens = tokens[:split], tokens[split:]
     count = cfg.train_samples or max((len(train_tokens) - 1) // cfg.seq_len, 1)
-    info = {"corpus_bytes": len(tokens), "unigram_entropy": unigram_entropy(tokens),
-            "train_unigram_entropy": unigram_entropy(train_tokens)}
+    info.update({"corpus_bytes": len(blob), "tokens": len(tokens), "unigram_entropy": unigram_entropy(tokens, vocab),
+                 "train_unigram_entropy": unigram_entropy(train_tokens, vocab)})
     return (RandomWindows(train_tokens, cfg.seq_len, count), FixedWindows(val_tokens, cfg.seq_len, cfg.val_samples),
-            BYTE_VOCAB, info)
+            vocab, info)
 
 
 # ---------------------------------------------------------------------------------------------- loaders
