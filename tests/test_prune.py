@@ -225,3 +225,33 @@ def test_memory_budget_is_met_or_refused(digits_prune, tmp_path):
     assert json.loads((tmp_path / "fits" / "results.json").read_text())["predicted_peak_memory_mb"] <= budget
     proc = run_prune(*TINY, "logger=none", "prune.max_memory_mb=0.000001", base=base, run_dir=tmp_path / "no")
     assert proc.returncode == 2 and "cannot be met" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_torchrun_prune_two_cpu_processes(tmp_path):
+    """torchrun prune.py: table, importance and search once (rank 0), DDP fine-tuning, one results.json."""
+    from safetensors.torch import save_file
+
+    weights = tmp_path / "timm_mobilenetv2_035.safetensors"  # timm-format weights: the baseline as it is
+    torch.manual_seed(0)
+    save_file({k: v.contiguous() for k, v in zoo.create_model("mobilenetv2_035", num_classes=10).state_dict().items()},
+              str(weights))
+    env = {**os.environ, "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    env.pop("DEPTHZOO_LAUNCH_ID", None)
+    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            str(ROOT / "prune.py"), "trainer=ddp", *TINY, f"paths.log_dir={tmp_path / 'logs'}",
+            f"prune.cache_dir={tmp_path / 'cache'}"]
+    proc = subprocess.run([*base, f"checkpoint={weights}", f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["world_size"] == 2 and results["plan"]["remove"]
+    assert results["baseline"]["source"] == str(weights) and not (tmp_path / "logs" / "baselines").exists()
+    assert results["lut"]["measured_now"] > 0 and len(find_run_files(tmp_path / "run")) == 1
+    assert (proc.stdout + proc.stderr).count("latency_table done") == 1  # once, on rank 0
+    pruned = zoo.load(results["checkpoint"])
+    assert pruned.zoo_plan["remove"] == results["plan"]["remove"]
+
+    proc = subprocess.run([*base, f"hydra.run.dir={tmp_path / 'run2'}"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)  # no weights and no cached baseline: refused, not hung
+    assert proc.returncode != 0 and "Under torchrun, prune.py starts from given weights" in proc.stdout + proc.stderr

@@ -307,6 +307,7 @@ def load_or_train_baseline(cfg: Any, data: Any, config: dict) -> tuple[nn.Module
     baseline is trained once (from ``model.pretrained`` when its classifier had to be re-initialised) and cached.
     """
     from .. import load
+    from ..training import distributed as dist_utils
     from .train import build_model, weights_arg
 
     if cfg.checkpoint:
@@ -325,6 +326,8 @@ def load_or_train_baseline(cfg: Any, data: Any, config: dict) -> tuple[nn.Module
         _log.info("baseline: the classifier of %s was re-initialised for %d classes, so the baseline is fine-tuned "
                   "from those weights (once, cached)", model.pretrained_source, data.num_classes)
     directory = baseline_dir(cfg, config)
+    if dist_utils.info().enabled:
+        return load(distributed_baseline(cfg, directory, config)), str(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with FileLock(str(directory / ".lock")):
         own = baseline_config(config)
@@ -332,28 +335,55 @@ def load_or_train_baseline(cfg: Any, data: Any, config: dict) -> tuple[nn.Module
     return load(best), str(best)
 
 
+def distributed_baseline(cfg: Any, directory: Path, config: dict) -> Path:
+    """Under torchrun the baseline is given (``checkpoint=``, ``model.pretrained=``) or already cached: a baseline
+    trained inside a prune job would hold the launch's ranks on one file lock. Rank 0 looks, every rank follows."""
+    from ..training import distributed as dist_utils
+
+    best = None
+    if dist_utils.info().is_main and directory.is_dir():
+        with FileLock(str(directory / ".lock")):
+            best = finished_baseline(directory, baseline_config(config))
+    best = dist_utils.broadcast_object(None if best is None else str(best))
+    if best is None:
+        raise ZooError("Under torchrun, prune.py starts from given weights: pass checkpoint=<weights> (a depthzoo "
+                       "checkpoint, a timm file, a hub id or true) or model.pretrained=<weights whose classifier fits "
+                       "the data>, or run the same command once without torchrun to train and cache the baseline "
+                       f"(it would be cached in {directory}).")
+    return Path(best)
+
+
 def evaluate_baseline(cfg: Any, config: dict, baseline: nn.Module, data: Any) -> tuple[dict[str, float], bool]:
     """The baseline's validation metrics, cached by (weights digest, data config, tag): published weights are
     evaluated once per data set. Returns (metrics, whether they came from the cache)."""
     from ..errors import CorruptFileError
     from ..files import read_sealed_json, write_sealed_json
+    from ..training import distributed as dist_utils
     from ..training import evaluate
     from .runs import fingerprint
 
+    dist = dist_utils.info()
     key = {"weights": weights_digest(baseline), "data": config["data"], "tag": cfg.model.get("tag"),
            "limit_val_batches": cfg.trainer.limit_val_batches}
     path = Path(cfg.prune.cache_dir or Path(cfg.paths.log_dir) / "cache") / "baseline_eval" / f"{fingerprint(key)}.json"
-    try:
-        stored = read_sealed_json(path)
-        if stored.get("key") == json.loads(json.dumps(key, default=str)):
-            _log.info("baseline metrics from the cache (%s)", path)
-            return stored["metrics"], True
-        _log.warning("%s was written for another baseline or data: evaluating again", path)
-    except CorruptFileError as exc:
-        if path.exists():
-            _log.warning("The cached baseline metrics %s are not usable (%s): evaluating again", path, exc)
-    metrics = evaluate(baseline, data.val, task=data.task)
-    write_sealed_json(path, {"key": key, "metrics": metrics})
+    cached = None
+    if dist.is_main:
+        try:
+            stored = read_sealed_json(path)
+            if stored.get("key") == json.loads(json.dumps(key, default=str)):
+                _log.info("baseline metrics from the cache (%s)", path)
+                cached = stored["metrics"]
+            else:
+                _log.warning("%s was written for another baseline or data: evaluating again", path)
+        except CorruptFileError as exc:
+            if path.exists():
+                _log.warning("The cached baseline metrics %s are not usable (%s): evaluating again", path, exc)
+    cached = dist_utils.broadcast_object(cached)
+    if cached is not None:
+        return cached, True
+    metrics = evaluate(baseline, data.val, task=data.task)  # summed over ranks under torchrun
+    if dist.is_main:
+        write_sealed_json(path, {"key": key, "metrics": metrics})
     return metrics, False
 
 
@@ -483,6 +513,7 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
     """
     from omegaconf import OmegaConf
 
+    from ..training import distributed as dist_utils
     from ..training import evaluate, fit, seed_everything
 
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
@@ -493,7 +524,8 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
                                                 "warmup_epochs": 0})
         trainer_cfg = OmegaConf.merge(cfg.trainer, {"max_epochs": cfg.finetune.epochs, "resume": None})
         callback = Linearise(model, cfg.finetune.linearise_fraction)
-        resume = resumable(output_dir / "finetune")
+        resume = dist_utils.broadcast_object(resumable(output_dir / "finetune") if dist_utils.info().is_main
+                                             else None)
         fit(model, data, optim_cfg, trainer_cfg, logger, teacher=baseline, distill_weight=cfg.finetune.distill_weight,
             distill_temperature=cfg.finetune.distill_temperature, callbacks=[callback],
             output_dir=output_dir / "finetune", config=config, resume_from=resume,
@@ -581,28 +613,62 @@ def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any =
 
 def run(cfg: Any) -> dict[str, Any]:
     """Validate, claim the run directory, then prune (:func:`prune_in`); a finished job's results are returned as
-    they are (``prune.force=true`` runs it again), an interrupted job of the same config resumes."""
+    they are (``prune.force=true`` runs it again), an interrupted job of the same config resumes.
+
+    Under torchrun every rank runs this; rank 0 claims the directory and the others follow its verdict."""
     from ..files import read_sealed_json
+    from ..training import distributed as dist_utils
     from ..training.config import validate
-    from .entry import in_multirun, run_files
-    from .runs import claimed, fingerprint, with_inputs
+    from .entry import run_files
+    from .runs import fingerprint, with_inputs
     from .train import to_container
 
+    dist = dist_utils.setup()
     validate(cfg, PruneConfig)
     validate_prune(cfg)
     config = with_inputs(to_container(cfg))
     output_dir = Path(cfg.paths.output_dir)
-    dir_hint = "a new hydra.sweep.dir" if in_multirun() else "a new hydra.run.dir"
-    if not cfg.prune.force:
+    if not cfg.prune.force and dist.is_main:
         forget_results_without_checkpoint(output_dir, fingerprint(config))
-    with claimed(output_dir, "prune", config, finished="results.json", force=cfg.prune.force,
-                 force_hint="prune.force=true", dir_hint=dir_hint) as claim:
-        if claim.state == "finished":
-            _log.info("%s exists: this job already finished (prune.force=true runs it again)",
-                      output_dir / "results.json")
-            return read_sealed_json(output_dir / "results.json")
-        with run_files(output_dir, cfg):
-            return prune_in(cfg, config, output_dir, resumed=claim.state == "resume")
+    try:
+        with claimed_by_main(cfg, config, output_dir) as state:
+            if state == "finished":
+                _log.info("%s exists: this job already finished (prune.force=true runs it again)",
+                          output_dir / "results.json")
+                return read_sealed_json(output_dir / "results.json")
+            with run_files(output_dir, cfg, enabled=dist.is_main):
+                return prune_in(cfg, config, output_dir, resumed=state == "resume")
+    finally:
+        dist_utils.cleanup()
+
+
+@contextmanager
+def claimed_by_main(cfg: Any, config: dict, output_dir: Path) -> Iterator[str]:
+    """The run directory claimed (by rank 0 under torchrun; every rank gets its state or its refusal)."""
+    from contextlib import ExitStack
+
+    from ..training import distributed as dist_utils
+    from .entry import in_multirun
+    from .runs import claimed
+
+    dir_hint = "a new hydra.sweep.dir" if in_multirun() else "a new hydra.run.dir"
+    with ExitStack() as stack:
+        state, refused = None, None
+        if dist_utils.info().is_main:
+            try:
+                claim = stack.enter_context(claimed(output_dir, "prune", config, finished="results.json",
+                                                    force=cfg.prune.force, force_hint="prune.force=true",
+                                                    dir_hint=dir_hint))
+                state = claim.state
+            except ZooError as exc:
+                refused = exc
+        state, refusal = dist_utils.broadcast_object((state, None if refused is None else (type(refused),
+                                                                                           str(refused))))
+        if refused is not None:
+            raise refused
+        if refusal is not None:
+            raise refusal[0](refusal[1])
+        yield state
 
 
 def forget_results_without_checkpoint(output_dir: Path, ours: str) -> None:
@@ -642,40 +708,63 @@ def resumed_plan(path: Path, baseline: nn.Module) -> dict[str, Any] | None:
 def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[str, Any]:
     """The prune run in a claimed directory: baseline -> table -> importance -> plan -> fine-tune -> measure.
 
-    W&B is finished before ``results.json`` (sealed, with the config's fingerprint) is written, last.
+    Under torchrun the latency table, importance, search and final measurement run once, on rank 0 (the plan is
+    broadcast); evaluation and fine-tuning are data parallel; rank 0 writes the one ``results.json``. W&B is finished
+    before ``results.json`` (sealed, with the config's fingerprint) is written, last.
     """
     from ..files import file_digest, write_sealed_json
     from ..training import build_loaders, create_logger, seed_everything
+    from ..training import distributed as dist_utils
+    from ..training.engine import resolve_device
     from .entry import hydra_context
     from .runs import fingerprint
     from .train import data_model_cfg
 
+    dist = dist_utils.info()
     timings: dict[str, float] = {}
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
-    data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=data_model_cfg(cfg.model))
+    data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=data_model_cfg(cfg.model), rank=dist.rank,
+                         world=dist.world, pin_memory=resolve_device(cfg.trainer.device).type == "cuda")
     with phase(timings, "baseline"):
         baseline, baseline_path = load_or_train_baseline(cfg, data, config)
         baseline.eval()
         given_plan = read_plan(cfg.prune.plan, baseline) if cfg.prune.plan else None
-    logger = create_logger(job_logger_cfg(cfg), config=config, group=hydra_context().get("group"))
+    logger = create_logger(job_logger_cfg(cfg), config=config, group=hydra_context().get("group"), is_main=dist.is_main)
     try:
-        with phase(timings, "latency_table"):
-            table = build_lut(cfg, baseline, data)
-            calibration = table.calibrate(cfg.prune.calibrate_plans) if cfg.prune.calibrate_plans else None
-        with phase(timings, "importance"):  # (also with a given plan: it is logged beside the table)
-            damages, importance_cached = importance_of(cfg, config, baseline, table, data)
-        with phase(timings, "search"):
-            options = build_options(table, damages, cfg.prune.max_memory_mb)
-            plan_file = output_dir / "plan.json"
-            plan, result = given_plan, None
-            if plan is None and resumed:  # an interrupted run of this config keeps its plan
-                plan = resumed_plan(plan_file, baseline)
-            if plan is None:
-                plan, result = choose_plan(cfg, table, options)
-                write_json(plan_file, plan)
+        table = calibration = damages = options = result = None
+        importance_cached = False
+        plan = given_plan
+        failure = None
+        if dist.is_main:
+            try:
+                with phase(timings, "latency_table"):
+                    table = build_lut(cfg, baseline, data)
+                    calibration = table.calibrate(cfg.prune.calibrate_plans) if cfg.prune.calibrate_plans else None
+                with phase(timings, "importance"):  # (also with a given plan: it is logged beside the table)
+                    damages, importance_cached = importance_of(cfg, config, baseline, table, data)
+                with phase(timings, "search"):
+                    options = build_options(table, damages, cfg.prune.max_memory_mb)
+                    plan_file = output_dir / "plan.json"
+                    if plan is None and resumed:  # an interrupted run of this config keeps its plan
+                        plan = resumed_plan(plan_file, baseline)
+                    if plan is None:
+                        plan, result = choose_plan(cfg, table, options)
+                        write_json(plan_file, plan)
+            except BaseException as exc:  # the other ranks are told, then rank 0 raises it
+                failure = exc
+        told = None if failure is None else (isinstance(failure, ZooError), f"{type(failure).__name__}: {failure}")
+        plan, stopped = dist_utils.broadcast_object((plan, told))  # the other ranks wait here for rank 0's plan
+        if failure is not None:
+            raise failure
+        if stopped is not None:
+            raise (ZooError if stopped[0] else RuntimeError)(f"rank 0 stopped before fine-tuning ({stopped[1]})")
         with phase(timings, "finetune"):
             base_metrics, base_cached = evaluate_baseline(cfg, config, baseline, data)
             pruned, pruned_metrics = finetune(cfg, baseline, plan, data, logger, output_dir, config)
+        if not dist.is_main:
+            logger.finish(exit_code=0)
+            dist_utils.barrier()
+            return {"plan": plan, "pruned": {"metrics": pruned_metrics}}
         with phase(timings, "measure"):
             measured = measure_side_by_side(table, {"baseline": baseline, "pruned": pruned.eval()},
                                             measure_settings(cfg.prune))
@@ -685,6 +774,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
                                    measured, timings, checkpoint, calibration, importance_cached)
         results["baseline"].update(source=str(baseline_path), metrics_cached=base_cached,
                                    tag=getattr(baseline, "zoo_tag", None))
+        results["world_size"] = dist.world
         results["fingerprint"] = fingerprint(config)
         results["checkpoint_sha256"] = file_digest(checkpoint)
         log_to_wandb(logger, table, options, damages, plan, results)
@@ -693,6 +783,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         raise
     logger.finish(exit_code=0)
     write_sealed_json(output_dir / "results.json", results)
+    dist_utils.barrier()  # the other ranks end once the results are written
     print(format_summary(results))
     return results
 
