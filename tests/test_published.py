@@ -4,6 +4,7 @@ pipeline, and prune.py starting from given weights without training a baseline."
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -238,3 +239,60 @@ def test_prune_py_starts_from_published_weights_without_training(tmp_path):
     assert second["baseline"]["metrics"] == results["baseline"]["metrics"]
     assert second["baseline"]["source"] == "hf-hub:timm/mobilenetv2_050.lamb_in1k"
     assert not (tmp_path / "outputs" / "baselines").exists()
+
+
+# ---------------------------------------------------------------------------------- the published protocol
+IMAGENET_EXPERIMENTS = {"imagenet_mobilenetv2_100": ("mobilenetv2_100", "ra_in1k", [1.41, 1.63, 1.95, 2.49]),
+                        "imagenet_mobilenetv2_140": ("mobilenetv2_140", "ra_in1k", [1.61, 1.99, 2.72]),
+                        "imagenet_tresnet_m": ("tresnet_m", "miil_in1k", [1.5, 2.0]),
+                        "imagenet_bit_50x1": ("resnetv2_50x1_bit", "goog_distilled_in1k", [1.5, 2.0])}
+
+
+@pytest.mark.parametrize("experiment", list(IMAGENET_EXPERIMENTS))
+def test_imagenet_experiments_compose_to_the_published_setup(experiment, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from zoo.jobs.prune import PruneConfig, register_configs, validate_prune
+    from zoo.jobs.train import weights_arg
+    from zoo.training.config import validate
+
+    register_configs(ROOT / "conf")
+    (tmp_path / "train").mkdir()
+    (tmp_path / "val").mkdir()
+    overrides = [f"experiment={experiment}", f"data.root={tmp_path}", "paths.output_dir=unused"]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        sweep = compose(config_name="prune", overrides=overrides, return_hydra_config=True).hydra.sweeper.params
+        cfg = compose(config_name="prune", overrides=overrides)
+    name, tag, targets = IMAGENET_EXPERIMENTS[experiment]
+    assert (cfg.model.name, cfg.model.tag, weights_arg(cfg.checkpoint)) == (name, tag, True)
+    assert cfg.data.name == "imagefolder" and cfg.data.image_size is None  # the tag's eval config
+    assert cfg.prune.batch_size == 128 and cfg.prune.device == "cuda" and cfg.finetune.distill_weight == 0.3
+    assert [float(t) for t in str(sweep["prune.target_speedup"]).split(",")] == targets
+    assert cfg.prune.target_speedup == targets[0]
+    resolve_tag(name, tag)  # a tag timm publishes
+    if not torch.cuda.is_available():
+        with pytest.raises(zoo.ZooError, match="CUDA"):
+            validate(cfg, PruneConfig)
+            validate_prune(cfg)
+
+
+def test_train_py_fine_tunes_from_published_weights(tmp_path):
+    """train.py model.pretrained=<timm file> model.tag=...: the tag's eval transform, the weights as the start."""
+    root = make_image_folder(tmp_path / "images", classes=3, train=4, val=2)
+    reference = varied_timm_model("mobilenetv2_050", 3)
+    weights = tmp_path / "timm.pth"
+    torch.save(reference.state_dict(), weights)
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "train.py"), "model=mobilenetv2_050", "model.tag=lamb_in1k",
+           f"model.pretrained={weights}", "data=imagefolder", f"data.root={root}", "data.batch_size=4",
+           "data.num_workers=0", "trainer.max_epochs=1", "trainer.progress=false", "optim.warmup_epochs=0",
+           "optim.lr=1e-9", "logger=none", f"hydra.run.dir={tmp_path / 'run'}", f"paths.log_dir={tmp_path}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    timm_logits, labels = timm_pipeline_predictions(reference, root / "val")
+    timm_top1 = 100.0 * int((timm_logits.argmax(1) == labels).sum()) / len(labels)
+    # a learning rate of 1e-9 leaves the weights (and BatchNorm's running statistics move only in training mode,
+    # which an epoch of 3 batches does): top-1 stays within one image of timm's evaluation of the given weights
+    assert abs(results["metrics"]["val/acc1"] - timm_top1) <= 100.0 / len(labels) + 1e-6
+    assert zoo.load(results["checkpoint"]).zoo_tag == "lamb_in1k"
