@@ -113,7 +113,8 @@ TRAIN_CASES = [
     (["data.val_fraction=1.5"], "data.val_fraction=1.5 is out of range: it must be > 0.0 and < 1.0"),
     (["trainer.mixup_alpha=0.2", "data.batch_size=33"], "Mixup/CutMix needs an even data.batch_size"),
     (["logger.mode=onlin"], "logger.mode='onlin' is not allowed"),
-    (["model.pretrained=/nonexistent/w.safetensors"], "Weight file /nonexistent/w.safetensors does not exist"),
+    (["model.pretrained=/nonexistent/w.safetensors"], "Weight file or folder /nonexistent/w.safetensors does not "
+                                                      "exist"),
     (["trainer.resume=/nonexistent/run"], "no training state found"),
     (["data.num_workers=-1"], "data.num_workers=-1 is out of range: it must be >= 0"),
     (["trainer.label_smoothing=1.5"], "trainer.label_smoothing=1.5 is out of range: it must be >= 0.0 and <= 0.999"),
@@ -196,7 +197,9 @@ PRUNE_CASES = [
     (["prune.plan=/nonexistent/plan.json"], "Cannot read plan file /nonexistent/plan.json"),
     (["prune.plan={base}/bad_plan.json"], "is not JSON"),
     (["prune.plan={base}/plan_keys.json"], "Unknown plan keys ['prune']"),
-    (["checkpoint=/nonexistent/model.safetensors"], "Weight file /nonexistent/model.safetensors does not exist"),
+    (["checkpoint=/nonexistent/model.safetensors"], "Weight file or folder /nonexistent/model.safetensors does "
+                                                    "not exist"),
+    (["checkpoint=true"], "Model 'mobilenetv2_035' has no published pretrained weights"),
     (["model.tag=in22k"], "Unknown pretrained tag 'in22k' for mobilenetv2_050; known tags: mobilenetv2_050.lamb_in1k"),
     (["++prune.lut={{foo: 1}}"], "prune.lut has unknown key(s) foo; allowed: warmup_s"),
     (["++prune.measure={{rounds: 3}}"], "prune.measure has unknown key(s) rounds"),

@@ -296,3 +296,97 @@ def test_train_py_fine_tunes_from_published_weights(tmp_path):
     # which an epoch of 3 batches does): top-1 stays within one image of timm's evaluation of the given weights
     assert abs(results["metrics"]["val/acc1"] - timm_top1) <= 100.0 / len(labels) + 1e-6
     assert zoo.load(results["checkpoint"]).zoo_tag == "lamb_in1k"
+
+
+# ------------------------------------------------------------------------ review findings, kept fixed
+def test_the_eval_config_follows_the_weights_tag(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from zoo.jobs.train import data_model_cfg
+
+    tagged = zoo.create_model("resnetv2_50x1_bit.goog_in21k_ft_in1k", num_classes=10)
+    ckpt = zoo.save_checkpoint(tagged, tmp_path / "bit.safetensors")
+    untagged = OmegaConf.create({"name": "resnetv2_50x1_bit", "tag": None, "pretrained": False})
+    assert data_model_cfg(untagged, str(ckpt))["input_size"] == (3, 448, 448)  # a checkpoint carries its tag
+    assert data_model_cfg(untagged, True)["tag"] == "goog_distilled_in1k"  # true: timm's default tag
+    assert data_model_cfg(untagged, "hf-hub:timm/resnetv2_50x1_bit.goog_in21k/")["num_classes"] == 21843
+    assert zoo.create_model("resnetv2_50x1_bit", pretrained=ckpt).default_cfg["interpolation"] == "bilinear"
+    weights = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in zoo.create_model("mobilenetv2_050").state_dict().items()}, str(weights))
+    offline_hf(monkeypatch, tmp_path / "hf")
+    put_in_hf_cache(tmp_path / "hf", "timm/mobilenetv2_050.lamb_in1k", weights)
+    for source in ("timm/mobilenetv2_050.lamb_in1k", "hf-hub:timm/mobilenetv2_050.lamb_in1k/", "true"):
+        assert zoo.create_model("mobilenetv2_050", pretrained=source).zoo_tag == "lamb_in1k", source
+
+
+def test_a_folder_of_several_checkpoints_is_ambiguous(tmp_path):
+    model = zoo.create_model("mobilenetv2_035", num_classes=10)
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    zoo.save_checkpoint(model, folder / "best.safetensors")
+    zoo.save_checkpoint(model, folder / "last.safetensors")
+    with pytest.raises(zoo.WeightsError, match="several weight files .*best.safetensors, last.safetensors"):
+        zoo.create_model("mobilenetv2_035", pretrained=folder)
+    (folder / "last.safetensors").unlink()  # one file: used, with its metadata (the 10-class head)
+    assert zoo.create_model("mobilenetv2_035", pretrained=folder).num_classes == 10
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    keys = sorted(state)
+    save_file({k: state[k] for k in keys[:50]}, str(shards / "model-00001-of-00002.safetensors"))
+    save_file({k: state[k] for k in keys[50:]}, str(shards / "model-00002-of-00002.safetensors"))
+    loaded = zoo.create_model("mobilenetv2_035", pretrained=shards, num_classes=10)
+    assert all(torch.equal(loaded.state_dict()[k], state[k]) for k in keys)
+
+
+def test_missing_local_paths_are_not_hub_ids():
+    with pytest.raises(zoo.WeightsError, match="Weight file or folder /nonexistent/dir does not exist"):
+        zoo.pretrained.check_source("/nonexistent/dir")
+    assert zoo.pretrained.is_local("./weights/x") and zoo.pretrained.is_local("~/x")
+    assert not zoo.pretrained.is_local("timm/mobilenetv2_050.lamb_in1k")
+
+
+def test_the_mismatch_hint_never_names_the_model_in_use(tmp_path):
+    state = {k: v.contiguous() for k, v in zoo.create_model("mobilenetv2_050").state_dict().items()}
+    state["extra.weight"] = state.pop("conv_stem.weight")
+    weights = tmp_path / "w.safetensors"
+    save_file(state, str(weights))
+    with pytest.raises(zoo.WeightsError) as err:
+        zoo.create_model("mobilenetv2_050", pretrained=weights)
+    assert "fit mobilenetv2_050 best" not in str(err.value) and "No other registered model" in str(err.value)
+
+
+def test_caches_see_what_the_config_does_not(tmp_path):
+    """The baseline-evaluation key sees the validation split's contents; the weights digest sees model options."""
+    from omegaconf import OmegaConf
+
+    from zoo.importance import weights_digest
+    from zoo.jobs.prune import split_digest
+    from zoo.training import build_loaders
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 200)
+    cfg = OmegaConf.create({"name": "text", "files": [str(corpus)], "tokenizer": "bytes", "seq_len": 16,
+                            "batch_size": 4, "eval_batch_size": 4, "train_samples": 4, "val_samples": 4,
+                            "val_fraction": 0.2, "num_workers": 0})
+    before = split_digest(build_loaders(cfg).val.dataset)
+    corpus.write_text("a different text of the same length, or near enough\n" * 170)
+    assert before is not None and split_digest(build_loaders(cfg).val.dataset) != before
+    root = make_image_folder(tmp_path / "images", classes=2, train=2, val=2)
+    image_cfg = OmegaConf.create({"name": "imagefolder", "root": str(root), "image_size": 16, "batch_size": 2,
+                                  "eval_batch_size": 2, "num_workers": 0, "hflip": 0.5, "scale": [0.08, 1.0]})
+    before = split_digest(build_loaders(image_cfg).val.dataset)
+    Image.new("RGB", (64, 64), (255, 0, 0)).save(next((root / "val").rglob("*.png")))
+    assert split_digest(build_loaders(image_cfg).val.dataset) != before
+    torch.manual_seed(0)
+    a = zoo.create_model("retnet_tiny")
+    b = zoo.create_model("retnet_tiny", rope="neox")
+    b.load_state_dict(a.state_dict())
+    assert weights_digest(a) != weights_digest(b)
+
+
+def test_info_takes_a_tag():
+    proc = subprocess.run([sys.executable, "-m", "zoo", "info", "tresnet_m.miil_in1k_448"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["eval_cfg"]["input_size"] == [3, 448, 448]

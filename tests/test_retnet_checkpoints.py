@@ -244,3 +244,26 @@ def test_prune_py_from_an_fla_checkpoint_with_its_tokenizer(tmp_path):
                      run_dir=tmp_path / "run-bad", timeout=600)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "has 400 tokens, more than the vocabulary of retnet_tiny" in proc.stdout + proc.stderr
+
+
+def test_fla_config_without_its_sizes_is_refused(tmp_path):
+    folder = tmp_path / "fla"
+    folder.mkdir()
+    config = {k: v for k, v in fla_config().to_dict().items() if k not in ("hidden_size", "hidden_ratio")}
+    (folder / "config.json").write_text(json.dumps(config, default=str))
+    save_file({"model.embeddings.weight": torch.zeros(300, 64)}, str(folder / "model.safetensors"))
+    with pytest.raises(zoo.WeightsError, match="lacks hidden_size"):
+        zoo.create_model("retnet_tiny", pretrained=folder)
+    from zoo.retnet import fla_options  # without hidden_ratio, fla's RetNetConfig default (2) applies
+
+    assert fla_options({**config, "hidden_size": 256})["ffn_dim"] == 512
+
+
+def test_torchscale_tied_embeddings_stay_tied(tmp_path):
+    decoder = torchscale_decoder(eps=1e-6)
+    state = decoder.state_dict()
+    state["output_projection.weight"] = state["embed_tokens.weight"].clone()  # as share_decoder_input_output_embed
+    path = tmp_path / "tied.pt"
+    torch.save(state, path)
+    ours = zoo.create_model("retnet_tiny", pretrained=path)
+    assert ours.tie_embeddings and ours.lm_head.weight is ours.embed.weight

@@ -19,7 +19,7 @@ from .fuse import fuse
 from .pretrained import load_into, resolve_source
 from .registry import build_model, get_entry, model_class
 from .surgery import apply_plan
-from .tags import hub_id, pretrained_cfg, resolve_tag, split_name
+from .tags import hub_id, pretrained_cfg, resolve_tag, source_tag, split_name
 
 
 def create_model(
@@ -39,6 +39,9 @@ def create_model(
     """
     arch, tag = split_name(name)
     get_entry(arch)  # an unknown name fails first, with the closest names
+    if isinstance(pretrained, str) and pretrained in ("true", "True"):
+        pretrained = True
+    tag = tag or source_tag(arch, pretrained)  # weights carry their tag (and so their eval config)
     if pretrained is True:
         pretrained = hub_id(arch, tag)
         tag = tag or resolve_tag(arch, None)["tag"]

@@ -132,8 +132,10 @@ def batches_digest(batches: Sequence[Batch]) -> str:
 
 
 def weights_digest(model: nn.Module) -> str:
-    """A hash of the model's weights and architecture: the importance cache key's first part."""
-    digest = hashlib.sha1(repr(model).encode())
+    """A hash of the model's weights, architecture and builder options: the importance cache key's first part."""
+    options = {"name": getattr(model, "zoo_name", None), "overrides": getattr(model, "zoo_overrides", {}),
+               "plan": getattr(model, "zoo_plan", None)}  # options that change the forward pass but no tensor
+    digest = hashlib.sha1(repr(model).encode() + json.dumps(options, sort_keys=True, default=str).encode())
     for key, tensor in model.state_dict().items():
         digest.update(key.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())

@@ -46,17 +46,33 @@ class WeightSource:
 INDEX_FILE = "model.safetensors.index.json"
 
 
+SHARD = re.compile(r".+-\d+-of-\d+\.safetensors$")  # model-00001-of-00003.safetensors
+
+
 def weight_files(folder: Path) -> list[Path]:
-    """The weight files of a model folder: its sharded index's shards, model.safetensors, any *.safetensors, or
-    pytorch_model.bin (in that order of preference)."""
+    """The weight files of a model folder: the shards its index names, model.safetensors, the shards of one sharded
+    set, the folder's only weight file, or pytorch_model.bin. Several other weight files (e.g. a run's best and
+    last checkpoints) are ambiguous: refused, naming them."""
     if (folder / INDEX_FILE).is_file():
-        index = json.loads((folder / INDEX_FILE).read_text())
+        try:
+            index = json.loads((folder / INDEX_FILE).read_text())
+        except ValueError as exc:
+            raise WeightsError(f"{folder / INDEX_FILE} is not JSON ({exc}).") from None
         return [folder / name for name in sorted(set(index.get("weight_map", {}).values()))]
-    for pattern in ("model.safetensors", "*.safetensors", "pytorch_model.bin", "*.bin", "*.pth"):
-        found = sorted(folder.glob(pattern))
-        if found:
-            return found if pattern.endswith("safetensors") else found[:1]
-    raise WeightsError(f"{folder} holds no weights: expected {INDEX_FILE}, model.safetensors, *.safetensors or "
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    tensors = sorted(folder.glob("*.safetensors"))
+    if tensors and all(SHARD.match(p.name) for p in tensors):
+        return tensors
+    candidates = tensors or sorted(p for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if (folder / "pytorch_model.bin").is_file() and not tensors:
+        return [folder / "pytorch_model.bin"]
+    if len(candidates) == 1:
+        return candidates
+    if candidates:
+        raise WeightsError(f"{folder} holds several weight files ({', '.join(p.name for p in candidates[:5])}) and "
+                           f"no {INDEX_FILE} saying they are shards of one model: name the file you mean.")
+    raise WeightsError(f"{folder} holds no weights: expected {INDEX_FILE}, model.safetensors, a sharded set or "
                        f"pytorch_model.bin (with config.json for a Hugging Face model folder).")
 
 
@@ -158,14 +174,16 @@ def _download_from_hub(hub_id: str) -> Path:
     from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.utils import EntryNotFoundError, RepositoryNotFoundError
 
+    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     for filename in HUB_FILES:
         try:
             return _fetch_rest(hub_id, Path(hf_hub_download(hub_id, filename, local_files_only=True)), cached=True)
         except WeightsError:
-            raise
+            if offline:
+                raise
+            break  # cached in part (an index without all its shards): complete it from the Hub below
         except Exception:  # noqa: BLE001 - not in the cache (the error type varies by version)
             continue
-    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     if offline or not _hub_reachable():
         why = "HF_HUB_OFFLINE=1 is set" if offline else "the Hub cannot be reached from here"
         raise WeightsError(
@@ -189,9 +207,16 @@ def _download_from_hub(hub_id: str) -> Path:
 
 
 def is_local(pretrained: str | Path) -> bool:
-    """Whether a ``pretrained`` string names a local file (an existing path, a weight-file suffix, or no ``/``)."""
+    """Whether a ``pretrained`` string names a local file or folder (an existing path, a weight-file suffix, a path
+    starting with ``/``, ``~`` or ``.``, or no ``/``) rather than a hub id (``owner/name``)."""
     text = str(pretrained)
-    return Path(text).expanduser().exists() or text.endswith(WEIGHT_SUFFIXES) or "/" not in text
+    return (Path(text).expanduser().exists() or text.endswith(WEIGHT_SUFFIXES) or "/" not in text
+            or text.startswith(("/", "~", ".")))
+
+
+def hub_name(pretrained: str) -> str:
+    """A hub id as huggingface_hub takes it: no ``hf-hub:`` prefix, no trailing slash."""
+    return str(pretrained).removeprefix("hf-hub:").rstrip("/")
 
 
 def check_source(pretrained: bool | str | Path | None) -> None:
@@ -204,7 +229,7 @@ def check_source(pretrained: bool | str | Path | None) -> None:
         weight_files(local)
         return
     if not local.is_file():
-        raise WeightsError(f"Weight file {pretrained} does not exist. Give an existing "
+        raise WeightsError(f"Weight file or folder {pretrained} does not exist. Give an existing "
                            f"{'/'.join(WEIGHT_SUFFIXES)} file, a hub id such as 'timm/mobilenetv2_100.ra_in1k', "
                            f"true (the default tag) or false.")
 
@@ -216,7 +241,7 @@ def resolve_source(pretrained: str | Path) -> WeightSource:
     if is_local(text):
         path, origin = local, str(local)
     else:
-        hub_id = text.removeprefix("hf-hub:")
+        hub_id = hub_name(text)
         path, origin = _download_from_hub(hub_id), f"hf-hub:{hub_id}"
     if path.is_dir():
         state, config = read_folder(path)
@@ -304,9 +329,11 @@ def load_into(model: nn.Module, source: WeightSource) -> nn.Module:
         if k in state and state[k].shape != expected[k].shape
     ]
     if missing or unexpected or shapes:
-        closest = closest_architectures(source.state_dict)
+        own = getattr(model, "zoo_name", None)
+        closest = [name for name in closest_architectures(source.state_dict) if name != own]
         hint = (f" The weights fit {', '.join(closest)} best: use that model name." if closest else
-                " No registered model fits them.")
+                f" No other registered model fits them better than {own or 'this one'}: the file is of this family "
+                f"but not this exact architecture (or was saved with other model options).")
         raise WeightsError(_format_mismatch(source.path, missing, unexpected, shapes) + hint)
     if head_differs:
         _logger.warning("Classifier %s re-initialised: %s has a head for another number of classes than "

@@ -550,10 +550,14 @@ def fla_options(config: dict[str, Any]) -> dict[str, Any]:
     (WeightsError) instead of being loaded into a different network."""
     from .errors import WeightsError
 
-    heads = int(config.get("num_heads", 8))
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_heads") if k not in config]
+    if missing:
+        raise WeightsError(f"This flash-linear-attention config.json lacks {', '.join(missing)}: it does not describe "
+                           f"a RetNet (fla writes these keys in every RetNetConfig).")
+    heads = int(config["num_heads"])
     unsupported = []
     checks = [("model_type", "retnet"), ("feature_map", None), ("use_short_conv", False), ("use_output_gate", True),
-              ("hidden_act", "swish"), ("expand_k", 1), ("attnres_block_size", None)]
+              ("hidden_act", "swish"), ("expand_k", 1), ("attnres_block_size", None), ("attn", None)]
     for key, supported in checks:
         value = config.get(key, supported)
         if value != supported and not (key == "expand_k" and float(value) == 1.0):
@@ -566,7 +570,8 @@ def fla_options(config: dict[str, Any]) -> dict[str, Any]:
     dim = int(config["hidden_size"])
     ffn_dim = config.get("intermediate_size")
     if ffn_dim is None:  # fla's GatedMLP: 2/3 * hidden_ratio * hidden, rounded up to a multiple of 256
-        ffn_dim = int(dim * (config.get("hidden_ratio") or 4) * 2 / 3)
+        ratio = config.get("hidden_ratio", 2)  # RetNetConfig's default is 2; GatedMLP takes None as 4
+        ffn_dim = int(dim * (4 if ratio is None else ratio) * 2 / 3)
         ffn_dim = 256 * ((ffn_dim + 255) // 256)
     return {"vocab_size": int(config.get("vocab_size", 32000)), "dim": dim,
             "depth": int(config["num_hidden_layers"]), "heads": heads, "ffn_dim": int(ffn_dim),
@@ -603,8 +608,14 @@ def fla_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def torchscale_options(state: dict[str, torch.Tensor]) -> dict[str, Any]:
     """RetNet options of a torchscale ``RetNetDecoder`` state dict (sizes from the tensors; its rotary angles and
-    decays are checked against ours)."""
+    decays are checked against ours). A state dict does not record every option: torchscale's defaults are assumed
+    for those (``no_scale_embedding=True``, no ``deepnorm``); ``layernorm_embedding`` shows in its keys and is refused.
+    An output projection equal to the embedding was tied (``share_decoder_input_output_embed``) and stays tied."""
     from .errors import WeightsError
+
+    if "layernorm_embedding.weight" in state:
+        raise WeightsError("This torchscale checkpoint was trained with layernorm_embedding=True, which the zoo RetNet "
+                           "does not support (a LayerNorm after the embedding).")
 
     dim = state["embed_tokens.weight"].shape[1]
     heads = state["retnet_rel_pos.decay"].shape[0] if "retnet_rel_pos.decay" in state else None
@@ -614,7 +625,9 @@ def torchscale_options(state: dict[str, torch.Tensor]) -> dict[str, Any]:
                "depth": 1 + max(int(k.split(".")[1]) for k in state if k.startswith("layers.")), "heads": int(heads),
                "ffn_dim": state["layers.0.ffn.fc1.weight"].shape[0],
                "value_factor": state["layers.0.retention.v_proj.weight"].shape[0] / dim,
-               "tie_embeddings": "output_projection.weight" not in state, "rope": "torchscale", "decay": "torchscale"}
+               "tie_embeddings": "output_projection.weight" not in state or torch.equal(
+                   state["output_projection.weight"], state["embed_tokens.weight"]),
+               "rope": "torchscale", "decay": "torchscale"}
     decay = torch.tensor(decay_logs(options["heads"], "torchscale"), dtype=torch.float32)
     if not torch.allclose(state["retnet_rel_pos.decay"].float(), decay, atol=1e-6):
         raise WeightsError("This torchscale checkpoint's decays (retnet_rel_pos.decay) are not 1 - 2^(-5-h), the "

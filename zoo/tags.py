@@ -88,6 +88,34 @@ def hub_id(arch: str, tag: str | None) -> str:
     return hub
 
 
+def source_tag(arch: str, pretrained: Any) -> str | None:
+    """The tag that weights carry, so that their eval config follows them: ``True`` means the default tag, a timm
+    hub id ``timm/<arch>.<tag>`` (``hf-hub:`` prefix and trailing slash allowed) its tag, a depthzoo checkpoint the
+    tag in its metadata; None for anything else (a plain file, another hub repo)."""
+    from pathlib import Path
+
+    from .checkpoint import read_checkpoint_meta
+
+    if pretrained is True:
+        return default_tag(arch)
+    if pretrained in (None, False) or not isinstance(pretrained, (str, Path)):
+        return None
+    text = str(pretrained).removeprefix("hf-hub:").rstrip("/")
+    prefix = f"timm/{arch}."
+    if text.startswith(prefix) and text[len(prefix):] in tag_cfgs(arch):
+        return text[len(prefix):]
+    local = Path(text).expanduser()
+    if local.is_dir() and (local / "model.safetensors").is_file():
+        local = local / "model.safetensors"
+    if local.suffix == ".safetensors" and local.is_file():
+        try:
+            meta = read_checkpoint_meta(local) or {}
+        except Exception:  # noqa: BLE001 - an unreadable file is reported when the weights are read
+            return None
+        return meta.get("tag") if meta.get("model") == arch else None
+    return None
+
+
 def pretrained_cfg(arch: str, tag: str | None = None) -> dict[str, Any]:
     """A model's default config (eval config included): the registered defaults, updated with the tag's when a tag
     is given. This is what ``model.default_cfg`` holds and what the data transforms and latency tables use."""
@@ -103,9 +131,11 @@ def pretrained_cfg(arch: str, tag: str | None = None) -> dict[str, Any]:
 
 
 def model_info(name: str) -> dict[str, Any]:
-    """Family, default input size, parameter count and default pretrained tag of a registered model."""
+    """Family, default input size, parameter count and default pretrained tag of a registered model; for
+    ``arch.tag`` also that tag's eval config (``eval_cfg``)."""
+    name, tag = split_name(name)
     entry = get_entry(name)
-    tag = default_tag(name)
+    default = default_tag(name)
     kwargs = {"num_classes": entry.default_cfg["num_classes"]} if entry.default_cfg.get("num_classes") else {}
     with torch.device("meta"):
         model = entry.builder(**kwargs)
@@ -114,7 +144,9 @@ def model_info(name: str) -> dict[str, Any]:
         "family": entry.family,
         "input_size": tuple(entry.default_cfg.get("input_size", ())),
         "params": sum(p.numel() for p in model.parameters()),
-        "pretrained_tag": f"{name}.{tag}" if tag else None,
+        "pretrained_tag": f"{name}.{default}" if default else None,
         "tags": [f"{name}.{t}" for t in tag_cfgs(name)],
         "num_classes": entry.default_cfg.get("num_classes"),
+        **({"eval_cfg": {k: v for k, v in pretrained_cfg(name, tag).items() if k in EVAL_KEYS or k == "hf_hub_id"}}
+           if tag else {}),
     }

@@ -149,10 +149,13 @@ def check_baseline_source(cfg: Any) -> None:
     tag's weights). Checked before any work; a hub id is resolved when the baseline is built."""
     from ..checkpoint import read_checkpoint_meta
     from ..pretrained import WEIGHT_SUFFIXES, check_source, is_local
+    from ..tags import resolve_tag
     from ..training import state as ckpt
     from .train import weights_arg
 
     source = weights_arg(cfg.checkpoint)
+    if source is True:
+        resolve_tag(cfg.model.name, cfg.model.tag)  # an architecture without published weights fails here
     if source is True or source is False:
         return
     if str(source).endswith(ckpt.STATE_SUFFIX):
@@ -353,6 +356,25 @@ def distributed_baseline(cfg: Any, directory: Path, config: dict) -> Path:
     return Path(best)
 
 
+def split_digest(dataset: Any) -> str | None:
+    """What a validation split holds, cheaply: its image files' paths, sizes and modification times (image folders),
+    or a hash of its tensors (token windows, in-memory images). None when the dataset is of another kind."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    if hasattr(dataset, "samples"):  # torchvision ImageFolder: files are identified, not read
+        for path, label in dataset.samples:
+            stat = Path(path).stat()
+            digest.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns}:{label}".encode())
+        return digest.hexdigest()[:20]
+    tensors = [getattr(dataset, name) for name in ("tokens", "inputs", "targets") if hasattr(dataset, name)]
+    if not tensors or not all(torch.is_tensor(t) for t in tensors):
+        return None
+    for tensor in tensors:
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:20]
+
+
 def evaluate_baseline(cfg: Any, config: dict, baseline: nn.Module, data: Any) -> tuple[dict[str, float], bool]:
     """The baseline's validation metrics, cached by (weights digest, data config, tag): published weights are
     evaluated once per data set. Returns (metrics, whether they came from the cache)."""
@@ -363,8 +385,9 @@ def evaluate_baseline(cfg: Any, config: dict, baseline: nn.Module, data: Any) ->
     from .runs import fingerprint
 
     dist = dist_utils.info()
-    key = {"weights": weights_digest(baseline), "data": config["data"], "tag": cfg.model.get("tag"),
-           "limit_val_batches": cfg.trainer.limit_val_batches}
+    key = {"weights": weights_digest(baseline), "data": config["data"], "tag": getattr(baseline, "zoo_tag", None),
+           "data_files": {k: v for k, v in config.get("inputs", {}).items() if k.startswith("data.")},
+           "val_split": split_digest(data.val.dataset), "limit_val_batches": cfg.trainer.limit_val_batches}
     path = Path(cfg.prune.cache_dir or Path(cfg.paths.log_dir) / "cache") / "baseline_eval" / f"{fingerprint(key)}.json"
     cached = None
     if dist.is_main:
@@ -723,7 +746,8 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
     dist = dist_utils.info()
     timings: dict[str, float] = {}
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
-    data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=data_model_cfg(cfg.model), rank=dist.rank,
+    weights = cfg.checkpoint if cfg.checkpoint else None
+    data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=data_model_cfg(cfg.model, weights), rank=dist.rank,
                          world=dist.world, pin_memory=resolve_device(cfg.trainer.device).type == "cuda")
     with phase(timings, "baseline"):
         baseline, baseline_path = load_or_train_baseline(cfg, data, config)

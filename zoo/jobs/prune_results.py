@@ -31,7 +31,7 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
     eager_base, eager_pruned = measured["baseline_eager"][estimate], measured["pruned_eager"][estimate]
     return {
         "model": cfg.model.name,
-        "tag": cfg.model.get("tag"),
+        "tag": getattr(baseline, "zoo_tag", None),
         "data": cfg.data.name,
         "device": table.condition["device_name"],
         "condition": table.condition,

@@ -79,11 +79,21 @@ def model_name(model_cfg: Any) -> str:
     return f"{model_cfg.name}.{model_cfg.tag}" if model_cfg.get("tag") else model_cfg.name
 
 
-def data_model_cfg(model_cfg: Any) -> dict[str, Any]:
-    """The model config the data transforms follow: the tag's eval config when a tag is given (timm's)."""
+def model_tag(model_cfg: Any, weights: Any = None) -> str | None:
+    """``model.tag``, else the tag the weights carry (``true``, a ``timm/<arch>.<tag>`` hub id, a depthzoo
+    checkpoint's metadata): the weights' eval config is the one the data transforms must follow."""
+    from ..tags import source_tag
+
+    if model_cfg.get("tag"):
+        return model_cfg.tag
+    return source_tag(model_cfg.name, weights_arg(model_cfg.pretrained if weights is None else weights))
+
+
+def data_model_cfg(model_cfg: Any, weights: Any = None) -> dict[str, Any]:
+    """The model config the data transforms follow: the eval config of the tag (:func:`model_tag`), timm's."""
     from ..tags import pretrained_cfg
 
-    return pretrained_cfg(model_cfg.name, model_cfg.get("tag"))
+    return pretrained_cfg(model_cfg.name, model_tag(model_cfg, weights))
 
 
 def build_model(model_cfg: Any, data: DataBundle, pretrained: Any = None) -> nn.Module:
