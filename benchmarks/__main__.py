@@ -21,6 +21,8 @@ SUITES = {
     "latency_table": "latency lookup tables: build time, entries, prediction error over random plans",
     "prune_speedup": "pruned vs unpruned measured speed-up and metric; DP vs greedy vs random",
     "retnet_decode": "RetNet vs KV-cache Transformer decode latency and training cost vs length",
+    "train_memory": "training activation memory with/without gradient checkpointing and bf16, largest batch in a "
+                    "budget, checkpointing's step-time cost, what pruning saves",
 }
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 

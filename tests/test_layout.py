@@ -17,7 +17,7 @@ PACKAGE = Path(zoo.__file__).parent
 # Each module's layer: a module may import its own layer and the ones below, never a higher one.
 LAYERS = [
     {"errors", "lazy", "files"},
-    {"registry", "tags", "depth", "fuse", "checkpoint", "latency.device"},
+    {"registry", "tags", "depth", "features", "fuse", "checkpoint", "latency.device"},
     {"surgery", "pretrained", "mobilenetv2", "tresnet", "resnetv2", "retnet", "search", "latency.cache"},
     {"factory", "latency.measure", "latency.context", "importance"},
     {"latency.calibrate", "latency.table", "latency", "training.distributed", "training.state", "training.logger",

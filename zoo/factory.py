@@ -7,6 +7,7 @@ weights), :mod:`zoo.surgery` (plans) and :mod:`zoo.fuse` (deploy form), none of 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from torch import nn
 
 from .checkpoint import read_checkpoint_meta
 from .errors import WeightsError
+from .features import features_only as features_only_model
 from .fuse import fuse
 from .pretrained import load_into, resolve_source
 from .registry import build_model, get_entry, model_class
@@ -26,6 +28,8 @@ def create_model(
     name: str,
     pretrained: bool | str | Path = False,
     num_classes: int | None = None,
+    features_only: bool = False,
+    out_indices: Sequence[int] | None = None,
     **overrides: Any,
 ) -> nn.Module:
     """Create a zoo model by name (timm's form: ``"mobilenetv2_140"`` or ``"mobilenetv2_140.ra_in1k"``).
@@ -35,7 +39,8 @@ def create_model(
     (``.safetensors``, a ``.pth``/``.pt``/``.bin`` state dict, or a checkpoint written by this project). A tag sets
     the model's ``default_cfg`` to the tag's eval config (input size, crop, interpolation, mean/std, classes) even
     without weights. A different `num_classes` than the weights' re-initialises the classifier. A project
-    checkpoint keeps its own head, overrides and tag unless new ones are given.
+    checkpoint keeps its own head, overrides and tag unless new ones are given. `features_only` returns timm's
+    backbone form (the stage outputs `out_indices` as a list, with ``feature_info``), pruned models included.
     """
     arch, tag = split_name(name)
     get_entry(arch)  # an unknown name fails first, with the closest names
@@ -82,7 +87,7 @@ def create_model(
         model = fuse(model, inplace=True)
     if source is not None:
         load_into(model, source)
-    return model
+    return features_only_model(model, out_indices) if features_only else model
 
 
 def load(path: str | Path, **kwargs: Any) -> nn.Module:

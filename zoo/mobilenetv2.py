@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .depth import BlockSpec, Chain, ConvOp, DepthMixin
+from .features import FeatureMixin
 from .lazy import timm_layers as tl
 from .registry import register_model
 
@@ -70,7 +71,7 @@ class InvertedResidual(nn.Module):
         return BlockSpec("block", self.has_skip, Chain(ops, nn.Identity() if self.has_skip else None))
 
 
-class MobileNetV2(DepthMixin, nn.Module):
+class MobileNetV2(FeatureMixin, DepthMixin, nn.Module):
     """MobileNetV2 with a width multiplier; module names follow timm's EfficientNet builder."""
 
     def __init__(self, width_mult: float = 1.0, num_classes: int = 1000, in_chans: int = 3,
@@ -84,6 +85,7 @@ class MobileNetV2(DepthMixin, nn.Module):
         self.bn1 = _norm_act(stem_chs)
         chs = round_chs(16 * width_mult)
         stages: list[nn.Sequential] = [nn.Sequential(DepthwiseSeparable(stem_chs, chs))]
+        ends = [(chs, 2)]  # each stage's output channels and reduction
         for exp, out, repeats, stride in MBV2_STAGES:
             out_chs = round_chs(out * width_mult)
             blocks = []
@@ -91,7 +93,11 @@ class MobileNetV2(DepthMixin, nn.Module):
                 blocks.append(InvertedResidual(chs, out_chs, stride if i == 0 else 1, exp))
                 chs = out_chs
             stages.append(nn.Sequential(*blocks))
+            ends.append((out_chs, ends[-1][1] * stride))
         self.blocks = nn.Sequential(*stages)
+        # timm's feature stages: the last stage at each reduction
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=c, reduction=r) for i, (c, r) in enumerate(ends)
+                             if i == len(ends) - 1 or ends[i + 1][1] != r]
         self.num_features = self.head_hidden_size = max(1280, round_chs(1280 * width_mult))
         self.conv_head = tl.create_conv2d(chs, self.num_features, 1)
         self.bn2 = _norm_act(self.num_features)
@@ -119,7 +125,7 @@ class MobileNetV2(DepthMixin, nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.bn1(self.conv_stem(x))
-        x = self.blocks(x)
+        x = self.run_blocks(self.blocks, x)
         return self.bn2(self.conv_head(x))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

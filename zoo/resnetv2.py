@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .depth import BlockSpec, DepthMixin
+from .features import FeatureMixin
 from .lazy import timm_layers as tl
 from .registry import register_model
 
@@ -79,7 +80,7 @@ class ResNetStage(nn.Module):
         return self.blocks(x)
 
 
-class ResNetV2(DepthMixin, nn.Module):
+class ResNetV2(FeatureMixin, DepthMixin, nn.Module):
     def __init__(self, layers: tuple[int, ...], width_factor: int = 1, num_classes: int = 1000,
                  in_chans: int = 3, drop_rate: float = 0.0, global_pool: str = "avg"):
         super().__init__()
@@ -92,10 +93,12 @@ class ResNetV2(DepthMixin, nn.Module):
             ("pool", nn.MaxPool2d(3, stride=2, padding=0)),
         ]))
         prev_chs = stem_chs
+        self.feature_info = [dict(module="stem.conv", num_chs=stem_chs, reduction=2)]
         self.stages = nn.Sequential()
         for idx, (depth, chs) in enumerate(zip(layers, (256, 512, 1024, 2048))):
             out_chs = tl.make_divisible(chs * width_factor)
             self.stages.add_module(str(idx), ResNetStage(prev_chs, out_chs, 1 if idx == 0 else 2, depth))
+            self.feature_info.append(dict(module=f"stages.{idx}", num_chs=out_chs, reduction=4 * 2**idx))
             prev_chs = out_chs
         self.num_features = self.head_hidden_size = prev_chs
         self.norm = _norm(prev_chs)
@@ -119,7 +122,7 @@ class ResNetV2(DepthMixin, nn.Module):
         self.head.to(self.norm.weight.device)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.stages(self.stem(x)))
+        return self.norm(self.run_blocks(self.stages, self.stem(x)))  # checkpointed per stage, as timm
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         return self.head(x, pre_logits=pre_logits)

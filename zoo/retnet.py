@@ -428,15 +428,51 @@ class RetNet(DepthMixin, nn.Module):
             raise RetNetInputError(f"Unknown mode {mode!r}; allowed are {', '.join(map(repr, MODES))}.")
         chunk_size = self.chunk_size if chunk_size is None else _check_chunk_size(chunk_size)
         layer_states, offset = self._check_state(state, input_ids.shape[0])
-        x = self.embed(input_ids)
-        new_states = []
-        for block, layer_state in zip(self.blocks, layer_states):
-            x, new_state = block(x, mode, chunk_size, layer_state, offset)
-            new_states.append(new_state)
+        x, new_states = self._run_blocks(self.embed(input_ids), mode, chunk_size, layer_states, offset)
         logits = self.lm_head(self.norm(x))
         if return_state:
             return logits, RetNetState(new_states, offset + input_ids.shape[1])
         return logits
+
+    def _run_blocks(self, x: torch.Tensor, mode: str, chunk_size: int, layer_states: list[torch.Tensor | None],
+                    offset: int, hidden: list[torch.Tensor] | None = None
+                    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """Every block in turn (each recomputed in the backward pass under gradient checkpointing); `hidden`, when
+        given, collects the input of the first block and every block's output."""
+        checkpointing = self.grad_checkpointing and self.training and torch.is_grad_enabled()
+        new_states = []
+        if hidden is not None:
+            hidden.append(x)
+        for block, layer_state in zip(self.blocks, layer_states):
+            if checkpointing:
+                from torch.utils.checkpoint import checkpoint
+
+                x, new_state = checkpoint(block, x, mode, chunk_size, layer_state, offset, use_reentrant=False)
+            else:
+                x, new_state = block(x, mode, chunk_size, layer_state, offset)
+            new_states.append(new_state)
+            if hidden is not None:
+                hidden.append(x)
+        return x, new_states
+
+    grad_checkpointing = False
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block in the backward pass instead of storing its activations (training only)."""
+        self.grad_checkpointing = bool(enable)
+
+    def hidden_states(self, input_ids: torch.Tensor, mode: str = "parallel", chunk_size: int | None = None
+                      ) -> list[torch.Tensor]:
+        """The residual stream [B, T, dim] before the first block and after every block (depth + 1 tensors, no
+        final norm): features for extraction and for layer-importance rules (e.g. the similarity of a block's
+        input and output)."""
+        self._check_ids(input_ids)
+        if mode not in MODES:
+            raise RetNetInputError(f"Unknown mode {mode!r}; allowed are {', '.join(map(repr, MODES))}.")
+        chunk_size = self.chunk_size if chunk_size is None else _check_chunk_size(chunk_size)
+        hidden: list[torch.Tensor] = []
+        self._run_blocks(self.embed(input_ids), mode, chunk_size, [None] * self.depth, 0, hidden)
+        return hidden
 
     def init_state(self, batch_size: int = 1) -> RetNetState:
         """The empty state (zeros), in fp32 or the model's wider dtype."""

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .depth import BlockSpec, Chain, ConvOp, DepthMixin
+from .features import FeatureMixin
 from .lazy import timm_layers as tl
 from .registry import register_model
 
@@ -82,7 +83,8 @@ class Bottleneck(nn.Module):
         return BlockSpec("block", self.downsample is None, Chain(ops, shortcut, self.act))
 
 
-class TResNet(DepthMixin, nn.Module):
+class TResNet(FeatureMixin, DepthMixin, nn.Module):
+    feature_out_indices = (1, 2, 3, 4)  # as timm's features_only
     def __init__(self, layers: tuple[int, ...], width_factor: float = 1.0, num_classes: int = 1000,
                  in_chans: int = 3, drop_rate: float = 0.0, global_pool: str = "fast"):
         super().__init__()
@@ -98,6 +100,11 @@ class TResNet(DepthMixin, nn.Module):
             ("layer1", stages[0]), ("layer2", stages[1]), ("layer3", stages[2]), ("layer4", stages[3]),
         ]))
         self.num_features = self.head_hidden_size = planes * 8 * Bottleneck.expansion
+        self.feature_info = [dict(module="body.conv1", num_chs=planes, reduction=2),  # timm's numbers
+                             dict(module="body.layer1", num_chs=planes, reduction=4),
+                             dict(module="body.layer2", num_chs=planes * 2, reduction=8),
+                             dict(module="body.layer3", num_chs=planes * 4 * Bottleneck.expansion, reduction=16),
+                             dict(module="body.layer4", num_chs=self.num_features, reduction=32)]
         self.head = tl.ClassifierHead(self.num_features, num_classes, pool_type=global_pool, drop_rate=drop_rate)
         self._init_weights()
 
@@ -134,7 +141,7 @@ class TResNet(DepthMixin, nn.Module):
         self.head.to(self.body.conv1.conv.weight.device)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x)
+        return self.run_blocks(self.body, x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         return self.head(x, pre_logits=pre_logits)

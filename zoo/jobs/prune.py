@@ -542,6 +542,7 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     fading = cfg.finetune.linearise_fraction > 0 and cfg.finetune.epochs > 0
     model = surgery.apply_plan(baseline, {**plan, "merge": False}, inplace=False, blend=fading)
+    memory: dict[str, float] = {}
     if cfg.finetune.epochs > 0:
         optim_cfg = OmegaConf.merge(cfg.optim, {"lr": cfg.finetune.lr or cfg.optim.lr * 0.3,
                                                 "warmup_epochs": 0})
@@ -549,11 +550,14 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
         callback = Linearise(model, cfg.finetune.linearise_fraction)
         resume = dist_utils.broadcast_object(resumable(output_dir / "finetune") if dist_utils.info().is_main
                                              else None)
-        fit(model, data, optim_cfg, trainer_cfg, logger, teacher=baseline, distill_weight=cfg.finetune.distill_weight,
-            distill_temperature=cfg.finetune.distill_temperature, callbacks=[callback],
-            output_dir=output_dir / "finetune", config=config, resume_from=resume,
-            resume_hint=" Run the same command again: fine-tuning resumes where it stopped, with the same plan.")
+        done = fit(model, data, optim_cfg, trainer_cfg, logger, teacher=baseline,
+                   distill_weight=cfg.finetune.distill_weight,
+                   distill_temperature=cfg.finetune.distill_temperature, callbacks=[callback],
+                   output_dir=output_dir / "finetune", config=config, resume_from=resume,
+                   resume_hint=" Run the same command again: fine-tuning resumes where it stopped, with the same plan.")
+        memory = done.memory
     model = surgery.finalize_merges(model) if cfg.prune.merge else model
+    model.finetune_memory = memory  # peak training memory of the fine-tuning, for results.json
     device = next(baseline.parameters()).device
     metrics = evaluate(model.to(device).eval(), data.val, task=data.task)
     return model, metrics
@@ -799,6 +803,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         results["baseline"].update(source=str(baseline_path), metrics_cached=base_cached,
                                    tag=getattr(baseline, "zoo_tag", None))
         results["world_size"] = dist.world
+        results["finetune_memory"] = getattr(pruned, "finetune_memory", {})
         results["fingerprint"] = fingerprint(config)
         results["checkpoint_sha256"] = file_digest(checkpoint)
         log_to_wandb(logger, table, options, damages, plan, results)

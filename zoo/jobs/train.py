@@ -138,6 +138,7 @@ def write_results(path: Path, cfg: Any, data: DataBundle, model: nn.Module, resu
         "epochs": result.epochs,
         "steps": result.steps,
         "train_time_s": round(result.train_time_s, 3),
+        "memory": result.memory,
         "checkpoint": str(result.best_checkpoint or result.last_checkpoint) if result.last_checkpoint else None,
         "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
         "params": sum(p.numel() for p in model.parameters()),

@@ -83,6 +83,7 @@ class TrainerConfig:
     device: str = "auto"
     precision: str = "fp32"
     channels_last: bool = False
+    grad_checkpointing: bool = False
     compile: bool = False
     accum_steps: int = 1
     seed: int = 42

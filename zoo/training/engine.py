@@ -67,6 +67,25 @@ class FitResult:
     monitor: str = ""
     best_value: float | None = None
     best_epoch: int | None = None
+    memory: dict[str, float] = field(default_factory=dict)
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """Peak memory of this training process: allocated tensors on CUDA (since :func:`reset_peak_memory`), resident
+    memory of the process on the CPU (its lifetime peak, as the OS counts it)."""
+    if device.type == "cuda":
+        return {"peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
+                "peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20}
+    import resource
+    import sys
+
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20}
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -184,6 +203,11 @@ class Trainer:
         self.model = model.to(self.device)
         if trainer_cfg.channels_last and self.task == "classification":
             self.model = self.model.to(memory_format=torch.channels_last)
+        if getattr(trainer_cfg, "grad_checkpointing", False):
+            if not hasattr(self.model, "set_grad_checkpointing"):
+                raise ConfigError(f"trainer.grad_checkpointing=true: {type(self.model).__name__} has no "
+                                  f"set_grad_checkpointing; every zoo model has.")
+            self.model.set_grad_checkpointing(True)
         self.teacher = teacher.to(self.device).eval().requires_grad_(False) if teacher is not None else None
         if not 0.0 <= distill_weight <= 1.0:
             raise ConfigError(f"distill_weight={distill_weight} must lie in [0, 1].")
@@ -547,6 +571,7 @@ class Trainer:
             ckpt.remove_stale_temps(self._checkpoint_dir())
         for callback in self.callbacks:
             callback.on_train_start(self)
+        reset_peak_memory(self.device)
         with self._signals_saved():
             while self.epoch < self.cfg.max_epochs:
                 start = time.perf_counter()
@@ -558,12 +583,14 @@ class Trainer:
         directory = self._checkpoint_dir()
         last = directory / "last.safetensors" if directory else None
         best = directory / "best.safetensors" if directory and (directory / "best.safetensors").exists() else None
+        memory = {k: round(v, 1) for k, v in peak_memory(self.device).items()}
         self.logger.summary({**self.metrics, "best/" + self.monitor: self.best_value, "best/epoch": self.best_epoch,
-                             "trainer/steps": self.step, "train_time_s": self.train_time_s})
+                             "trainer/steps": self.step, "train_time_s": self.train_time_s,
+                             **{f"memory/{k}": v for k, v in memory.items()}})
         if best is not None:
             self.logger.log_checkpoint(best, aliases=["best", f"epoch-{self.best_epoch}"])
         return FitResult(dict(self.metrics), last, best, self.epoch, self.step, self.train_time_s, list(self.history),
-                         self.monitor, self.best_value, self.best_epoch)
+                         self.monitor, self.best_value, self.best_epoch, memory)
 
 
 def fit(model: nn.Module, data: DataBundle, optim_cfg: Any, trainer_cfg: Any, logger: Any = None, *,

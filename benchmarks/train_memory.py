@@ -1,0 +1,186 @@
+"""Training memory per family: activation memory with and without gradient checkpointing and bf16 autocast, the
+largest batch that fits a budget, the throughput cost of checkpointing, and what depth pruning saves.
+
+Activation memory is counted exactly and the same on every device: the bytes of the tensors autograd keeps for the
+backward pass at the end of the forward pass (``torch.autograd.graph.saved_tensors_hooks``), measured at two batch
+sizes, so that memory(batch) = fixed + per_sample x batch. Peak training memory adds the weights, their gradients
+and AdamW's two moments (4 x the parameter bytes); on CUDA the peak allocated memory of a real step is measured too.
+The throughput cost is the time of a training step (forward, backward) with checkpointing against without,
+interleaved in rounds on one thread. The pruned network removes every other removable block (a stand-in for a
+searched plan: what depth pruning does to memory).
+
+Targets (issue 18): checkpointing cuts the activation memory of TResNet-M and BiT-50x1 by >= 40 % at <= 35 %
+throughput cost; outputs with and without checkpointing are identical (tests/test_features.py).
+
+    python -m benchmarks.train_memory [--quick] [--device cpu] [--budget-gb 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+from torch import nn
+
+import zoo
+from benchmarks.common import environment, interleaved, markdown_table, write_result
+from zoo.latency import resolve_device
+
+FAMILIES = {"tresnet_m": True, "resnetv2_50x1_bit": True, "mobilenetv2_100": False, "retnet_small": False}
+TARGET_REDUCTION, TARGET_COST = 0.40, 0.35
+
+
+def example(model: nn.Module, batch: int, size: int, device: torch.device) -> torch.Tensor:
+    if getattr(model, "task", "") == "language_model":
+        return torch.randint(0, model.vocab_size, (batch, size), device=device)
+    return torch.randn(batch, 3, size, size, device=device)
+
+
+def activation_bytes(model: nn.Module, x: torch.Tensor, bf16: bool) -> int:
+    """Bytes autograd saves for backward during one training forward pass (parameters excluded)."""
+    total = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        if not isinstance(tensor, nn.Parameter):
+            total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+        loss = model(x).float().pow(2).mean()
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return total
+
+
+def train_step(model: nn.Module, bf16: bool):
+    """A callable: one forward and backward pass of `model` on its argument (gradients dropped after)."""
+    def step(x: torch.Tensor) -> None:
+        with torch.inference_mode(False), torch.enable_grad():  # the timing harness times inference by default
+            with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = model(x).float().pow(2).mean()
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+    return step
+
+
+def cuda_peak_mb(model: nn.Module, x: torch.Tensor, bf16: bool) -> float | None:
+    if x.device.type != "cuda":
+        return None
+    torch.cuda.synchronize(x.device)
+    torch.cuda.reset_peak_memory_stats(x.device)
+    train_step(model, bf16)(x)
+    torch.cuda.synchronize(x.device)
+    return torch.cuda.max_memory_allocated(x.device) / 2**20
+
+
+def every_other_block(model: nn.Module, size: int) -> dict[str, Any]:
+    shape = (size,) if getattr(model, "task", "") == "language_model" else (3, size, size)
+    removable = [u.name for u in zoo.depth_units(model, input_size=shape) if u.kind in ("block", "retention", "ffn")
+                 and u.removable]
+    return {"remove": removable[::2], "merge": False}
+
+
+def measure(name: str, size: int, batches: tuple[int, int], budget_gb: float, device: torch.device,
+            time_it: bool, quick: bool) -> dict[str, Any]:
+    torch.manual_seed(0)
+    lm = zoo.get_entry(name).task == "language_model"
+    model = zoo.create_model(name, **({} if lm else {"num_classes": 1000})).to(device).train()
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    state_bytes = 4 * param_bytes  # weights, gradients, AdamW's two moments
+    pruned = zoo.apply_plan(model, every_other_block(model, size), inplace=False).train()
+    row: dict[str, Any] = {"model": name, "input": size, "params_m": round(param_bytes / 4 / 1e6, 2),
+                           "state_mb": round(state_bytes / 2**20, 1)}
+    for label, net in (("", model), ("pruned_", pruned)):
+        for bf16 in (False, True):
+            for ckpt in (False, True):
+                net.set_grad_checkpointing(ckpt)
+                small, large = (activation_bytes(net, example(net, b, size, device), bf16) for b in batches)
+                per_sample = (large - small) / (batches[1] - batches[0])
+                fixed = max(small - per_sample * batches[0], 0.0)
+                key = f"{label}{'bf16' if bf16 else 'fp32'}{'_ckpt' if ckpt else ''}"
+                row[f"{key}_act_mb_per_sample"] = round(per_sample / 2**20, 3)
+                budget = budget_gb * 2**30 - state_bytes - fixed
+                row[f"{key}_max_batch"] = int(budget // per_sample) if per_sample > 0 and budget > 0 else 0
+                peak = cuda_peak_mb(net, example(net, batches[1], size, device), bf16)
+                if peak is not None:
+                    row[f"{key}_cuda_peak_mb_b{batches[1]}"] = round(peak, 1)
+        net.set_grad_checkpointing(False)
+    row["ckpt_reduction"] = 1 - row["fp32_ckpt_act_mb_per_sample"] / row["fp32_act_mb_per_sample"]
+    row["pruned_reduction"] = 1 - row["pruned_fp32_act_mb_per_sample"] / row["fp32_act_mb_per_sample"]
+    row["pruned_blocks_removed"] = len(every_other_block(model, size)["remove"])
+    if time_it:
+        plain, ckpt = model, zoo.create_model(name, **({} if lm else {"num_classes": 1000})).to(device).train()
+        ckpt.load_state_dict(plain.state_dict())
+        ckpt.set_grad_checkpointing(True)
+        x = example(model, batches[1], size, device)
+        timed = interleaved({"plain": train_step(plain, False), "ckpt": train_step(ckpt, False)}, [x], device,
+                            warmup_s=0.5 if quick else 2.0, rounds=3 if quick else 7, runs_per_round=1,
+                            max_time_s=60 if quick else 600)
+        row["step_ms"] = timed["plain"]["median_ms"]
+        row["ckpt_step_ms"] = timed["ckpt"]["median_ms"]
+        row["ckpt_cost"] = row["ckpt_step_ms"] / row["step_ms"] - 1
+    return row
+
+
+def verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Computed from the targets: each targeted family's reduction and cost, and whether both hold."""
+    out = {}
+    for row in rows:
+        if not FAMILIES.get(row["model"]):
+            continue
+        reduction_ok = row["ckpt_reduction"] >= TARGET_REDUCTION
+        cost_ok = row.get("ckpt_cost") is not None and row["ckpt_cost"] <= TARGET_COST
+        out[row["model"]] = {"reduction": row["ckpt_reduction"], "cost": row.get("ckpt_cost"),
+                             "passed": bool(reduction_ok and cost_ok)}
+    return out
+
+
+def run(quick: bool = False, device: str = "auto", out: str | None = None, budget_gb: float = 16.0
+        ) -> dict[str, Any]:
+    dev = resolve_device(device)
+    torch.set_num_threads(1)
+    rows = []
+    for name in FAMILIES:
+        lm = zoo.get_entry(name).task == "language_model"
+        size = 64 if quick else (256 if lm else 224)
+        batches = (1, 2) if quick else (2, 4)
+        rows.append(measure(name, size, batches, budget_gb, dev, time_it=FAMILIES[name] or not quick, quick=quick))
+    result = {"environment": environment(dev, torch.float32, 4 if not quick else 2, 1), "budget_gb": budget_gb,
+              "quick": quick, "rows": rows, "verdicts": verdicts(rows), "targets": {
+                  "ckpt_reduction_min": TARGET_REDUCTION, "ckpt_cost_max": TARGET_COST}}
+    write_result("train_memory" + ("_quick" if quick else ""), result, out)
+    return result
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows = []
+    for r in result["rows"]:
+        rows.append({"model": r["model"], "input": r["input"], "fp32 MB/sample": r["fp32_act_mb_per_sample"],
+                     "ckpt": r["fp32_ckpt_act_mb_per_sample"], "bf16": r["bf16_act_mb_per_sample"],
+                     "bf16+ckpt": r["bf16_ckpt_act_mb_per_sample"],
+                     "ckpt saves": f"{100 * r['ckpt_reduction']:.0f} %",
+                     "ckpt cost": "-" if r.get("ckpt_cost") is None else f"{100 * r['ckpt_cost']:+.0f} %",
+                     f"max batch in {result['budget_gb']:g} GB (fp32 / ckpt / bf16+ckpt)":
+                         f"{r['fp32_max_batch']} / {r['fp32_ckpt_max_batch']} / {r['bf16_ckpt_max_batch']}",
+                     "pruned saves": f"{100 * r['pruned_reduction']:.0f} % ({r['pruned_blocks_removed']} blocks)"})
+    table = markdown_table(rows, list(rows[0]))
+    lines = []
+    for name, v in result["verdicts"].items():
+        cost = "-" if v["cost"] is None else f"{100 * v['cost']:+.0f} %"
+        verdict = "passed" if v["passed"] else "not met"
+        lines.append(f"- {name}: checkpointing saves {100 * v['reduction']:.0f} % of activation memory at {cost} "
+                     f"step time: **{verdict}** (target >= 40 % at <= 35 %)")
+    return table + "\n\n" + "\n".join(lines)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--budget-gb", type=float, default=16.0)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    print(markdown(run(args.quick, args.device, args.out, args.budget_gb)))
