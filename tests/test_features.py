@@ -154,3 +154,37 @@ def test_forward_intermediates_while_training_with_checkpointing():
     expected = [f.shape for f in model.forward_intermediates(x, intermediates_only=True)]
     model.set_grad_checkpointing(True)
     assert [f.shape for f in model.forward_intermediates(x, intermediates_only=True)] == expected
+
+
+def test_trainer_grad_checkpointing_setting(tmp_path):
+    from omegaconf import OmegaConf
+
+    from zoo.training import build_loaders, fit
+    from zoo.training.config import TrainConfig
+
+    cfg = OmegaConf.structured(TrainConfig)
+    cfg.data.image_size, cfg.data.batch_size = 16, 16
+    cfg.trainer.max_epochs, cfg.trainer.limit_train_batches, cfg.trainer.progress = 1, 2, False
+    cfg.trainer.grad_checkpointing, cfg.trainer.save_checkpoints = True, False
+    model = zoo.create_model("mobilenetv2_035", num_classes=10)
+    result = fit(model, build_loaders(cfg.data), cfg.optim, cfg.trainer)
+    assert model.grad_checkpointing and result.memory["peak_rss_mb"] > 0
+
+
+def test_train_memory_benchmark_quick(tmp_path):
+    from benchmarks.train_memory import TARGET_COST, TARGET_REDUCTION, markdown, run
+
+    result = run(quick=True, device="cpu", out=str(tmp_path))
+    assert [r["model"] for r in result["rows"]] == ["tresnet_m", "resnetv2_50x1_bit", "mobilenetv2_100",
+                                                    "retnet_small"]
+    for row in result["rows"]:
+        assert 0 < row["fp32_ckpt_act_mb_per_sample"] < row["fp32_act_mb_per_sample"]
+        assert row["fp32_ckpt_max_batch"] > row["fp32_max_batch"] > 0
+        assert 0 < row["pruned_reduction"] < 1
+    for verdict in result["verdicts"].values():  # computed from the targets, never assumed
+        for key in ("ckpt", "ckpt_half"):
+            v = verdict[key]
+            assert v["passed"] == (v["reduction"] >= TARGET_REDUCTION and v["cost"] <= TARGET_COST)
+        assert verdict["passed"] == (verdict["ckpt"]["passed"] or verdict["ckpt_half"]["passed"])
+    assert "passed" in markdown(result) or "not met" in markdown(result)
+    assert (tmp_path / "train_memory_quick.json").is_file()

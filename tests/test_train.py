@@ -440,6 +440,7 @@ def test_train_py_digits_end_to_end(digits_run):
     assert results["model"] == "mobilenetv2_035" and results["data"] == "digits" and results["epochs"] == 2
     assert set(results["metrics"]) == {"val/acc1", "val/acc5", "val/loss"}
     assert results["params"] > 0 and results["train_time_s"] > 0
+    assert results["memory"]["peak_rss_mb"] > 50  # the training process's peak resident memory (CPU)
     checkpoint = Path(results["checkpoint"])
     assert checkpoint.is_file() and "epoch 2/2" in proc.stdout + proc.stderr
     name = model_name_from_checkpoint(checkpoint)
@@ -458,6 +459,7 @@ def test_wandb_offline_run_holds_the_logged_metrics(digits_run):
     assert len(epoch_rows) == 2 and all("train/loss" in row for row in epoch_rows)
     assert any("train/loss_step" in row for row in run.history)
     assert run.summary["val/acc1"] == pytest.approx(results["metrics"]["val/acc1"])
+    assert run.summary["memory/peak_rss_mb"] == pytest.approx(results["memory"]["peak_rss_mb"])
     assert run.config["model"]["name"] == "mobilenetv2_035" and run.config["trainer"]["max_epochs"] == 2
     assert run.run["tags"] == ["test"] and run.run["project"] == "depthzoo" and run.exit_code == 0
 

@@ -22,6 +22,13 @@ from torch import nn
 from .errors import ModelOptionError
 
 
+def check_fraction(enable: bool | float) -> None:
+    """A gradient-checkpointing setting is a bool or a share of the blocks in (0, 1]."""
+    if not isinstance(enable, bool) and not (isinstance(enable, (int, float)) and 0 < enable <= 1):
+        raise ModelOptionError(f"grad checkpointing={enable!r}: give true, false or the share of blocks to "
+                               f"checkpoint in (0, 1].")
+
+
 def take_indices(count: int, indices: int | Sequence[int] | None) -> list[int]:
     """timm's convention: None = all, an int n = the last n, a sequence = those (negative counts from the end)."""
     if indices is None:
@@ -41,19 +48,27 @@ class FeatureMixin:
     """``forward_intermediates`` and gradient checkpointing from the family's ``feature_info``."""
 
     feature_info: list[dict[str, Any]]
-    grad_checkpointing: bool = False
+    grad_checkpointing: bool | float = False
 
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute each block in the backward pass instead of storing its activations (training only)."""
-        self.grad_checkpointing = bool(enable)
+    def set_grad_checkpointing(self, enable: bool | float = True) -> None:
+        """Recompute blocks in the backward pass instead of storing their activations (training only). True: every
+        block; a fraction in (0, 1]: the first blocks up to that share, which run at the highest resolution and so
+        hold the most activation memory per unit of compute (a cheaper trade)."""
+        check_fraction(enable)
+        self.grad_checkpointing = enable
 
     def run_blocks(self, blocks: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
-        """``blocks(x)``, or with every (nested) block checkpointed when gradient checkpointing is on and training."""
+        """``blocks(x)``, or with (nested) blocks checkpointed when gradient checkpointing is on and training."""
         if self.grad_checkpointing and self.training and torch.is_grad_enabled() and not torch.jit.is_scripting():
             from timm.models import checkpoint_seq
 
             flat = [m for child in blocks for m in (child if isinstance(child, nn.Sequential) else [child])]
-            return checkpoint_seq(flat, x)
+            share = 1.0 if self.grad_checkpointing is True else float(self.grad_checkpointing)
+            count = max(1, round(share * len(flat)))
+            x = checkpoint_seq(flat[:count], x)
+            for module in flat[count:]:
+                x = module(x)
+            return x
         return blocks(x)
 
     def forward_intermediates(self, x: torch.Tensor, indices: int | Sequence[int] | None = None, norm: bool = False,

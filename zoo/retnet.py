@@ -56,6 +56,7 @@ from torch import nn
 
 from .depth import BlockSpec, DepthMixin
 from .errors import RetNetInputError
+from .features import check_fraction
 from .registry import register_model
 
 MODES = ("parallel", "recurrent", "chunkwise")
@@ -440,11 +441,13 @@ class RetNet(DepthMixin, nn.Module):
         """Every block in turn (each recomputed in the backward pass under gradient checkpointing); `hidden`, when
         given, collects the input of the first block and every block's output."""
         checkpointing = self.grad_checkpointing and self.training and torch.is_grad_enabled()
+        share = 1.0 if self.grad_checkpointing is True else float(self.grad_checkpointing)
+        checkpointed = max(1, round(share * len(self.blocks))) if checkpointing else 0
         new_states = []
         if hidden is not None:
             hidden.append(x)
-        for block, layer_state in zip(self.blocks, layer_states):
-            if checkpointing:
+        for index, (block, layer_state) in enumerate(zip(self.blocks, layer_states)):
+            if index < checkpointed:
                 from torch.utils.checkpoint import checkpoint
 
                 x, new_state = checkpoint(block, x, mode, chunk_size, layer_state, offset, use_reentrant=False)
@@ -455,11 +458,13 @@ class RetNet(DepthMixin, nn.Module):
                 hidden.append(x)
         return x, new_states
 
-    grad_checkpointing = False
+    grad_checkpointing: bool | float = False
 
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute each block in the backward pass instead of storing its activations (training only)."""
-        self.grad_checkpointing = bool(enable)
+    def set_grad_checkpointing(self, enable: bool | float = True) -> None:
+        """Recompute blocks in the backward pass instead of storing their activations (training only): True every
+        block, a fraction in (0, 1] the first blocks up to that share."""
+        check_fraction(enable)
+        self.grad_checkpointing = enable
 
     def hidden_states(self, input_ids: torch.Tensor, mode: str = "parallel", chunk_size: int | None = None
                       ) -> list[torch.Tensor]:

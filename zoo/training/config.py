@@ -83,7 +83,7 @@ class TrainerConfig:
     device: str = "auto"
     precision: str = "fp32"
     channels_last: bool = False
-    grad_checkpointing: bool = False
+    grad_checkpointing: Any = False  # true | false | the share of blocks to checkpoint, in (0, 1]
     compile: bool = False
     accum_steps: int = 1
     seed: int = 42
@@ -325,6 +325,14 @@ def check_ranges(cfg: Any, ranges: tuple = RANGES) -> None:
 METRICS = {"lm": ("loss", "ppl", "tokens_per_s"), "classification": ("loss", "acc1", "acc5")}
 
 
+def check_grad_checkpointing(value: Any) -> None:
+    """``trainer.grad_checkpointing``: true, false, or the share of blocks to checkpoint in (0, 1]."""
+    if isinstance(value, bool) or (isinstance(value, (int, float)) and 0 < value <= 1):
+        return
+    raise ConfigError(f"trainer.grad_checkpointing={value!r} is not allowed; give true, false or the share of blocks "
+                      f"to checkpoint in (0, 1], e.g. 0.5 (the first half: the highest-resolution blocks).")
+
+
 def validate(cfg: Any, schema: type | None = None) -> None:
     """Check keys, choices, ranges and model/data consistency of a composed config (raises ConfigError)."""
     import zoo
@@ -341,6 +349,7 @@ def validate(cfg: Any, schema: type | None = None) -> None:
     if cfg.trainer.monitor_mode is not None:
         _choice(cfg.trainer.monitor_mode, MONITOR_MODES, "trainer.monitor_mode")
     check_ranges(cfg)
+    check_grad_checkpointing(cfg.trainer.get("grad_checkpointing", False))
     check_optimizer(cfg.optim.opt, cfg.optim.sched)
     if cfg.trainer.device == "cuda" and not _cuda_device("cuda"):  # (auto falls back to the CPU)
         raise ConfigError("trainer.device=cuda but no CUDA device is available here; use trainer.device=cpu or auto.")
