@@ -50,7 +50,7 @@ from zoo.latency.measure import Bench, LatencyStats, move_inputs, prepare  # noq
 from zoo.search import BudgetError, Choice, dp_search  # noqa: E402
 from zoo.surgery import apply_plan  # noqa: E402
 
-STEPS = ("measurement", "lut", "prune_search", "retnet_decode", "fla")
+STEPS = ("measurement", "lut", "prune_search", "retnet_decode", "fla", "train_memory")
 CACHE_DIR = str(Path(os.environ.get("TMPDIR", "/tmp")) / "gpu_check")
 TABLE_ERROR_TARGET = 0.05  # the issue's target for the table's prediction error
 
@@ -86,6 +86,7 @@ class Config:
     table: TableSettings
     timing: CalibrationSettings
     min_step_s: float  # a step (or one condition of a step) starts only with this much of the budget left
+    memory: tuple[tuple[str, int, tuple[int, int]], ...] = ()  # train_memory: (model, input size, two batches)
 
 
 MBV2_BF16_CL = Condition("mobilenetv2_140", 128, "bfloat16", True)
@@ -95,11 +96,13 @@ GPU = Config(batch=128, size=224, measure_model="mobilenetv2_140",
                   *(Condition("mobilenetv2_140", 1, cuda_timing=t) for t in ("isolated", "auto"))),
              plans=8, prune=(Condition("mobilenetv2_140", 128), MBV2_BF16_CL),
              calib_batch=32, decode_batches=(1, 16), table=TableSettings(max_time_s=60.0),
-             timing=CalibrationSettings(max_time_s=30.0), min_step_s=60.0)
+             timing=CalibrationSettings(max_time_s=30.0), min_step_s=60.0,
+             memory=(("tresnet_m", 224, (16, 32)), ("resnetv2_50x1_bit", 224, (16, 32))))
 DRY = Config(batch=2, size=64, measure_model="mobilenetv2_035", lut=(Condition("mobilenetv2_035", 2),), plans=2,
              prune=(Condition("mobilenetv2_035", 2),), calib_batch=4, decode_batches=(1,),
              table=TableSettings(warmup_s=0.2, entry_warmup_s=0.01, min_rounds=3, max_rounds=5),
-             timing=CalibrationSettings(warmup_s=0.2, net_warmup_s=0.02, min_rounds=3, max_rounds=5), min_step_s=0.0)
+             timing=CalibrationSettings(warmup_s=0.2, net_warmup_s=0.02, min_rounds=3, max_rounds=5), min_step_s=0.0,
+             memory=(("tresnet_m", 64, (1, 2)),))
 
 
 class Budget:
@@ -339,6 +342,23 @@ def check_fla(device: str, cfg: Config, budget: Budget) -> dict[str, Any]:
     return out
 
 
+# -- 6. training memory ---------------------------------------------------------------------------------------
+
+
+def check_train_memory(device: str, cfg: Config, budget: Budget) -> dict[str, Any]:
+    """Activation memory (and CUDA peak allocated memory) of a training step with and without gradient
+    checkpointing and bf16, the largest batch in 80 GB, and checkpointing's step-time cost (benchmarks.train_memory)."""
+    from benchmarks import train_memory
+    from zoo.latency import resolve_device
+
+    def one(item: tuple[str, int, tuple[int, int]]) -> dict[str, Any]:
+        name, size, batches = item
+        return train_memory.measure(name, size, batches, 80.0, resolve_device(device), time_it=True,
+                                    quick=device != "cuda")
+
+    return within_budget(cfg.memory, lambda item: item[0], one, cfg, budget)
+
+
 # -- verdicts -------------------------------------------------------------------------------------------------
 # Every pass/fail is derived here from the recorded numbers and a stated target; a step passes only when every one
 # of its verdicts holds. Work that was skipped (time budget, no fla) is recorded as None: skipped is not passed.
@@ -380,6 +400,16 @@ def verdicts(name: str, step: dict[str, Any]) -> dict[str, bool | None]:
                     r["latency_ratio_longest_to_shortest"]["retnet"] <= DECODE_FLATNESS_TARGET)
     elif name == "fla":
         out["chunkwise forward faster than the PyTorch path"] = step["chunkwise_speedup"] > 1.0
+    elif name == "train_memory":
+        from benchmarks.train_memory import TARGET_COST, TARGET_REDUCTION
+        from benchmarks.train_memory import verdicts as memory_verdicts
+
+        rows = [r for r in step.values() if isinstance(r, dict) and "model" in r]
+        for model, v in memory_verdicts(rows).items():
+            out[f"{model} checkpointing saves >= {TARGET_REDUCTION:.0%} at <= {TARGET_COST:.0%} cost"] = v["passed"]
+        for label, r in step.items():
+            if isinstance(r, dict) and "skipped" in r:
+                out[label] = None
     return out
 
 
@@ -515,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = results_dir(args.out)
     report: dict[str, Any] = {"environment": environment(args.device), "budget_s": args.budget_s, "steps": {}}
     steps = {"measurement": check_measurement, "lut": check_lut, "prune_search": check_prune_search,
-             "retnet_decode": check_retnet_decode, "fla": check_fla}
+             "retnet_decode": check_retnet_decode, "fla": check_fla, "train_memory": check_train_memory}
     for name in args.steps:
         start = time.perf_counter()
         if budget.left() < cfg.min_step_s:

@@ -187,7 +187,13 @@ def markdown(result: dict[str, Any]) -> str:
                          f"({'meets' if v['passed'] else 'misses'} the target)")
         lines.append(f"- {name}: {'; '.join(parts)}: **{'passed' if verdict['passed'] else 'not met'}** "
                      f"(target: >= 40 % less activation memory at <= 35 % more step time)")
-    return table + "\n\n" + "\n".join(lines)
+    env = result["environment"]
+    note = (f"Activation memory per sample is the bytes autograd keeps for backward (counted exactly by "
+            f"saved_tensors_hooks, the same on any device); the largest batch adds the weights, gradients and AdamW "
+            f"state (4 x the parameters). Step times: {env['device']}, {env['threads']} thread, interleaved rounds "
+            f"(median). 'ckpt' checkpoints every block, 'half' the first half (the highest resolutions). GPU rows: "
+            f"the train_memory step of benchmarks/gpu_check.py (CUDA peak allocated memory too).")
+    return table + "\n\n" + note + "\n\n" + "\n".join(lines)
 
 
 if __name__ == "__main__":

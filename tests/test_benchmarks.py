@@ -33,7 +33,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
                           timeout=600)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     steps = report["steps"]
-    assert set(steps) == {"measurement", "lut", "prune_search", "retnet_decode", "fla"}
+    assert set(steps) == {"measurement", "lut", "prune_search", "retnet_decode", "fla", "train_memory"}
     assert not [name for name, step in steps.items() if step["status"] == "error"], proc.stderr[-3000:]
     assert report["environment"]["device"] == "cpu (dry run)" and report["environment"]["timm"]
     label = "mobilenetv2_035/float32/contiguous/b2/auto"
@@ -50,6 +50,10 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert all(steps["measurement"]["verdicts"][f"output {m} within {o['tolerance']:g}"] == (
         o["max_rel_diff"] <= o["tolerance"]) for m, o in outputs.items())
     assert steps["fla"]["status"] == "skipped"  # skipped is never passed
+    memory = steps["train_memory"]["tresnet_m"]
+    check = next(k for k in steps["train_memory"]["verdicts"] if k.startswith("tresnet_m checkpointing"))
+    assert steps["train_memory"]["verdicts"][check] == any(
+        memory[f"{k}_reduction"] >= 0.40 and memory[f"{k}_cost"] <= 0.35 for k in ("ckpt", "ckpt_half"))
     failed = any(step["status"] == "failed" for step in steps.values())
     assert proc.returncode == (1 if failed else 3), proc.stdout[-2000:]
     assert steps["retnet_decode"]["batch_1"]["decode"]

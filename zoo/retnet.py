@@ -623,23 +623,29 @@ def fla_options(config: dict[str, Any]) -> dict[str, Any]:
             "head_norm_affine": bool(config.get("elementwise_affine", True)), "decay": "torchscale"}
 
 
+def rename_keys(state: dict[str, torch.Tensor], layer_prefix: str, layer_renames: dict[str, str],
+                renames: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Another project's keys -> ours: ``<layer_prefix><i>.<rest>`` -> ``blocks.<i>.<rest>`` with the first matching
+    prefix of `rest` renamed by `layer_renames`; other keys renamed by `renames` (or kept)."""
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        if key.startswith(layer_prefix):
+            index, rest = key.removeprefix(layer_prefix).split(".", 1)
+            old = next((o for o in layer_renames if rest.startswith(o)), None)
+            out[f"blocks.{index}.{layer_renames[old] + rest[len(old):] if old else rest}"] = tensor
+        else:
+            out[renames.get(key, key)] = tensor
+    return out
+
+
 def fla_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """flash-linear-attention RetNet keys -> ours (an older fused ``mlp.gate_proj`` of twice the width is split)."""
-    out: dict[str, torch.Tensor] = {}
     renames = {"attn_norm": "retention.norm", "attn.o_proj": "retention.out_proj",
                "attn.g_norm_swish_gate.weight": "retention.head_norm_weight",
                "attn.g_norm.weight": "retention.head_norm_weight", "attn.": "retention.", "mlp_norm": "ffn.norm",
                "mlp.": "ffn."}
-    for key, tensor in state.items():
-        if key.startswith("model.layers."):
-            index, rest = key.removeprefix("model.layers.").split(".", 1)
-            for old, new in renames.items():
-                if rest.startswith(old):
-                    rest = new + rest[len(old):]
-                    break
-            out[f"blocks.{index}.{rest}"] = tensor
-        else:
-            out[{"model.embeddings.weight": "embed.weight", "model.norm.weight": "norm.weight"}.get(key, key)] = tensor
+    out = rename_keys(state, "model.layers.", renames,
+                      {"model.embeddings.weight": "embed.weight", "model.norm.weight": "norm.weight"})
     for key in [k for k in out if k.endswith("ffn.gate_proj.weight")]:
         up = key.replace("gate_proj", "up_proj")
         if up not in out:  # fused gate and up projections: first half gate, second half up
@@ -684,21 +690,10 @@ def torchscale_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     """torchscale RetNetDecoder keys -> ours: its GLU ``fc2(swish(fc1 x) * gate x)`` is our gate/up/down."""
     renames = {"retention_layer_norm": "retention.norm", "final_layer_norm": "ffn.norm", "ffn.fc1": "ffn.gate_proj",
                "ffn.gate": "ffn.up_proj", "ffn.fc2": "ffn.down_proj"}
-    out: dict[str, torch.Tensor] = {}
-    for key, tensor in state.items():
-        if key.startswith("retnet_rel_pos."):
-            continue  # fixed buffers, checked by torchscale_options
-        if key.startswith("layers."):
-            index, rest = key.removeprefix("layers.").split(".", 1)
-            for old, new in renames.items():
-                if rest.startswith(old):
-                    rest = new + rest[len(old):]
-                    break
-            out[f"blocks.{index}.{rest}"] = tensor
-        else:
-            out[{"embed_tokens.weight": "embed.weight", "output_projection.weight": "lm_head.weight",
-                 "layer_norm.weight": "norm.weight"}.get(key, key)] = tensor
-    return out
+    kept = {k: v for k, v in state.items() if not k.startswith("retnet_rel_pos.")}  # fixed buffers, checked above
+    return rename_keys(kept, "layers.", renames, {"embed_tokens.weight": "embed.weight",
+                                                  "output_projection.weight": "lm_head.weight",
+                                                  "layer_norm.weight": "norm.weight"})
 
 
 def foreign_format(state: dict[str, torch.Tensor], config: dict[str, Any] | None) -> str | None:
