@@ -18,6 +18,9 @@ throughput cost; outputs with and without checkpointing are identical (tests/tes
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from typing import Any
 
 import torch
@@ -77,6 +80,32 @@ def cuda_peak_mb(model: nn.Module, x: torch.Tensor, bf16: bool) -> float | None:
     return torch.cuda.max_memory_allocated(x.device) / 2**20
 
 
+RSS_SCRIPT = """
+import sys, torch, zoo
+from zoo.training.engine import peak_rss_mb
+name, size, batch, ckpt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+torch.set_num_threads(1)
+lm = zoo.get_entry(name).task == "language_model"
+model = zoo.create_model(name).train()
+model.set_grad_checkpointing({"none": False, "half": 0.5, "all": True}[ckpt])
+x = torch.randint(0, model.vocab_size, (batch, size)) if lm else torch.randn(batch, 3, size, size)
+before = peak_rss_mb()
+model(x).float().pow(2).mean().backward()
+print(before, peak_rss_mb())
+"""
+
+
+def resident_step_mb(name: str, size: int, batch: int, ckpt: str) -> dict[str, float]:
+    """Peak resident memory (MB, as the OS counts it) of a fresh process before and after one training step: the
+    CPU's own measure of what the step needs."""
+    proc = subprocess.run([sys.executable, "-c", RSS_SCRIPT, name, str(size), str(batch), ckpt], capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"resident-memory step of {name} failed: {proc.stderr[-2000:]}")
+    before, after = (float(v) for v in proc.stdout.split()[-2:])
+    return {"before_mb": round(before, 1), "peak_mb": round(after, 1), "step_mb": round(after - before, 1)}
+
+
 def every_other_block(model: nn.Module, size: int) -> dict[str, Any]:
     shape = (size,) if getattr(model, "task", "") == "language_model" else (3, size, size)
     removable = [u.name for u in zoo.depth_units(model, input_size=shape) if u.kind in ("block", "retention", "ffn")
@@ -113,6 +142,9 @@ def measure(name: str, size: int, batches: tuple[int, int], budget_gb: float, de
     row["ckpt_half_reduction"] = 1 - row["fp32_ckpt_half_act_mb_per_sample"] / row["fp32_act_mb_per_sample"]
     row["pruned_reduction"] = 1 - row["pruned_fp32_act_mb_per_sample"] / row["fp32_act_mb_per_sample"]
     row["pruned_blocks_removed"] = len(every_other_block(model, size)["remove"])
+    if device.type == "cpu" and not quick:  # resident memory of a training step, each in a fresh process
+        for ckpt in ("none", "half", "all"):
+            row[f"rss_{ckpt}_b{batches[1]}"] = resident_step_mb(name, size, batches[1], ckpt)
     if time_it:
         steps = {}
         for ckpt, suffix in SETTINGS.items():
@@ -163,6 +195,13 @@ def run(quick: bool = False, device: str = "auto", out: str | None = None, budge
     return result
 
 
+def resident_text(row: dict[str, Any]) -> str:
+    """The resident-memory growth of one training step with no, half and full checkpointing ('-' if not measured)."""
+    steps = [next((v["step_mb"] for k, v in row.items() if k.startswith(f"rss_{c}_")), None)
+             for c in ("none", "half", "all")]
+    return "-" if steps[0] is None else " / ".join(f"{v:.0f}" for v in steps)
+
+
 def markdown(result: dict[str, Any]) -> str:
     rows = []
     for r in result["rows"]:
@@ -175,7 +214,8 @@ def markdown(result: dict[str, Any]) -> str:
                          "-" if r.get("ckpt_half_cost") is None else f"{100 * r['ckpt_half_cost']:+.0f} %"),
                      f"max batch in {result['budget_gb']:g} GB (fp32 / ckpt / bf16+ckpt)":
                          f"{r['fp32_max_batch']} / {r['fp32_ckpt_max_batch']} / {r['bf16_ckpt_max_batch']}",
-                     "pruned saves": f"{100 * r['pruned_reduction']:.0f} % ({r['pruned_blocks_removed']} blocks)"})
+                     "pruned saves": f"{100 * r['pruned_reduction']:.0f} % ({r['pruned_blocks_removed']} blocks)",
+                     "RSS of a step, MB (none / half / all)": resident_text(r)})
     table = markdown_table(rows, list(rows[0]))
     lines = []
     for name, verdict in result["verdicts"].items():
@@ -191,7 +231,9 @@ def markdown(result: dict[str, Any]) -> str:
     note = (f"Activation memory per sample is the bytes autograd keeps for backward (counted exactly by "
             f"saved_tensors_hooks, the same on any device); the largest batch adds the weights, gradients and AdamW "
             f"state (4 x the parameters). Step times: {env['device']}, {env['threads']} thread, interleaved rounds "
-            f"(median). 'ckpt' checkpoints every block, 'half' the first half (the highest resolutions). GPU rows: "
+            f"(median). 'ckpt' checkpoints every block, 'half' the first half (the highest resolutions). "
+            f"'RSS of a step': how much a fresh process's peak resident memory grows over one training step at the "
+            f"larger batch (gradients and the allocator included, so it falls less than the activations). GPU rows: "
             f"the train_memory step of benchmarks/gpu_check.py (CUDA peak allocated memory too).")
     return table + "\n\n" + note + "\n\n" + "\n".join(lines)
 

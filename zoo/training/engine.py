@@ -76,11 +76,23 @@ def peak_memory(device: torch.device) -> dict[str, float]:
     if device.type == "cuda":
         return {"peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
                 "peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20}
+    return {"peak_rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: Linux's VmHWM (its own address space's high-water mark), else
+    ru_maxrss (which on Linux also carries over a parent's peak into a child started from it)."""
     import resource
     import sys
 
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20}
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
 
 
 def reset_peak_memory(device: torch.device) -> None:
