@@ -1,9 +1,9 @@
 """Training memory per family: activation memory with and without gradient checkpointing and bf16 autocast, the
 largest batch that fits a budget, the throughput cost of checkpointing, and what depth pruning saves.
 
-Activation memory is counted exactly and the same on every device: the bytes of the tensors autograd keeps for the
-backward pass at the end of the forward pass (``torch.autograd.graph.saved_tensors_hooks``), measured at two batch
-sizes, so that memory(batch) = fixed + per_sample x batch. Peak training memory adds the weights, their gradients
+Activation memory is counted exactly and the same on every device: the bytes of the distinct storages autograd keeps
+for the backward pass at the end of the forward pass (``torch.autograd.graph.saved_tensors_hooks``), measured at two
+batch sizes, so that memory(batch) = fixed + per_sample x batch. Peak training memory adds the weights, their gradients
 and AdamW's two moments (4 x the parameter bytes); on CUDA the peak allocated memory of a real step is measured too.
 The throughput cost is the time of a training step (forward, backward) with checkpointing against without,
 interleaved in rounds on one thread. The pruned network removes every other removable block (a stand-in for a
@@ -42,13 +42,15 @@ def example(model: nn.Module, batch: int, size: int, device: torch.device) -> to
 
 
 def activation_bytes(model: nn.Module, x: torch.Tensor, bf16: bool) -> int:
-    """Bytes autograd saves for backward during one training forward pass (parameters excluded)."""
-    total = 0
+    """Bytes of the distinct storages autograd saves for backward during one training forward pass (parameters
+    excluded; a tensor saved by several operations, or views of one storage, count once)."""
+    from zoo.features import saved_storage_bytes
+
+    storages: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        nonlocal total
         if not isinstance(tensor, nn.Parameter):
-            total += tensor.numel() * tensor.element_size()
+            storages.update(saved_storage_bytes(tensor))
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
@@ -56,7 +58,7 @@ def activation_bytes(model: nn.Module, x: torch.Tensor, bf16: bool) -> int:
         loss = model(x).float().pow(2).mean()
     loss.backward()
     model.zero_grad(set_to_none=True)
-    return total
+    return sum(storages.values())
 
 
 def train_step(model: nn.Module, bf16: bool):
@@ -228,13 +230,14 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"- {name}: {'; '.join(parts)}: **{'passed' if verdict['passed'] else 'not met'}** "
                      f"(target: >= 40 % less activation memory at <= 35 % more step time)")
     env = result["environment"]
-    note = (f"Activation memory per sample is the bytes autograd keeps for backward (counted exactly by "
-            f"saved_tensors_hooks, the same on any device); the largest batch adds the weights, gradients and AdamW "
-            f"state (4 x the parameters). Step times: {env['device']}, {env['threads']} thread, interleaved rounds "
-            f"(median). 'ckpt' checkpoints every block, 'half' the first half (the highest resolutions). "
-            f"'RSS of a step': how much a fresh process's peak resident memory grows over one training step at the "
-            f"larger batch (gradients and the allocator included, so it falls less than the activations). GPU rows: "
-            f"the train_memory step of benchmarks/gpu_check.py (CUDA peak allocated memory too).")
+    note = " ".join([
+        "Activation memory per sample is the bytes of the distinct storages autograd keeps for backward",
+        "(counted exactly by saved_tensors_hooks, the same on any device); the largest batch adds the weights,",
+        f"gradients and AdamW state (4 x the parameters). Step times: {env['device']}, {env['threads']} thread,",
+        "interleaved rounds (median). 'ckpt' checkpoints every block, 'half' the first half (the highest",
+        "resolutions). 'RSS of a step': how much a fresh process's peak resident memory grows over one training",
+        "step at the larger batch (gradients and the allocator included, so it falls less than the activations).",
+        "GPU rows: the train_memory step of benchmarks/gpu_check.py (CUDA peak allocated memory too)."])
     return table + "\n\n" + note + "\n\n" + "\n".join(lines)
 
 

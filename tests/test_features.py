@@ -81,19 +81,18 @@ def test_a_pruned_network_is_a_drop_in_backbone(name):
 
 
 def saved_activation_bytes(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, torch.Tensor]:
-    """Bytes of the tensors autograd keeps for the backward pass at the end of the forward pass (activation
-    memory, counted exactly on any device), and the loss."""
-    total = 0
+    """Bytes of the distinct storages autograd keeps for the backward pass at the end of the forward pass
+    (activation memory, counted exactly on any device), and the loss."""
+    storages: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        nonlocal total
         if not isinstance(tensor, torch.nn.Parameter):
-            total += tensor.numel() * tensor.element_size()
+            storages.update(zoo.features.saved_storage_bytes(tensor))
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = model(x).float().pow(2).mean()
-    return total, loss
+    return sum(storages.values()), loss
 
 
 @pytest.mark.parametrize("name", CNNS)
@@ -188,3 +187,59 @@ def test_train_memory_benchmark_quick(tmp_path):
         assert verdict["passed"] == (verdict["ckpt"]["passed"] or verdict["ckpt_half"]["passed"])
     assert "passed" in markdown(result) or "not met" in markdown(result)
     assert (tmp_path / "train_memory_quick.json").is_file()
+
+
+# ------------------------------------------------------------------------ review findings, kept fixed
+@pytest.mark.parametrize("name", CNNS)
+def test_models_stay_scriptable(name):
+    model = zoo.create_model(name).eval()
+    scripted = torch.jit.script(model)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(x), model(x), rtol=0, atol=0)
+
+
+def test_intermediates_in_forward_order_once_and_stop_early_as_timm():
+    torch.manual_seed(0)
+    ours = zoo.create_model("mobilenetv2_050").eval()
+    theirs = timm.create_model("mobilenetv2_050").eval()
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        a = ours.forward_intermediates(x, indices=[3, 1, 1], intermediates_only=True)
+        assert [t.shape[1] for t in a] == [16, 48]  # forward order, each once
+        final_a, inter_a = ours.forward_intermediates(x, indices=[1], stop_early=True)
+        final_b, inter_b = theirs.forward_intermediates(x, indices=[1], stop_early=True)
+        torch.testing.assert_close(final_a, final_b, rtol=0, atol=0)
+    assert zoo.create_model("tresnet_m", features_only=True, out_indices=2).feature_info.channels() == [1024, 2048]
+    with pytest.raises(zoo.ZooError, match="out_indices is for the backbone form"):
+        zoo.create_model("tresnet_m", out_indices=(1, 2))
+    assert zoo.create_model("tresnet_m").feature_info[0]["reduction"] == 4  # conv1 runs after SpaceToDepth(4)
+
+
+def test_the_trainer_uses_the_configured_share(tmp_path):
+    from omegaconf import OmegaConf
+
+    from zoo.training import build_loaders, fit
+    from zoo.training.config import TrainConfig
+
+    cfg = OmegaConf.structured(TrainConfig)
+    cfg.data.image_size, cfg.data.batch_size = 16, 16
+    cfg.trainer.max_epochs, cfg.trainer.limit_train_batches, cfg.trainer.progress = 1, 1, False
+    cfg.trainer.grad_checkpointing, cfg.trainer.save_checkpoints = 0.5, False
+    model = zoo.create_model("mobilenetv2_035", num_classes=10)
+    result = fit(model, build_loaders(cfg.data), cfg.optim, cfg.trainer)
+    assert model.grad_checkpointing == 0.5 and result.memory["scope"] in ("training", "process")
+    model.set_grad_checkpointing(0)
+    assert model.grad_checkpointing is False  # 0 is off, as in timm
+
+
+def test_the_cpu_peak_covers_the_training_not_the_process():
+    from zoo.training.engine import peak_rss_mb, reset_peak_memory
+
+    ballast = torch.ones(256 * 2**20 // 4)  # 256 MB, then freed
+    ballast += 1
+    del ballast
+    high = peak_rss_mb()
+    if reset_peak_memory(torch.device("cpu")) == "training":
+        assert peak_rss_mb() < high - 100

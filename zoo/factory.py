@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from .checkpoint import read_checkpoint_meta
-from .errors import WeightsError
+from .errors import ModelOptionError, WeightsError
 from .features import features_only as features_only_model
 from .fuse import fuse
 from .pretrained import load_into, resolve_source
@@ -29,7 +29,7 @@ def create_model(
     pretrained: bool | str | Path = False,
     num_classes: int | None = None,
     features_only: bool = False,
-    out_indices: Sequence[int] | None = None,
+    out_indices: int | Sequence[int] | None = None,
     **overrides: Any,
 ) -> nn.Module:
     """Create a zoo model by name (timm's form: ``"mobilenetv2_140"`` or ``"mobilenetv2_140.ra_in1k"``).
@@ -42,6 +42,8 @@ def create_model(
     checkpoint keeps its own head, overrides and tag unless new ones are given. `features_only` returns timm's
     backbone form (the stage outputs `out_indices` as a list, with ``feature_info``), pruned models included.
     """
+    if out_indices is not None and not features_only:
+        raise ModelOptionError("out_indices is for the backbone form: pass features_only=True as well.")
     arch, tag = split_name(name)
     get_entry(arch)  # an unknown name fails first, with the closest names
     if isinstance(pretrained, str) and pretrained in ("true", "True"):

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .depth import BlockSpec, Chain, ConvOp, DepthMixin
-from .features import FeatureMixin
+from .features import FeatureMixin, checkpoint_blocks
 from .lazy import timm_layers as tl
 from .registry import register_model
 
@@ -80,6 +80,7 @@ class MobileNetV2(FeatureMixin, DepthMixin, nn.Module):
         round_chs = partial(tl.make_divisible, divisor=8, round_limit=0.9)
         self.num_classes = num_classes
         self.drop_rate = drop_rate
+        self.grad_checkpointing = False  # an instance attribute, as TorchScript needs
         stem_chs = round_chs(32 * width_mult)
         self.conv_stem = tl.create_conv2d(in_chans, stem_chs, 3, stride=2)
         self.bn1 = _norm_act(stem_chs)
@@ -125,7 +126,10 @@ class MobileNetV2(FeatureMixin, DepthMixin, nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.bn1(self.conv_stem(x))
-        x = self.run_blocks(self.blocks, x)
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            x = checkpoint_blocks(self.blocks, x, self.grad_checkpointing)
+        else:
+            x = self.blocks(x)
         return self.bn2(self.conv_head(x))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .depth import BlockSpec, DepthMixin
-from .features import FeatureMixin
+from .features import FeatureMixin, checkpoint_blocks
 from .lazy import timm_layers as tl
 from .registry import register_model
 
@@ -86,6 +86,7 @@ class ResNetV2(FeatureMixin, DepthMixin, nn.Module):
         super().__init__()
         self.num_classes = num_classes
         self.drop_rate = drop_rate
+        self.grad_checkpointing = False  # an instance attribute, as TorchScript needs
         stem_chs = tl.make_divisible(64 * width_factor)
         self.stem = nn.Sequential(OrderedDict([
             ("conv", _conv(in_chans, stem_chs, 7, stride=2)),
@@ -122,7 +123,12 @@ class ResNetV2(FeatureMixin, DepthMixin, nn.Module):
         self.head.to(self.norm.weight.device)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.run_blocks(self.stages, self.stem(x)))  # checkpointed per stage, as timm
+        x = self.stem(x)
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            x = checkpoint_blocks(self.stages, x, self.grad_checkpointing)  # per stage, as timm
+        else:
+            x = self.stages(x)
+        return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         return self.head(x, pre_logits=pre_logits)

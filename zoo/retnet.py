@@ -464,7 +464,7 @@ class RetNet(DepthMixin, nn.Module):
         """Recompute blocks in the backward pass instead of storing their activations (training only): True every
         block, a fraction in (0, 1] the first blocks up to that share."""
         check_fraction(enable)
-        self.grad_checkpointing = enable
+        self.grad_checkpointing = False if enable == 0 else enable
 
     def hidden_states(self, input_ids: torch.Tensor, mode: str = "parallel", chunk_size: int | None = None
                       ) -> list[torch.Tensor]:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .depth import BlockSpec, Chain, ConvOp, DepthMixin
-from .features import FeatureMixin
+from .features import FeatureMixin, checkpoint_blocks
 from .lazy import timm_layers as tl
 from .registry import register_model
 
@@ -90,6 +90,7 @@ class TResNet(FeatureMixin, DepthMixin, nn.Module):
         super().__init__()
         self.num_classes = num_classes
         self.drop_rate = drop_rate
+        self.grad_checkpointing = False  # an instance attribute, as TorchScript needs
         self.inplanes = planes = int(64 * width_factor)
         stem = tl.ConvNormAct(in_chans * 16, planes, 3, act_layer=nn.LeakyReLU)
         stage_defs = ((BasicBlock, planes, 1, True), (BasicBlock, planes * 2, 2, True),
@@ -100,7 +101,7 @@ class TResNet(FeatureMixin, DepthMixin, nn.Module):
             ("layer1", stages[0]), ("layer2", stages[1]), ("layer3", stages[2]), ("layer4", stages[3]),
         ]))
         self.num_features = self.head_hidden_size = planes * 8 * Bottleneck.expansion
-        self.feature_info = [dict(module="body.conv1", num_chs=planes, reduction=2),  # timm's numbers
+        self.feature_info = [dict(module="body.conv1", num_chs=planes, reduction=4),  # after SpaceToDepth(4)
                              dict(module="body.layer1", num_chs=planes, reduction=4),
                              dict(module="body.layer2", num_chs=planes * 2, reduction=8),
                              dict(module="body.layer3", num_chs=planes * 4 * Bottleneck.expansion, reduction=16),
@@ -141,7 +142,9 @@ class TResNet(FeatureMixin, DepthMixin, nn.Module):
         self.head.to(self.body.conv1.conv.weight.device)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.run_blocks(self.body, x)
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            return checkpoint_blocks(self.body, x, self.grad_checkpointing)
+        return self.body(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         return self.head(x, pre_logits=pre_logits)

@@ -327,10 +327,10 @@ METRICS = {"lm": ("loss", "ppl", "tokens_per_s"), "classification": ("loss", "ac
 
 def check_grad_checkpointing(value: Any) -> None:
     """``trainer.grad_checkpointing``: true, false, or the share of blocks to checkpoint in (0, 1]."""
-    if isinstance(value, bool) or (isinstance(value, (int, float)) and 0 < value <= 1):
+    if isinstance(value, bool) or (isinstance(value, (int, float)) and 0 <= value <= 1):
         return
     raise ConfigError(f"trainer.grad_checkpointing={value!r} is not allowed; give true, false or the share of blocks "
-                      f"to checkpoint in (0, 1], e.g. 0.5 (the first half: the highest-resolution blocks).")
+                      f"to checkpoint in [0, 1], e.g. 0.5 (the first half: the highest-resolution blocks).")
 
 
 def validate(cfg: Any, schema: type | None = None) -> None:

@@ -67,7 +67,7 @@ class FitResult:
     monitor: str = ""
     best_value: float | None = None
     best_epoch: int | None = None
-    memory: dict[str, float] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)  # peak memory of the training (see peak_memory)
 
 
 def peak_memory(device: torch.device) -> dict[str, float]:
@@ -95,9 +95,18 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
 
 
-def reset_peak_memory(device: torch.device) -> None:
+def reset_peak_memory(device: torch.device) -> str:
+    """Start counting the peak anew: CUDA's allocator statistics; on Linux the process's resident high-water mark
+    (``/proc/self/clear_refs``). Returns what the peak covers: ``training`` or, where it cannot be reset,
+    ``process`` (the whole process's lifetime)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        return "training"
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak resident set size (Linux 4.0+)
+        return "training"
+    except OSError:
+        return "process"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -219,7 +228,7 @@ class Trainer:
             if not hasattr(self.model, "set_grad_checkpointing"):
                 raise ConfigError(f"trainer.grad_checkpointing=true: {type(self.model).__name__} has no "
                                   f"set_grad_checkpointing; every zoo model has.")
-            self.model.set_grad_checkpointing(True)
+            self.model.set_grad_checkpointing(trainer_cfg.grad_checkpointing)  # true or a share of the blocks
         self.teacher = teacher.to(self.device).eval().requires_grad_(False) if teacher is not None else None
         if not 0.0 <= distill_weight <= 1.0:
             raise ConfigError(f"distill_weight={distill_weight} must lie in [0, 1].")
@@ -583,7 +592,7 @@ class Trainer:
             ckpt.remove_stale_temps(self._checkpoint_dir())
         for callback in self.callbacks:
             callback.on_train_start(self)
-        reset_peak_memory(self.device)
+        memory_scope = reset_peak_memory(self.device)
         with self._signals_saved():
             while self.epoch < self.cfg.max_epochs:
                 start = time.perf_counter()
@@ -595,7 +604,7 @@ class Trainer:
         directory = self._checkpoint_dir()
         last = directory / "last.safetensors" if directory else None
         best = directory / "best.safetensors" if directory and (directory / "best.safetensors").exists() else None
-        memory = {k: round(v, 1) for k, v in peak_memory(self.device).items()}
+        memory = {**{k: round(v, 1) for k, v in peak_memory(self.device).items()}, "scope": memory_scope}
         self.logger.summary({**self.metrics, "best/" + self.monitor: self.best_value, "best/epoch": self.best_epoch,
                              "trainer/steps": self.step, "train_time_s": self.train_time_s,
                              **{f"memory/{k}": v for k, v in memory.items()}})
