@@ -379,16 +379,16 @@ def evaluate_baseline(cfg: Any, config: dict, baseline: nn.Module, data: Any) ->
     """The baseline's validation metrics, cached by (weights digest, data config, tag): published weights are
     evaluated once per data set. Returns (metrics, whether they came from the cache)."""
     from ..errors import CorruptFileError
-    from ..files import read_sealed_json, write_sealed_json
+    from ..files import json_digest, read_sealed_json, write_sealed_json
     from ..training import distributed as dist_utils
     from ..training import evaluate
-    from .runs import fingerprint
 
     dist = dist_utils.info()
     key = {"weights": weights_digest(baseline), "data": config["data"], "tag": getattr(baseline, "zoo_tag", None),
            "data_files": {k: v for k, v in config.get("inputs", {}).items() if k.startswith("data.")},
            "val_split": split_digest(data.val.dataset), "limit_val_batches": cfg.trainer.limit_val_batches}
-    path = Path(cfg.prune.cache_dir or Path(cfg.paths.log_dir) / "cache") / "baseline_eval" / f"{fingerprint(key)}.json"
+    name = json_digest(key, 20)  # a cache key, like the importance cache's (a run fingerprint drops some keys)
+    path = Path(cfg.prune.cache_dir or Path(cfg.paths.log_dir) / "cache") / "baseline_eval" / f"{name}.json"
     cached = None
     if dist.is_main:
         try:
