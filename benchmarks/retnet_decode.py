@@ -1,22 +1,32 @@
 """RetNet inference and training cost vs context length, the shape of the paper's efficiency figures.
 
-Decode: per-token latency and cache memory of ``retnet_small`` (recurrent state, O(1) in the context) and of
-a Transformer decoder of the same width, depth, heads and FFN with a KV cache over
-``scaled_dot_product_attention`` (O(context)), at context lengths 128 ... 8192. Each model is prefilled to every
-context with its own parallel pass (RetNet: chunkwise), then one decode step at each context is timed many
-times, in blocks interleaved over contexts and models so that drift hits all of them alike.
+Decode: per-token latency and cache memory of ``retnet_small`` (recurrent state, O(1) in the context) and of a
+parameter-matched Transformer decoder (the same parameter count, depth and heads; its width and SwiGLU FFN
+(8/3 of the width) sized to match) with a KV cache over ``scaled_dot_product_attention`` (O(context)), at context
+lengths 128 ... 8192. Each model is prefilled to every context with its own parallel pass (RetNet: chunkwise),
+then one decode step at each context is timed many times, in blocks interleaved over contexts and models so that
+drift hits all of them alike. RetNet's step is timed as ``generate`` runs it (:class:`zoo.retnet.RecurrentDecoder`:
+preallocated state updated in place; on CUDA captured in a CUDA graph) and as the reference recurrent form
+(``set_fast_step(False)``, the step before the fast path). Also: ATen operators per step (non-view operators
+dispatched, counted with a dispatch mode), tokens/s of ``generate`` at batch 1 and 16, and the parallel form's
+forward time against torchscale's parallel form with the same weights (when torchscale is installed).
+Targets (CPU, one thread): step <= 1.0x the Transformer's at context 512 and <= 0.6x at 2,048; parallel form
+<= 1.0x torchscale's at 512 and 2,048 tokens; fast step logits equal the reference step's to 1e-6.
 Training: forward + backward + AdamW step of RetNet in the parallel and the chunkwise form vs length; peak
 memory is ``torch.cuda.max_memory_allocated`` on CUDA and, on CPU, the bytes of the tensors autograd saves
 for backward (the activation memory that grows with length).
 
-    python -m benchmarks.retnet_decode            # full run (~5 min on 2 CPU cores)
+    python -m benchmarks.retnet_decode            # full run (~8 min on one CPU thread)
     python -m benchmarks.retnet_decode --quick    # smoke test (seconds)
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -26,17 +36,26 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import zoo
 from zoo.latency.device import synchronize
-from zoo.retnet import GatedFFN, RetNet, RMSNorm
+from zoo.retnet import GatedFFN, RecurrentDecoder, RetNet, RMSNorm
 
 RESULTS = Path(__file__).resolve().parent / "results" / "retnet_decode.json"
 
 FULL = dict(model="retnet_small", overrides={}, contexts=(128, 256, 512, 1024, 2048, 4096, 8192),
-            train_lengths=(256, 512, 1024, 2048, 4096), warmup_s=1.0, steps=20, blocks=6, train_repeats=3)
+            train_lengths=(256, 512, 1024, 2048, 4096), warmup_s=1.0, steps=20, blocks=6, train_repeats=3,
+            generate=dict(batches=(1, 16), prompt=128, new_tokens=64, repeats=3), parallel_lengths=(512, 2048),
+            parallel_repeats=5)
 QUICK = dict(model="retnet_tiny", overrides={"vocab_size": 64}, contexts=(16, 64), train_lengths=(32, 64),
-             warmup_s=0.05, steps=5, blocks=1, train_repeats=1)
+             warmup_s=0.05, steps=5, blocks=1, train_repeats=1,
+             generate=dict(batches=(1, 2), prompt=8, new_tokens=4, repeats=1), parallel_lengths=(32,),
+             parallel_repeats=1)
+TARGETS = {"decode_ratio": {512: 1.0, 2048: 0.6}, "parallel_ratio": 1.0, "step_logits_max_abs_diff": 1e-6,
+           # CUDA, batch 1: the graph-captured step vs the Transformer's and vs the reference eager step
+           "cuda_decode_ratio": {128: 1.0}, "cuda_speedup_over_transformer": {8192: 3.0},
+           "cuda_graph_speedup_over_reference": 5.0}
 
 
 # -- the baseline: a Transformer decoder with a KV cache -----------------------------------------------------
@@ -67,8 +86,8 @@ class CachedAttention(nn.Module):
 
 
 class KVCacheTransformer(nn.Module):
-    """Decoder-only Transformer with RetNet's width, depth, heads, SwiGLU FFN and norms (no position code:
-    it does not change the cost)."""
+    """Decoder-only Transformer with pre-norm attention and SwiGLU FFN blocks, RMS norms and a KV cache (no
+    position code: it does not change the cost)."""
 
     def __init__(self, vocab_size: int, dim: int, depth: int, heads: int, ffn_dim: int):
         super().__init__()
@@ -90,9 +109,38 @@ class KVCacheTransformer(nn.Module):
             x = ffn(attn(x, layer_cache, pos))
         return self.lm_head(self.norm(x))
 
+    @torch.inference_mode()
+    def generate(self, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        """Greedy decoding with the KV cache: one prefill pass, then one step per token."""
+        cache = self.new_cache(ids.shape[0], ids.shape[1] + new_tokens)
+        logits, tokens = self(ids, cache, 0), [ids]
+        for index in range(new_tokens):
+            tokens.append(logits[:, -1].argmax(-1, keepdim=True))
+            if index + 1 < new_tokens:
+                logits = self(tokens[-1], cache, ids.shape[1] + index)
+        return torch.cat(tokens, dim=1)
 
-def transformer_like(model: RetNet) -> KVCacheTransformer:
-    return KVCacheTransformer(model.vocab_size, model.dim, model.depth, model.heads, model.ffn_dim)
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def transformer_params(vocab_size: int, dim: int, depth: int, ffn_dim: int) -> int:
+    """Parameters of a :class:`KVCacheTransformer` (embedding, depth x (4 dim^2 + 3 dim ffn + 2 norms), norm, head)."""
+    return 2 * vocab_size * dim + dim + depth * (4 * dim * dim + 3 * dim * ffn_dim + 2 * dim)
+
+
+def parameter_matched_transformer(model: RetNet) -> KVCacheTransformer:
+    """A KV-cache Transformer with the RetNet's parameter count, depth and heads: the width (a multiple of 2 x heads)
+    and a SwiGLU FFN of 8/3 the width (rounded to 8), as LLaMA sizes it, chosen to come closest to the count."""
+    target, step = count_params(model), 2 * model.heads
+
+    def ffn(dim: int) -> int:
+        return 8 * math.ceil(8 * dim / 3 / 8)
+
+    widths = range(step, 4 * model.dim + step, step)
+    dim = min(widths, key=lambda d: abs(transformer_params(model.vocab_size, d, model.depth, ffn(d)) - target))
+    return KVCacheTransformer(model.vocab_size, dim, model.depth, model.heads, ffn(dim))
 
 
 # -- timing helpers ------------------------------------------------------------------------------------------
@@ -123,27 +171,65 @@ def cache_bytes(cache: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
     return sum(t.numel() * t.element_size() for pair in cache for t in pair)
 
 
+class OperatorCount(TorchDispatchMode):
+    """Counts the ATen operators dispatched inside it, views (metadata only) apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.compute, self.views = 0, 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func.is_view or func._schema.name in ("aten::t", "aten::_unsafe_view"):
+            self.views += 1
+        else:
+            self.compute += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_operators(fn: Callable[[], Any]) -> int:
+    """Non-view ATen operators one call of fn dispatches."""
+    with OperatorCount() as counter:
+        fn()
+    return counter.compute
+
+
 # -- decode --------------------------------------------------------------------------------------------------
+
+
+def decode_steps(retnet: RetNet, transformer: KVCacheTransformer, context: int, batch: int, device: torch.device
+                 ) -> tuple[dict[str, Callable[[], Any]], dict[str, int]]:
+    """One decode step per model at `context` (after prefilling it), and the bytes each keeps per sequence set.
+
+    ``retnet``: the step ``generate`` takes (graph-captured on CUDA); ``retnet_eager``: the same step without a
+    graph (CUDA only); ``retnet_reference``: the reference recurrent form through the public API."""
+    vocab = retnet.vocab_size
+    token = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    prompt = torch.randint(0, vocab, (batch, context), device=device)
+    _, state = retnet(prompt, mode="chunkwise", return_state=True)
+    reference = copy.deepcopy(retnet)
+    reference.set_fast_step(False)
+    steps = {"retnet": functools.partial(retnet.decoder(state, batch), token),
+             "retnet_reference": lambda: reference(token, mode="recurrent", state=state, return_state=True)}
+    if device.type == "cuda":
+        steps["retnet_eager"] = functools.partial(RecurrentDecoder(retnet, state, batch), token)
+    cache = transformer.new_cache(batch, context + 1)
+    transformer(prompt, cache, 0)
+    steps["transformer"] = lambda: transformer(token, cache, context)
+    memory = {name: state.nbytes() for name in steps} | {"transformer": cache_bytes(cache)}
+    return steps, memory
 
 
 @torch.inference_mode()
 def bench_decode(retnet: RetNet, transformer: KVCacheTransformer, cfg: dict, device: torch.device,
                  batch: int) -> list[dict[str, Any]]:
     """Per-token latency at every context, timed in interleaved blocks over contexts and models, so that a drift
-    of the machine's speed hits every context alike (the claim is a ratio between contexts)."""
-    vocab = retnet.vocab_size
-    token = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    of the machine's speed hits every context and model alike (the claims are ratios)."""
     steps: dict[tuple[str, int], Callable[[], Any]] = {}
     memory: dict[tuple[str, int], int] = {}
     for context in cfg["contexts"]:
-        prompt = torch.randint(0, vocab, (batch, context), device=device)
-        _, state = retnet(prompt, mode="chunkwise", return_state=True)
-        cache = transformer.new_cache(batch, context + 1)
-        transformer(prompt, cache, 0)
-        steps[("retnet", context)] = lambda state=state: retnet(token, mode="recurrent", state=state,
-                                                                 return_state=True)
-        steps[("transformer", context)] = lambda cache=cache, context=context: transformer(token, cache, context)
-        memory[("retnet", context)], memory[("transformer", context)] = state.nbytes(), cache_bytes(cache)
+        fns, sizes = decode_steps(retnet, transformer, context, batch, device)
+        steps |= {(name, context): fn for name, fn in fns.items()}
+        memory |= {(name, context): size for name, size in sizes.items()}
     warm_up(list(steps.values()), cfg["warmup_s"], device)
     times: dict[tuple[str, int], list[float]] = {key: [] for key in steps}
     for _ in range(cfg["blocks"]):
@@ -151,6 +237,93 @@ def bench_decode(retnet: RetNet, transformer: KVCacheTransformer, cfg: dict, dev
             times[key] += time_calls(step, cfg["steps"], device)
     return [{"model": name, "context": context, "ms_per_token": 1e3 * statistics.median(times[(name, context)]),
              "cache_bytes": memory[(name, context)]} for name, context in steps]
+
+
+@torch.inference_mode()
+def step_operators(retnet: RetNet, transformer: KVCacheTransformer, device: torch.device) -> dict[str, int]:
+    """Non-view ATen operators of one decode step (batch 1, context 16) of each model."""
+    steps, _ = decode_steps(retnet, transformer, 16, 1, device)
+    if device.type == "cuda":  # a graph replay dispatches nothing: count what it replays
+        steps["retnet"] = steps.pop("retnet_eager")
+    return {name: count_operators(fn) for name, fn in steps.items()}
+
+
+@torch.no_grad()
+def step_agreement(retnet: RetNet, device: torch.device, context: int = 64, tokens: int = 16) -> dict[str, float]:
+    """Max |logit| difference of the fast step (the decoder ``generate`` uses) against the reference recurrent step,
+    over `tokens` consecutive steps after a prompt, in fp32 on `device`; and whether greedy ``generate`` agrees."""
+    reference = copy.deepcopy(retnet)
+    reference.set_fast_step(False)
+    prompt = torch.randint(0, retnet.vocab_size, (2, context), device=device)
+    _, state = retnet(prompt, mode="chunkwise", return_state=True)
+    fast, slow = retnet.decoder(state, 2), reference.decoder(state, 2, decode="forward")
+    token, worst = prompt[:, -1:], 0.0
+    for _ in range(tokens):
+        expected = slow(token)
+        worst = max(worst, (fast(token).float() - expected.float()).abs().max().item())
+        token = expected.argmax(-1, keepdim=True)
+    greedy_equal = torch.equal(retnet.generate(prompt, tokens), reference.generate(prompt, tokens, decode="forward"))
+    return {"step_logits_max_abs_diff": worst, "greedy_generate_equal": greedy_equal}
+
+
+def bench_generate(retnet: RetNet, transformer: KVCacheTransformer, cfg: dict, device: torch.device
+                   ) -> list[dict[str, Any]]:
+    """New tokens per second of greedy ``generate`` (prefill included) at each batch, the models interleaved."""
+    gen, rows = cfg["generate"], []
+    for batch in gen["batches"]:
+        prompt = torch.randint(0, retnet.vocab_size, (batch, gen["prompt"]), device=device)
+        calls = {"retnet": lambda p=prompt: retnet.generate(p, gen["new_tokens"]),
+                 "transformer": lambda p=prompt: transformer.generate(p, gen["new_tokens"])}
+        warm_up(list(calls.values()), cfg["warmup_s"], device)
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(gen["repeats"]):
+            for name, call in calls.items():
+                times[name] += time_calls(call, 1, device)
+        rows += [{"model": name, "batch": batch, "prompt": gen["prompt"], "new_tokens": gen["new_tokens"],
+                  "tokens_per_s": batch * gen["new_tokens"] / statistics.median(times[name])} for name in calls]
+    return rows
+
+
+def torchscale_twin(model: RetNet) -> tuple[nn.Module, RetNet] | None:
+    """torchscale's ``RetNetDecoder`` (parallel form) of `model`'s shapes, and a zoo RetNet holding its weights; None
+    when torchscale is not installed."""
+    try:
+        from torchscale.architecture.config import RetNetConfig
+        from torchscale.architecture.retnet import RetNetDecoder
+    except ImportError:
+        return None
+    from zoo.retnet import torchscale_options, torchscale_state_dict
+
+    config = RetNetConfig(decoder_embed_dim=model.dim, decoder_value_embed_dim=model.value_dim,
+                          decoder_retention_heads=model.heads, decoder_ffn_embed_dim=model.ffn_dim,
+                          decoder_layers=model.depth, vocab_size=model.vocab_size, activation_fn="swish",
+                          chunkwise_recurrent=False)
+    decoder = RetNetDecoder(config, embed_tokens=nn.Embedding(model.vocab_size, model.dim)).eval()
+    state = decoder.state_dict()
+    ours = RetNet(**torchscale_options(state)).eval()
+    ours.load_state_dict(torchscale_state_dict(state))
+    return decoder, ours
+
+
+@torch.inference_mode()
+def bench_parallel(model: RetNet, cfg: dict, device: torch.device) -> list[dict[str, Any]]:
+    """Forward time of the parallel form, ours vs torchscale's with the same weights, interleaved per length."""
+    twin = torchscale_twin(model)
+    if twin is None:
+        return []
+    theirs, ours = (m.to(device) for m in twin)
+    rows = []
+    for length in cfg["parallel_lengths"]:
+        ids = torch.randint(0, ours.vocab_size, (1, length), device=device)
+        calls = {"zoo": functools.partial(ours, ids), "torchscale": functools.partial(theirs, ids)}
+        warm_up(list(calls.values()), cfg["warmup_s"], device)
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(cfg["parallel_repeats"]):
+            for name, call in calls.items():
+                times[name] += time_calls(call, 1, device)
+        zoo_ms, ts_ms = (1e3 * statistics.median(times[n]) for n in ("zoo", "torchscale"))
+        rows.append({"length": length, "zoo_ms": zoo_ms, "torchscale_ms": ts_ms, "ratio": zoo_ms / ts_ms})
+    return rows
 
 
 # -- training ------------------------------------------------------------------------------------------------
@@ -205,11 +378,12 @@ def run(quick: bool = False, device: str = "cpu", threads: int | None = None, ba
         model_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the decode (and, with `train`, the training) benchmarks; `quick` is a seconds-long smoke configuration.
 
-    model_kwargs: extra arguments of the RetNet (e.g. ``{"use_fla": False}`` for the PyTorch path on CUDA).
+    threads: torch threads (default: 1 on the CPU, where the targets are stated). model_kwargs: extra arguments of
+    the RetNet (e.g. ``{"use_fla": False}`` for the PyTorch path on CUDA).
     """
     previous_threads = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
+    device = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
+    torch.set_num_threads(threads or (1 if device == "cpu" else previous_threads))
     torch.set_flush_denormal(True)
     try:
         cfg = QUICK if quick else FULL
@@ -220,42 +394,118 @@ def run(quick: bool = False, device: str = "cpu", threads: int | None = None, ba
         torch.set_num_threads(previous_threads)
 
 
+def verdicts(result: dict[str, Any]) -> dict[str, bool | None]:
+    """Each target against the measured numbers (None where not measured: skipped is not passed)."""
+    ms = {(r["model"], r["context"]): r["ms_per_token"] for r in result["decode"]}
+    out: dict[str, bool | None] = {}
+
+    def ratio(a: str, b: str, context: int) -> float | None:
+        return ms[(a, context)] / ms[(b, context)] if (a, context) in ms and (b, context) in ms else None
+
+    def check(value: float | None, limit: float, at_most: bool = True) -> bool | None:
+        return None if value is None else (value <= limit if at_most else value >= limit)
+
+    if result["device"] == "cpu":
+        for context, limit in TARGETS["decode_ratio"].items():
+            out[f"decode step <= {limit}x the Transformer's at context {context}"] = check(
+                ratio("retnet", "transformer", context), limit)
+        lengths = {r["length"]: r["ratio"] for r in result["parallel"]}
+        for length in (512, 2048):
+            out[f"parallel form <= {TARGETS['parallel_ratio']}x torchscale's at {length} tokens"] = check(
+                lengths.get(length), TARGETS["parallel_ratio"])
+    else:
+        for context, limit in TARGETS["cuda_decode_ratio"].items():
+            out[f"graph step <= {limit}x the Transformer's at context {context}"] = check(
+                ratio("retnet", "transformer", context), limit)
+        for context, limit in TARGETS["cuda_speedup_over_transformer"].items():
+            out[f"graph step >= {limit}x faster than the Transformer's at context {context}"] = check(
+                ratio("transformer", "retnet", context), limit, at_most=False)
+        limit, contexts = TARGETS["cuda_graph_speedup_over_reference"], sorted({c for _, c in ms})
+        speedups = [ratio("retnet_reference", "retnet", c) for c in contexts]
+        out[f"graph step >= {limit}x faster than the reference eager step (every context)"] = (
+            None if None in speedups or not speedups else min(speedups) >= limit)
+    agreement = result["step_agreement"]
+    out[f"fast step logits within {TARGETS['step_logits_max_abs_diff']:g} of the reference step"] = (
+        agreement["step_logits_max_abs_diff"] <= TARGETS["step_logits_max_abs_diff"])
+    out["greedy generate equals the reference decode"] = agreement["greedy_generate_equal"]
+    return out
+
+
 def _run(cfg: dict, quick: bool, dev: torch.device, batch: int, train: bool = True) -> dict[str, Any]:
     torch.manual_seed(0)
     retnet = zoo.create_model(cfg["model"], **cfg["overrides"]).to(dev).eval()
-    transformer = transformer_like(retnet).to(dev).eval()
+    transformer = parameter_matched_transformer(retnet).to(dev).eval()
     env = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "dtype": "float32",
            "batch": batch, "threads": torch.get_num_threads(), "torch": torch.__version__}
     warm_up([lambda: retnet(retnet.example_input(batch, (16,)))], cfg["warmup_s"], dev)
     decode = [{**row, **env} for row in bench_decode(retnet, transformer, cfg, dev, batch)]
-    train_rows = [{**row, **env} for row in bench_train(retnet, cfg, dev, batch)] if train else []
     ratios = {}
     for name in ("retnet", "transformer"):
         ms = {r["context"]: r["ms_per_token"] for r in decode if r["model"] == name}
         ratios[name] = ms[max(ms)] / ms[min(ms)]
-    return {
+    result = {
         "benchmark": "retnet_decode", "quick": quick, "model": cfg["model"], **env,
-        "params": {"retnet": sum(p.numel() for p in retnet.parameters()),
-                   "transformer": sum(p.numel() for p in transformer.parameters())},
-        "decode": decode, "train": train_rows, "latency_ratio_longest_to_shortest": ratios,
+        "params": {"retnet": count_params(retnet), "transformer": count_params(transformer)},
+        "transformer_shape": {"dim": transformer.dim, "heads": transformer.heads, "depth": len(transformer.attn),
+                              "ffn_dim": transformer.ffn[0].up_proj.out_features},
+        "decode": decode, "latency_ratio_longest_to_shortest": ratios,
+        "operators_per_step": step_operators(retnet, transformer, dev),
+        "step_agreement": step_agreement(retnet, dev),
+        "generate": [{**row, **env, "batch": row["batch"]} for row in bench_generate(retnet, transformer, cfg, dev)],
+        "parallel": [{**row, **env} for row in bench_parallel(retnet, cfg, dev)],
+        "train": [{**row, **env} for row in bench_train(retnet, cfg, dev, batch)] if train else [],
     }
+    result["verdicts"] = verdicts(result)
+    result["passed"] = all(v is True for v in result["verdicts"].values())
+    return result
 
 
 def markdown(result: dict[str, Any]) -> str:
     """The result as markdown tables."""
     env_cols = "device | dtype | batch | threads | torch"
     env = " | ".join(str(result[k]) for k in ("device", "dtype", "batch", "threads", "torch"))
-    lines = [f"Decode, one token at a given context ({result['model']} vs a KV-cache Transformer of the same shape)",
-             "", f"| context | RetNet ms/token | Transformer ms/token | RetNet state MiB | KV cache MiB | {env_cols} |",
-             "|---:|---:|---:|---:|---:|---|---|---:|---:|---|"]
+    shape, params = result["transformer_shape"], result["params"]
+    measured = {r["model"] for r in result["decode"]}
+    names = [n for n in ("retnet", "retnet_eager", "retnet_reference") if n in measured]
+    titles = {"retnet": "RetNet (generate's step)", "retnet_eager": "RetNet eager step",
+              "retnet_reference": "RetNet reference step"}
+    lines = [f"Decode, one token at a given context: {result['model']} ({params['retnet'] / 1e6:.2f} M parameters) vs "
+             f"a parameter-matched KV-cache Transformer ({params['transformer'] / 1e6:.2f} M: width {shape['dim']}, "
+             f"{shape['heads']} heads, FFN {shape['ffn_dim']}, {shape['depth']} layers); ms per token (median)", "",
+             f"| context | {' | '.join(titles[n] for n in names)} | Transformer | RetNet / Transformer | "
+             f"RetNet state MiB | KV cache MiB | {env_cols} |",
+             "|---:|" + "---:|" * (len(names) + 4) + "---|---|---:|---:|---|"]
     by_key = {(r["model"], r["context"]): r for r in result["decode"]}
     for context in sorted({r["context"] for r in result["decode"]}):
-        ret, tra = by_key[("retnet", context)], by_key[("transformer", context)]
-        lines.append(f"| {context} | {ret['ms_per_token']:.3f} | {tra['ms_per_token']:.3f} | "
-                     f"{ret['cache_bytes'] / 2**20:.2f} | {tra['cache_bytes'] / 2**20:.2f} | {env} |")
-    ratios = result["latency_ratio_longest_to_shortest"]
+        tra = by_key[("transformer", context)]
+        cells = " | ".join(f"{by_key[(n, context)]['ms_per_token']:.3f}" for n in names)
+        lines.append(f"| {context} | {cells} | {tra['ms_per_token']:.3f} | "
+                     f"{by_key[('retnet', context)]['ms_per_token'] / tra['ms_per_token']:.2f} | "
+                     f"{by_key[('retnet', context)]['cache_bytes'] / 2**20:.2f} | {tra['cache_bytes'] / 2**20:.2f} | "
+                     f"{env} |")
+    ratios, ops = result["latency_ratio_longest_to_shortest"], result["operators_per_step"]
+    agreement = result["step_agreement"]
     lines += ["", f"Per-token latency ratio longest/shortest context: RetNet {ratios['retnet']:.2f}, "
-              f"Transformer {ratios['transformer']:.2f}."]
+              f"Transformer {ratios['transformer']:.2f}. ATen operators per step (non-view): "
+              + ", ".join(f"{titles.get(n, n)} {c}" for n, c in ops.items())
+              + f". Fast step vs reference step: max |logit difference| {agreement['step_logits_max_abs_diff']:.1e} "
+              f"over 16 steps; greedy generate equal: {agreement['greedy_generate_equal']}."]
+    gen = result["generate"]
+    if gen:
+        lines += ["", f"Greedy generate, tokens/s (prompt {gen[0]['prompt']}, {gen[0]['new_tokens']} new tokens, "
+                  "prefill included)", "", "| batch | RetNet tokens/s | Transformer tokens/s | ratio |",
+                  "|---:|---:|---:|---:|"]
+        by_gen = {(r["model"], r["batch"]): r["tokens_per_s"] for r in gen}
+        for batch in sorted({r["batch"] for r in gen}):
+            ret, tra = by_gen[("retnet", batch)], by_gen[("transformer", batch)]
+            lines.append(f"| {batch} | {ret:.0f} | {tra:.0f} | {ret / tra:.2f} |")
+    if result["parallel"]:
+        lines += ["", "Parallel form forward (batch 1), ours vs torchscale's RetNetDecoder with the same weights", "",
+                  "| tokens | zoo ms | torchscale ms | ratio |", "|---:|---:|---:|---:|"]
+        lines += [f"| {r['length']} | {r['zoo_ms']:.1f} | {r['torchscale_ms']:.1f} | {r['ratio']:.2f} |"
+                  for r in result["parallel"]]
+    lines += ["", "Targets: " + "; ".join(f"{k}: {'passed' if v else 'not measured' if v is None else 'FAILED'}"
+                                          for k, v in result["verdicts"].items()) + "."]
     if not result["train"]:
         return "\n".join(lines)
     lines += ["", f"Training step (forward + backward + AdamW), RetNet parallel vs chunkwise (chunk "
@@ -274,7 +524,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke-test configuration")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is the most stable on a shared CPU)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default 1 on the CPU, the most stable on a shared machine)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON result file")
     args = parser.parse_args(argv)

@@ -46,7 +46,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,7 @@ from .features import check_fraction
 from .registry import register_model
 
 MODES = ("parallel", "recurrent", "chunkwise")
+DECODES = ("auto", "graph", "static", "forward")
 DECAYS = ("torchscale", "linspace")
 ROPES = ("torchscale", "neox")  # interleaved pairs, linspace frequencies | rotate-half, theta^(-2i/d) (fla's)
 
@@ -121,6 +123,12 @@ def rotary_tables(positions: torch.Tensor, frequencies: torch.Tensor, dtype: tor
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+def swap_pairs(rope: str, dim: int, device: torch.device | None = None) -> torch.Tensor:
+    """Index of each feature's rotary partner: ``x[..., swap_pairs(...)]`` is the swapped x of :func:`rotate`."""
+    index = torch.arange(dim, device=device)
+    return index.roll(dim // 2) if rope == "neox" else index.view(-1, 2).flip(-1).flatten()
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: str = "torchscale") -> torch.Tensor:
     """Rotary rotation of each pair (a, b) to (a cos - b sin, b cos + a sin), with the tables of
     :func:`rotary_tables` for the same `rope` layout (see :func:`rotary_frequencies`)."""
@@ -139,33 +147,71 @@ def decay_matrix(log_gamma: torch.Tensor, n: int) -> torch.Tensor:
     return exponent.masked_fill(distance < 0, float("-inf")).exp()
 
 
+@functools.lru_cache(maxsize=4)
+def decay_tables(log_decays: tuple[float, ...], n: int, device: torch.device, dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The decays of a block of n tokens, made once (in fp64, then rounded) and shared by every layer and call:
+    D [H, n, n] (:func:`decay_matrix`), the state's age at each row gamma^(i+1) [H, n, 1], each key's age at the
+    end gamma^(n-1-j) [H, n, 1], and gamma^n [H, 1, 1]. Cached for the last few (n, device, dtype): building D
+    for every layer cost more than the retention matmuls at 2,048 tokens. Plain tensors (not inference tensors),
+    usable with and without autograd."""
+    with torch.inference_mode(False), torch.no_grad():
+        log_gamma = torch.tensor(log_decays, dtype=torch.float64, device=device)
+        steps = torch.arange(n, device=device, dtype=torch.float64)
+        query = ((steps[None, :] + 1) * log_gamma[:, None]).exp()[..., None]
+        key = ((n - 1 - steps[None, :]) * log_gamma[:, None]).exp()[..., None]
+        block = (n * log_gamma).exp()[:, None, None]
+        return tuple(t.to(dtype) for t in (decay_matrix(log_gamma, n), query, key, block))
+
+
+@functools.lru_cache(maxsize=8)
+def rotary_cache(dim: int, theta: float, rope: str, offset: int, n: int, device: torch.device, dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rotary_tables` of positions offset ... offset + n - 1, shared by every layer (and by the next call of
+    the same length and offset)."""
+    with torch.inference_mode(False), torch.no_grad():
+        positions = torch.arange(offset, offset + n, dtype=torch.float64, device=device)
+        return rotary_tables(positions, rotary_frequencies(dim, theta, rope).to(device), dtype)
+
+
 def retention_block(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gamma: torch.Tensor, state: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decays: Sequence[float], state: torch.Tensor | None,
+    need_state: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Retention over one block of n tokens that follows `state`: the parallel form plus the state's share.
 
-    q, k: [B, H, n, d_k]; v: [B, H, n, d_v]; state: [B, H, d_k, d_v]. Returns (out [B, H, n, d_v], new state).
+    q, k: [B, H, n, d_k]; v: [B, H, n, d_v]; state: [B, H, d_k, d_v] or None (zeros). Returns (out [B, H, n, d_v],
+    the new state, or None unless `need_state`).
     """
-    n = q.shape[2]
-    steps = torch.arange(n, device=q.device, dtype=log_gamma.dtype)
-    inside = ((q @ k.transpose(-1, -2)) * decay_matrix(log_gamma, n)) @ v
-    query_decay = ((steps[None, :] + 1) * log_gamma[:, None]).exp()  # gamma^(i+1): age of the state at row i
-    from_state = (q @ state) * query_decay[..., None]
-    key_decay = ((n - 1 - steps[None, :]) * log_gamma[:, None]).exp()  # gamma^(n-1-j): age of key j at the end
-    new_state = state * (n * log_gamma).exp()[:, None, None] + (k * key_decay[..., None]).transpose(-1, -2) @ v
-    return inside + from_state, new_state
+    decay, query_decay, key_decay, block_decay = decay_tables(tuple(log_decays), q.shape[2], q.device, q.dtype)
+    out = (q @ k.transpose(-1, -2)).mul_(decay) @ v
+    if state is not None:
+        out = out + (q @ state) * query_decay
+    if not need_state:
+        return out, None
+    carried = (k * key_decay).transpose(-1, -2) @ v
+    return out, (carried if state is None else state * block_decay + carried)
 
 
 def retention_chunkwise(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_gamma: torch.Tensor, state: torch.Tensor, chunk_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decays: Sequence[float], state: torch.Tensor | None,
+    chunk_size: int, need_state: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The chunkwise form: :func:`retention_block` on consecutive chunks, the state carried between them."""
-    outs = []
-    for start in range(0, q.shape[2], chunk_size):
+    outs, length = [], q.shape[2]
+    for start in range(0, length, chunk_size):
         part = slice(start, start + chunk_size)
-        out, state = retention_block(q[:, :, part], k[:, :, part], v[:, :, part], log_gamma, state)
+        last = start + chunk_size >= length
+        out, state = retention_block(q[:, :, part], k[:, :, part], v[:, :, part], log_decays, state,
+                                     need_state or not last)
         outs.append(out)
-    return torch.cat(outs, dim=2), state
+    return (torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]), state
+
+
+def fast_step_applies(x: torch.Tensor) -> bool:
+    """Whether a one-token recurrent call may take :meth:`MultiScaleRetention.step`: no autograd, no autocast."""
+    return not torch.is_grad_enabled() and not (
+        torch.amp.autocast_mode.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type))
 
 
 def retention_recurrent(
@@ -213,6 +259,11 @@ def _no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
 # Modules.
 
 
+def add_product(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x + z W for [B, 1, d] rows and a [d_in, d] W in one matrix operation (a decode step's residual projection)."""
+    return torch.addmm(x.flatten(0, 1), z.flatten(0, 1), weight).view_as(x)
+
+
 class RMSNorm(nn.Module):
     """RMS normalisation with a learned scale, computed in at least fp32."""
 
@@ -222,9 +273,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype in (torch.float32, torch.float64):  # the same numbers without two no-op casts (decode steps)
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * self.weight).to(x.dtype)
+
 
 
 class MultiScaleRetention(nn.Module):
@@ -240,6 +294,7 @@ class MultiScaleRetention(nn.Module):
         self.log_decays = decay_logs(heads, decay)
         self._constants: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = {}
         self.norm_eps, self.rope_theta, self.use_fla, self.rope = norm_eps, rope_theta, use_fla, rope
+        self.fast_step = True  # see RetNet.set_fast_step
         # the per-head norm's learned scale (shared by the heads), as flash-linear-attention's checkpoints have it
         self.head_norm_weight = nn.Parameter(torch.ones(self.value_dim)) if head_norm_affine else None
         self.norm = RMSNorm(dim, norm_eps)
@@ -253,14 +308,21 @@ class MultiScaleRetention(nn.Module):
         return (batch_size, self.heads, self.key_dim, self.value_dim)
 
     def constant(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """``log_gamma`` (per head) or ``frequencies`` (signed rotary, per feature), made once per device and dtype:
-        a host-to-device copy on every call would stall the host until the GPU caught up, once per layer and
-        token. Moving or casting the module, copying or pickling it starts an empty cache."""
+        """``log_gamma`` (per head), ``gamma`` ([H, 1, 1]), ``partner`` (:func:`swap_pairs`) or ``frequencies``
+        (signed rotary, per feature), made
+        once per device and dtype: a host-to-device copy on every call would stall the host until the GPU caught
+        up, once per layer and token. Moving or casting the module, copying or pickling it starts an empty cache."""
         key = (name, device, dtype)
         if key not in self._constants:
             with torch.inference_mode(False):  # a normal tensor, usable in training and in inference mode
-                values = (torch.tensor(self.log_decays, dtype=torch.float64) if name == "log_gamma"
-                          else rotary_frequencies(self.key_dim, self.rope_theta, self.rope))
+                if name == "gamma":  # exp of the rounded log, as the recurrent form computes it
+                    values = self.constant("log_gamma", device, dtype).exp()[:, None, None]
+                elif name == "log_gamma":
+                    values = torch.tensor(self.log_decays, dtype=torch.float64)
+                elif name == "partner":
+                    values = swap_pairs(self.rope, self.key_dim)
+                else:
+                    values = rotary_frequencies(self.key_dim, self.rope_theta, self.rope)
                 self._constants[key] = values.to(device=device, dtype=dtype, copy=True)
         return self._constants[key]
 
@@ -272,45 +334,105 @@ class MultiScaleRetention(nn.Module):
         return {**super().__getstate__(), "_constants": {}}
 
     def forward(self, x: torch.Tensor, mode: str = "parallel", chunk_size: int = 64,
-                state: torch.Tensor | None = None, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (x + retention output, the recurrent state after these tokens)."""
+                state: torch.Tensor | None = None, offset: int = 0, need_state: bool = True,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns (x + retention output, the recurrent state after these tokens, or None unless `need_state`).
+
+        mask: [B, T] of 0/1, optional; a token with 0 (padding) adds nothing to the state or to later tokens.
+        One token in recurrent mode without autograd takes :meth:`step`, the same numbers in fewer operations.
+        """
         batch, length, _ = x.shape
+        if mode == "recurrent" and length == 1 and mask is None and self.fast_step and fast_step_applies(x):
+            core = torch.promote_types(x.dtype, torch.float32)
+            return self.step(x, state, rotary_cache(self.key_dim, self.rope_theta, self.rope, offset, 1, x.device,
+                                                    core))
         h = self.norm(x)
         q = self.q_proj(h).view(batch, length, self.heads, self.key_dim).transpose(1, 2)
         k = self.k_proj(h).view(batch, length, self.heads, self.key_dim).transpose(1, 2)
         v = self.v_proj(h).view(batch, length, self.heads, self.value_dim).transpose(1, 2)
-        out, new_state = self.retain(q, k, v, mode, chunk_size, state, offset)
+        out, new_state = self.retain(q, k, v, mode, chunk_size, state, offset, need_state, mask)
         gate = F.silu(self.g_proj(h))
         out = out.transpose(1, 2).reshape(batch, length, -1).to(gate.dtype)
         return x + self.out_proj(gate * out), new_state
 
     def retain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, chunk_size: int,
-               state: torch.Tensor | None, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+               state: torch.Tensor | None, offset: int, need_state: bool = True, mask: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-head normalised retention of [B, H, T, d] q, k, v, in fp32 or wider with autocast off."""
         core = torch.promote_types(q.dtype, torch.float32)
         with _no_autocast(q.device):
             q, k, v = q.to(core), k.to(core), v.to(core)
-            positions = torch.arange(offset, offset + q.shape[2], dtype=torch.float64, device=q.device)
-            cos, sin = rotary_tables(positions, self.constant("frequencies", q.device, torch.float64), core)
+            cos, sin = rotary_cache(self.key_dim, self.rope_theta, self.rope, offset, q.shape[2], q.device, core)
             q = rotate(q, cos, sin, self.rope)
             k = rotate(k, cos, sin, self.rope) * self.key_dim**-0.5
-            log_gamma = self.constant("log_gamma", q.device, core)
-            if state is None:
-                state = q.new_zeros(self.state_shape(q.shape[0]))
-            state = state.to(core)
+            if mask is not None:  # a padding token's key is zero: it adds nothing to any later token or the state
+                k = k * mask[:, None, :, None].to(core)
+            if state is not None:
+                state = state.to(core)
             fla_wins = mode == "chunkwise" or (mode == "recurrent" and q.shape[2] > 1)
             if self.use_fla and fla_wins and q.is_cuda and core == torch.float32 and _fla_kernels():
-                out, state = retention_fla(q, k, v, log_gamma, state, recurrent=mode == "recurrent")
+                zeros = q.new_zeros(self.state_shape(q.shape[0])) if state is None else state
+                log_gamma = self.constant("log_gamma", q.device, core)
+                out, state = retention_fla(q, k, v, log_gamma, zeros, recurrent=mode == "recurrent")
             elif mode == "parallel":
-                out, state = retention_block(q, k, v, log_gamma, state)
+                out, state = retention_block(q, k, v, self.log_decays, state, need_state)
             elif mode == "chunkwise":
-                out, state = retention_chunkwise(q, k, v, log_gamma, state, chunk_size)
+                out, state = retention_chunkwise(q, k, v, self.log_decays, state, chunk_size, need_state)
             else:
-                out, state = retention_recurrent(q, k, v, log_gamma, state)
-            out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.norm_eps)
-            if self.head_norm_weight is not None:
-                out = out * self.head_norm_weight.to(core)
-        return out, state
+                zeros = q.new_zeros(self.state_shape(q.shape[0])) if state is None else state
+                out, state = retention_recurrent(q, k, v, self.constant("log_gamma", q.device, core), zeros)
+            out = self.head_norm(out)
+        return out, state if need_state else None
+
+    def head_norm(self, out: torch.Tensor) -> torch.Tensor:
+        """The per-head RMS norm (no affine unless ``head_norm_affine``) of retention outputs [..., d_v]."""
+        out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.norm_eps)
+        return out if self.head_norm_weight is None else out * self.head_norm_weight.to(out.dtype)
+
+    def step(self, x: torch.Tensor, state: torch.Tensor | None, rotation: tuple[torch.Tensor, torch.Tensor],
+             inplace: bool = False, packed: tuple[torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode token, the recurrent form's arithmetic in fewer operations (no autograd, no autocast): x
+        [B, 1, dim]; state [B, H, d_k, d_v] in the core dtype (None: zeros); rotation: (cos, signed sin) [1, d_k] of
+        this token's position (:func:`rotary_tables`), in the core dtype. q and k are rotated together; with
+        `inplace` the state itself is updated (a preallocated decode state: :class:`RecurrentDecoder`); `packed` is
+        :meth:`packed_weights` (one projection instead of four, with weights laid out for row-vector products)."""
+        batch, (cos, sin) = x.shape[0], rotation
+        h = self.norm(x)
+        if packed is None:
+            qk = torch.cat((self.q_proj(h), self.k_proj(h)), dim=-1)
+            v, gate = self.v_proj(h), self.g_proj(h)
+        else:
+            qk, v, gate = (h @ packed[0]).split((2 * self.heads * self.key_dim, self.heads * self.value_dim,
+                                                 self.heads * self.value_dim), dim=-1)
+        qk = qk.view(batch, 2 * self.heads, self.key_dim).to(cos.dtype)
+        qk = qk * cos + qk[..., self.constant("partner", x.device, torch.long)] * sin
+        q, k = qk.view(batch, 2, self.heads, 1, self.key_dim).unbind(1)
+        if packed is None or not self.exact_key_scale:
+            k = k * self.key_dim**-0.5
+        k, v = k.mT, v.view(batch, self.heads, 1, self.value_dim).to(cos.dtype)  # k v: the outer product
+        gamma = self.constant("gamma", x.device, cos.dtype)
+        if state is None:
+            state = k * v
+        else:  # gamma S + k^T v rounded as the recurrent form rounds it (addcmul_ would fuse the multiply-add)
+            state = (state.mul_(gamma) if inplace else state * gamma).add_(k * v)
+        out = self.head_norm(q @ state).view(batch, 1, -1).to(h.dtype)
+        if packed is None:
+            return x + self.out_proj(F.silu(gate) * out), state
+        return add_product(x, F.silu(gate) * out, packed[1]), state
+
+    @property
+    def exact_key_scale(self) -> bool:
+        """Whether d_k^-0.5 is a power of two, so that scaling k's projection weight by it changes no rounding."""
+        return math.log2(self.key_dim) % 2 == 0
+
+    def packed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """For :meth:`step`, as [in, out] matrices for ``x @ W``: the q, k, v and g projections in one (a copy; k's
+        scaled by d_k^-0.5 when that is exact) and the output projection (a view). Transposed views of [out, in]
+        weights, so that every output is the same dot product as the separate projections compute."""
+        scale = self.key_dim**-0.5 if self.exact_key_scale else 1.0
+        weight = torch.cat((self.q_proj.weight, self.k_proj.weight * scale, self.v_proj.weight, self.g_proj.weight))
+        return weight.mT, self.out_proj.weight.mT
 
 
 class GatedFFN(nn.Module):
@@ -330,6 +452,16 @@ class GatedFFN(nn.Module):
         h = self.norm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
+    def step(self, x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """:meth:`forward` of one decode token with :meth:`packed_weights`."""
+        gate, up = (self.norm(x) @ packed[0]).chunk(2, dim=-1)
+        return add_product(x, F.silu(gate) * up, packed[1])
+
+    def packed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gate and up projections in one [dim, 2 hidden] matrix and the down projection as [hidden, dim]
+        (see :meth:`MultiScaleRetention.packed_weights`)."""
+        return torch.cat((self.gate_proj.weight, self.up_proj.weight)).mT, self.down_proj.weight.mT
+
 
 class RetNetBlock(nn.Module):
     """One RetNet layer: a retention sub-layer then an FFN sub-layer; either may be an ``nn.Identity``."""
@@ -342,10 +474,12 @@ class RetNetBlock(nn.Module):
         self.ffn = GatedFFN(dim, ffn_dim, norm_eps)
 
     def forward(self, x: torch.Tensor, mode: str, chunk_size: int, state: torch.Tensor | None,
-                offset: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+                offset: int, need_state: bool = True, mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         new_state = None
         if not isinstance(self.retention, nn.Identity):
-            x, new_state = self.retention(x, mode=mode, chunk_size=chunk_size, state=state, offset=offset)
+            x, new_state = self.retention(x, mode=mode, chunk_size=chunk_size, state=state, offset=offset,
+                                          need_state=need_state, mask=mask)
         return self.ffn(x), new_state
 
 
@@ -417,29 +551,35 @@ class RetNet(DepthMixin, nn.Module):
     # -- forward -----------------------------------------------------------------------------------------
 
     def forward(self, input_ids: torch.Tensor, mode: str = "parallel", chunk_size: int | None = None,
-                state: RetNetState | None = None, return_state: bool = False
-                ) -> torch.Tensor | tuple[torch.Tensor, RetNetState]:
+                state: RetNetState | None = None, return_state: bool = False,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, RetNetState]:
         """Logits [B, T, vocab] of token ids [B, T], optionally continuing from / returning a recurrent state.
 
         mode: ``parallel`` (O(T^2) memory), ``chunkwise`` (chunks of `chunk_size`, default the model's) or
         ``recurrent`` (token by token). All three give the same logits and the same final state.
+        attention_mask: [B, T] of 1 (token) and 0 (padding, e.g. the left padding of prompts of different lengths):
+        a padding token adds nothing to the state or to any later token, so every row computes what it would
+        alone (retention depends on relative positions only). Logits at padding positions are meaningless.
         """
         self._check_ids(input_ids)
         if mode not in MODES:
             raise RetNetInputError(f"Unknown mode {mode!r}; allowed are {', '.join(map(repr, MODES))}.")
         chunk_size = self.chunk_size if chunk_size is None else _check_chunk_size(chunk_size)
         layer_states, offset = self._check_state(state, input_ids.shape[0])
-        x, new_states = self._run_blocks(self.embed(input_ids), mode, chunk_size, layer_states, offset)
+        mask = _check_mask(attention_mask, input_ids)
+        x, new_states = self._run_blocks(self.embed(input_ids), mode, chunk_size, layer_states, offset,
+                                         need_state=return_state, mask=mask)
         logits = self.lm_head(self.norm(x))
         if return_state:
             return logits, RetNetState(new_states, offset + input_ids.shape[1])
         return logits
 
     def _run_blocks(self, x: torch.Tensor, mode: str, chunk_size: int, layer_states: list[torch.Tensor | None],
-                    offset: int, hidden: list[torch.Tensor] | None = None
-                    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+                    offset: int, hidden: list[torch.Tensor] | None = None, need_state: bool = True,
+                    mask: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         """Every block in turn (each recomputed in the backward pass under gradient checkpointing); `hidden`, when
-        given, collects the input of the first block and every block's output."""
+        given, collects the input of the first block and every block's output; the new states are None unless
+        `need_state`."""
         checkpointing = self.grad_checkpointing and self.training and torch.is_grad_enabled()
         share = 1.0 if self.grad_checkpointing is True else float(self.grad_checkpointing)
         checkpointed = max(1, round(share * len(self.blocks))) if checkpointing else 0
@@ -450,9 +590,10 @@ class RetNet(DepthMixin, nn.Module):
             if index < checkpointed:
                 from torch.utils.checkpoint import checkpoint
 
-                x, new_state = checkpoint(block, x, mode, chunk_size, layer_state, offset, use_reentrant=False)
+                x, new_state = checkpoint(block, x, mode, chunk_size, layer_state, offset, need_state, mask,
+                                          use_reentrant=False)
             else:
-                x, new_state = block(x, mode, chunk_size, layer_state, offset)
+                x, new_state = block(x, mode, chunk_size, layer_state, offset, need_state=need_state, mask=mask)
             new_states.append(new_state)
             if hidden is not None:
                 hidden.append(x)
@@ -476,7 +617,7 @@ class RetNet(DepthMixin, nn.Module):
             raise RetNetInputError(f"Unknown mode {mode!r}; allowed are {', '.join(map(repr, MODES))}.")
         chunk_size = self.chunk_size if chunk_size is None else _check_chunk_size(chunk_size)
         hidden: list[torch.Tensor] = []
-        self._run_blocks(self.embed(input_ids), mode, chunk_size, [None] * self.depth, 0, hidden)
+        self._run_blocks(self.embed(input_ids), mode, chunk_size, [None] * self.depth, 0, hidden, need_state=False)
         return hidden
 
     def init_state(self, batch_size: int = 1) -> RetNetState:
@@ -534,11 +675,24 @@ class RetNet(DepthMixin, nn.Module):
     # -- generation --------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, do_sample: bool = False, prefill: str = "chunkwise",
-                 chunk_size: int | None = None) -> torch.Tensor:
+    def generate(self, input_ids: torch.Tensor | Sequence[torch.Tensor], max_new_tokens: int,
+                 temperature: float = 1.0, top_k: int | None = None, do_sample: bool = False,
+                 prefill: str = "chunkwise", chunk_size: int | None = None,
+                 attention_mask: torch.Tensor | None = None, decode: str = "auto"
+                 ) -> torch.Tensor | list[torch.Tensor]:
         """Prompt [B, T] followed by `max_new_tokens` generated tokens: one parallel/chunkwise prefill pass,
-        then recurrent steps with constant memory. Greedy unless `do_sample` (temperature, then top-k)."""
+        then recurrent steps with constant memory. Greedy unless `do_sample` (temperature, then top-k).
+
+        Prompts of different lengths: a list of 1-D tensors (returned as a list, each its prompt and new tokens),
+        or a left-padded [B, T] batch with its `attention_mask` (0 = padding). Every row generates what it would
+        alone. decode: ``auto`` (``graph`` on CUDA, else ``static``), ``graph`` (the static step captured once in
+        a CUDA graph and replayed per token), ``static`` (:class:`RecurrentDecoder` run eagerly: preallocated state
+        updated in place, no host sync per token) or ``forward`` (``model(token, mode="recurrent", state=...)``
+        per token, the public API).
+        """
+        prompts = list(input_ids) if isinstance(input_ids, (list, tuple)) else None
+        if prompts is not None:
+            input_ids, attention_mask = self._left_pad(prompts)
         if prefill not in ("parallel", "chunkwise"):
             raise RetNetInputError(f"prefill must be 'parallel' or 'chunkwise', got {prefill!r}.")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -547,14 +701,176 @@ class RetNet(DepthMixin, nn.Module):
             raise RetNetInputError(f"temperature must be > 0 when sampling, got {temperature}.")
         if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
             raise RetNetInputError(f"top_k must be None or an integer >= 1, got {top_k!r}.")
-        tokens = [input_ids]
-        logits, state = self(input_ids, mode=prefill, chunk_size=chunk_size, return_state=True)
-        for step in range(max_new_tokens):
-            next_token = _pick_token(logits[:, -1].float(), temperature, top_k, do_sample)
+        if decode not in DECODES:
+            raise RetNetInputError(f"Unknown decode {decode!r}; allowed are {', '.join(map(repr, DECODES))}.")
+        if attention_mask is not None and torch.is_tensor(attention_mask) and attention_mask.shape == \
+                input_ids.shape and not bool((attention_mask[:, -1] == 1).all()):
+            raise RetNetInputError("generate needs left padding: the last column of attention_mask must be 1 in every "
+                                   "row (the next token follows each prompt's last token).")
+        logits, state = self(input_ids, mode=prefill, chunk_size=chunk_size, return_state=True,
+                             attention_mask=attention_mask)
+        step = self.decoder(state, input_ids.shape[0], decode) if max_new_tokens > 1 else None
+        tokens, logits = [input_ids], logits[:, -1]
+        for index in range(max_new_tokens):
+            next_token = _pick_token(logits.float(), temperature, top_k, do_sample)
             tokens.append(next_token)
-            if step + 1 < max_new_tokens:
-                logits, state = self(next_token, mode="recurrent", state=state, return_state=True)
-        return torch.cat(tokens, dim=1)
+            if index + 1 < max_new_tokens:
+                logits = step(next_token)
+        out = torch.cat(tokens, dim=1)
+        if prompts is None:
+            return out
+        return [row[input_ids.shape[1] - len(prompt):] for row, prompt in zip(out, prompts)]
+
+    def decoder(self, state: RetNetState, batch_size: int, decode: str = "auto"
+                ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A function from the next token ids [B, 1] to their logits [B, vocab] that continues `state` (see
+        :meth:`generate` for `decode`)."""
+        if decode == "forward":
+            return _ForwardStep(self, state)
+        on_cuda = self.embed.weight.is_cuda
+        if decode == "graph" and not on_cuda:
+            raise RetNetInputError("decode='graph' captures a CUDA graph and needs the model on a CUDA device; use "
+                                   "'static' (or 'auto') on the CPU.")
+        if decode == "graph" or (decode == "auto" and on_cuda):
+            try:
+                return RecurrentDecoder(self, state, batch_size, graph=True)
+            except RuntimeError as error:  # a capture the model does not allow (e.g. hooks that sync)
+                if decode == "graph":
+                    raise
+                warnings.warn(f"CUDA graph capture of the decode step failed ({error}); decoding eagerly.",
+                              stacklevel=3)
+        return RecurrentDecoder(self, state, batch_size, graph=False)
+
+    def set_fast_step(self, enable: bool = True) -> None:
+        """Whether a one-token recurrent call without autograd takes :meth:`MultiScaleRetention.step` (the default)
+        or the reference recurrent form (the same numbers to ~1e-7, in more operations)."""
+        for block in self.blocks:
+            if isinstance(block.retention, MultiScaleRetention):
+                block.retention.fast_step = enable
+
+    def _left_pad(self, prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompts of different lengths as one left-padded batch and its attention mask."""
+        if not prompts or any(not torch.is_tensor(p) or p.dim() != 1 or p.numel() == 0 for p in prompts):
+            raise RetNetInputError("A list of prompts must hold 1-D tensors of token ids, each of length >= 1.")
+        length = max(len(p) for p in prompts)
+        device = self.embed.weight.device
+        ids = torch.zeros(len(prompts), length, dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(prompts):
+            ids[row, length - len(prompt):] = prompt
+            mask[row, length - len(prompt):] = 1
+        return ids, mask
+
+
+class _ForwardStep:
+    """One decode step through the public API: ``model(token, mode="recurrent", state=...)``."""
+
+    def __init__(self, model: RetNet, state: RetNetState):
+        self.model, self.state = model, state
+
+    def __call__(self, token: torch.Tensor) -> torch.Tensor:
+        logits, self.state = self.model(token, mode="recurrent", state=self.state, return_state=True)
+        return logits[:, -1]
+
+
+class RecurrentDecoder:
+    """Token-by-token decoding at a fixed, small cost per token. The token, its position and the recurrent state
+    live in preallocated tensors that every step updates in place (no new state, no host sync, no input check:
+    the tokens are the model's own); with ``graph`` the step is captured once in a CUDA graph and replayed.
+
+        decoder = RecurrentDecoder(model, state, batch_size=1, graph=True)
+        logits = decoder(next_token)  # [B, vocab]; with a graph, a buffer that the next call overwrites
+
+    pack: hold the q/k/v/g and the FFN gate/up weights packed into one matrix each (one projection instead of
+    four, and of two: the same dot products), a copy of those weights for the decoder's lifetime. Default: pack
+    without a graph (a replay has no per-operator overhead to save) while the copy stays under
+    ``PACK_LIMIT_BYTES``.
+    """
+
+    PACK_LIMIT_BYTES = 256 * 2**20
+
+    def __init__(self, model: RetNet, state: RetNetState, batch_size: int, graph: bool = False,
+                 pack: bool | None = None):
+        device = model.embed.weight.device
+        self.model, self.offset = model, state.offset
+        self.core = torch.promote_types(model.embed.weight.dtype, torch.float32)
+        self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
+        self.position = torch.tensor(float(state.offset), dtype=torch.float64, device=device)
+        self.layers = [None if s is None else s.to(self.core, copy=True) for s in state.layers]
+        first = next((b.retention for b in model.blocks if isinstance(b.retention, MultiScaleRetention)), None)
+        self.frequencies = None if first is None else rotary_frequencies(first.key_dim, first.rope_theta,
+                                                                         first.rope).to(device)[None]
+        self.packed = self._pack(model) if pack or (pack is None and not graph and self._pack_bytes(model) <=
+                                                    self.PACK_LIMIT_BYTES) else None
+        self.graph, self.logits = None, None
+        if graph:
+            self._capture()
+
+    @staticmethod
+    def _pack_bytes(model: RetNet) -> int:
+        """Bytes of the packed copies: the q/k/v/g and gate/up weights of every block."""
+        return sum(p.numel() * p.element_size() for name, p in model.named_parameters() if name.startswith("blocks.")
+                   and name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "g_proj.weight",
+                                      "gate_proj.weight", "up_proj.weight")))
+
+    @staticmethod
+    def _pack(model: RetNet) -> list[tuple[Any, Any]]:
+        """Per block (retention weights, FFN weights) of ``packed_weights``, None for a removed or foreign
+        sub-layer; then (the LM head as [dim, vocab] (a view), None)."""
+        def weights(sub: nn.Module) -> tuple[torch.Tensor, ...] | None:
+            if not isinstance(sub, (MultiScaleRetention, GatedFFN)):
+                return None
+            return tuple(w.detach() for w in sub.packed_weights())
+
+        blocks = [(weights(b.retention), weights(b.ffn)) for b in model.blocks]
+        return [*blocks, (model.lm_head.weight.detach().mT, None)]
+
+    def _step(self) -> torch.Tensor:
+        """Embed self.token, run every block with the in-place state update, advance self.position."""
+        model = self.model
+        x = model.embed(self.token)
+        rotation = None
+        if self.frequencies is not None:  # the rotary tables of this position, once for every layer
+            angles = self.position * self.frequencies
+            rotation = angles.cos().to(self.core), angles.sin().to(self.core)
+        packed = self.packed or [(None, None)] * (len(model.blocks) + 1)
+        for block, state, (retention_weight, ffn_weight) in zip(model.blocks, self.layers, packed):
+            if state is not None:
+                x, _ = block.retention.step(x, state, rotation, inplace=True, packed=retention_weight)
+            x = block.ffn(x) if ffn_weight is None else block.ffn.step(x, ffn_weight)
+        self.position.add_(1)
+        head = packed[-1][0]
+        return model.lm_head(model.norm(x))[:, -1] if head is None else model.norm(x)[:, -1] @ head
+
+    def _capture(self) -> None:
+        snapshot = [None if s is None else s.clone() for s in self.layers], self.position.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up outside the graph (lazy caches, allocator)
+            for _ in range(2):
+                self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.logits = self._step()
+        for buffer, saved in zip([*self.layers, self.position], [*snapshot[0], snapshot[1]]):
+            if buffer is not None:  # the warm-up advanced the state: back to where the decoder started
+                buffer.copy_(saved)
+        self.graph = graph
+
+    @torch.no_grad()
+    def __call__(self, token: torch.Tensor) -> torch.Tensor:
+        """Logits [B, vocab] of the next token ids [B, 1]; the state advances by one token."""
+        self.token.copy_(token)
+        self.offset += 1
+        if self.graph is not None:
+            self.graph.replay()
+            return self.logits
+        return self._step()
+
+    def state(self) -> RetNetState:
+        """A copy of the current state (the decoder's own buffers keep changing)."""
+        return RetNetState([None if s is None else s.clone() for s in self.layers], self.offset)
 
 
 def _pick_token(logits: torch.Tensor, temperature: float, top_k: int | None, do_sample: bool) -> torch.Tensor:
@@ -566,6 +882,19 @@ def _pick_token(logits: torch.Tensor, temperature: float, top_k: int | None, do_
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     return torch.multinomial(logits.softmax(dim=-1), num_samples=1)
+
+
+def _check_mask(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:
+    """The attention mask as a [B, T] tensor of 0/1 (None when absent or all ones); anything else is refused."""
+    if attention_mask is None:
+        return None
+    if not torch.is_tensor(attention_mask) or attention_mask.shape != input_ids.shape:
+        found = tuple(attention_mask.shape) if torch.is_tensor(attention_mask) else type(attention_mask).__name__
+        raise RetNetInputError(f"attention_mask must be a tensor of the shape of input_ids {tuple(input_ids.shape)} "
+                               f"(1 = token, 0 = padding), got {found}.")
+    if not ((attention_mask == 0) | (attention_mask == 1)).all():
+        raise RetNetInputError("attention_mask may hold only 0 (padding) and 1 (token).")
+    return None if bool(attention_mask.all()) else attention_mask.to(input_ids.device)
 
 
 def _check_chunk_size(chunk_size: Any) -> int:
