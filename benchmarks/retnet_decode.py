@@ -45,11 +45,11 @@ from zoo.retnet import GatedFFN, RecurrentDecoder, RetNet, RMSNorm
 RESULTS = Path(__file__).resolve().parent / "results" / "retnet_decode.json"
 
 FULL = dict(model="retnet_small", overrides={}, contexts=(128, 256, 512, 1024, 2048, 4096, 8192),
-            train_lengths=(256, 512, 1024, 2048, 4096), warmup_s=1.0, steps=20, blocks=6, train_repeats=3,
+            train_lengths=(256, 512, 1024, 2048, 4096), warmup_s=1.0, rounds=400, train_repeats=3,
             generate=dict(batches=(1, 16), prompt=128, new_tokens=64, repeats=3), parallel_lengths=(512, 2048),
             parallel_repeats=5)
 QUICK = dict(model="retnet_tiny", overrides={"vocab_size": 64}, contexts=(16, 64), train_lengths=(32, 64),
-             warmup_s=0.05, steps=5, blocks=1, train_repeats=1,
+             warmup_s=0.05, rounds=5, train_repeats=1,
              generate=dict(batches=(1, 2), prompt=8, new_tokens=4, repeats=1), parallel_lengths=(32,),
              parallel_repeats=1)
 TARGETS = {"decode_ratio": {512: 1.0, 2048: 0.6}, "parallel_ratio": 1.0, "step_logits_max_abs_diff": 1e-6,
@@ -221,9 +221,10 @@ def decode_steps(retnet: RetNet, transformer: KVCacheTransformer, context: int, 
 
 @torch.inference_mode()
 def bench_decode(retnet: RetNet, transformer: KVCacheTransformer, cfg: dict, device: torch.device,
-                 batch: int) -> list[dict[str, Any]]:
-    """Per-token latency at every context, timed in interleaved blocks over contexts and models, so that a drift
-    of the machine's speed hits every context and model alike (the claims are ratios)."""
+                 batch: int) -> tuple[list[dict[str, Any]], dict[str, dict[int, float]]]:
+    """Per-token latency at every context, and paired ratios. Every round times one call of each (model, context)
+    in turn, so that the machine's drift hits all of them alike; a ratio is the median over rounds of the two
+    models' times in the same round (robust to drift that a ratio of medians is not)."""
     steps: dict[tuple[str, int], Callable[[], Any]] = {}
     memory: dict[tuple[str, int], int] = {}
     for context in cfg["contexts"]:
@@ -232,11 +233,16 @@ def bench_decode(retnet: RetNet, transformer: KVCacheTransformer, cfg: dict, dev
         memory |= {(name, context): size for name, size in sizes.items()}
     warm_up(list(steps.values()), cfg["warmup_s"], device)
     times: dict[tuple[str, int], list[float]] = {key: [] for key in steps}
-    for _ in range(cfg["blocks"]):
+    for _ in range(cfg["rounds"]):
         for key, step in steps.items():
-            times[key] += time_calls(step, cfg["steps"], device)
-    return [{"model": name, "context": context, "ms_per_token": 1e3 * statistics.median(times[(name, context)]),
+            times[key] += time_calls(step, 1, device)
+    rows = [{"model": name, "context": context, "ms_per_token": 1e3 * statistics.median(times[(name, context)]),
              "cache_bytes": memory[(name, context)]} for name, context in steps]
+    pairs = {"retnet_over_transformer": ("retnet", "transformer"),
+             "reference_over_retnet": ("retnet_reference", "retnet")}
+    paired = {label: {c: statistics.median(x / y for x, y in zip(times[(a, c)], times[(b, c)]))
+                      for c in cfg["contexts"]} for label, (a, b) in pairs.items()}
+    return rows, paired
 
 
 @torch.inference_mode()
@@ -396,11 +402,17 @@ def run(quick: bool = False, device: str = "cpu", threads: int | None = None, ba
 
 def verdicts(result: dict[str, Any]) -> dict[str, bool | None]:
     """Each target against the measured numbers (None where not measured: skipped is not passed)."""
-    ms = {(r["model"], r["context"]): r["ms_per_token"] for r in result["decode"]}
+    paired, contexts = result["paired_ratios"], sorted({r["context"] for r in result["decode"]})
     out: dict[str, bool | None] = {}
 
     def ratio(a: str, b: str, context: int) -> float | None:
-        return ms[(a, context)] / ms[(b, context)] if (a, context) in ms and (b, context) in ms else None
+        """a's time over b's, the median of the per-round ratios."""
+        if (a, b) == ("retnet", "transformer"):
+            return paired["retnet_over_transformer"].get(context)
+        if (a, b) == ("transformer", "retnet"):
+            value = paired["retnet_over_transformer"].get(context)
+            return None if value is None else 1 / value
+        return paired["reference_over_retnet"].get(context)
 
     def check(value: float | None, limit: float, at_most: bool = True) -> bool | None:
         return None if value is None else (value <= limit if at_most else value >= limit)
@@ -420,7 +432,7 @@ def verdicts(result: dict[str, Any]) -> dict[str, bool | None]:
         for context, limit in TARGETS["cuda_speedup_over_transformer"].items():
             out[f"graph step >= {limit}x faster than the Transformer's at context {context}"] = check(
                 ratio("transformer", "retnet", context), limit, at_most=False)
-        limit, contexts = TARGETS["cuda_graph_speedup_over_reference"], sorted({c for _, c in ms})
+        limit = TARGETS["cuda_graph_speedup_over_reference"]
         speedups = [ratio("retnet_reference", "retnet", c) for c in contexts]
         out[f"graph step >= {limit}x faster than the reference eager step (every context)"] = (
             None if None in speedups or not speedups else min(speedups) >= limit)
@@ -438,7 +450,8 @@ def _run(cfg: dict, quick: bool, dev: torch.device, batch: int, train: bool = Tr
     env = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "dtype": "float32",
            "batch": batch, "threads": torch.get_num_threads(), "torch": torch.__version__}
     warm_up([lambda: retnet(retnet.example_input(batch, (16,)))], cfg["warmup_s"], dev)
-    decode = [{**row, **env} for row in bench_decode(retnet, transformer, cfg, dev, batch)]
+    decode, paired = bench_decode(retnet, transformer, cfg, dev, batch)
+    decode = [{**row, **env} for row in decode]
     ratios = {}
     for name in ("retnet", "transformer"):
         ms = {r["context"]: r["ms_per_token"] for r in decode if r["model"] == name}
@@ -448,7 +461,7 @@ def _run(cfg: dict, quick: bool, dev: torch.device, batch: int, train: bool = Tr
         "params": {"retnet": count_params(retnet), "transformer": count_params(transformer)},
         "transformer_shape": {"dim": transformer.dim, "heads": transformer.heads, "depth": len(transformer.attn),
                               "ffn_dim": transformer.ffn[0].up_proj.out_features},
-        "decode": decode, "latency_ratio_longest_to_shortest": ratios,
+        "decode": decode, "paired_ratios": paired, "latency_ratio_longest_to_shortest": ratios,
         "operators_per_step": step_operators(retnet, transformer, dev),
         "step_agreement": step_agreement(retnet, dev),
         "generate": [{**row, **env, "batch": row["batch"]} for row in bench_generate(retnet, transformer, cfg, dev)],
@@ -471,8 +484,10 @@ def markdown(result: dict[str, Any]) -> str:
               "retnet_reference": "RetNet reference step"}
     lines = [f"Decode, one token at a given context: {result['model']} ({params['retnet'] / 1e6:.2f} M parameters) vs "
              f"a parameter-matched KV-cache Transformer ({params['transformer'] / 1e6:.2f} M: width {shape['dim']}, "
-             f"{shape['heads']} heads, FFN {shape['ffn_dim']}, {shape['depth']} layers); ms per token (median)", "",
-             f"| context | {' | '.join(titles[n] for n in names)} | Transformer | RetNet / Transformer | "
+             f"{shape['heads']} heads, FFN {shape['ffn_dim']}, {shape['depth']} layers); ms per token: the median of one call per "
+             "round, every model and context in "
+             "turn each round; the ratio: the median of the per-round ratios", "",
+             f"| context | {' | '.join(titles[n] for n in names)} | Transformer | RetNet / Transformer (paired) | "
              f"RetNet state MiB | KV cache MiB | {env_cols} |",
              "|---:|" + "---:|" * (len(names) + 4) + "---|---|---:|---:|---|"]
     by_key = {(r["model"], r["context"]): r for r in result["decode"]}
@@ -480,7 +495,7 @@ def markdown(result: dict[str, Any]) -> str:
         tra = by_key[("transformer", context)]
         cells = " | ".join(f"{by_key[(n, context)]['ms_per_token']:.3f}" for n in names)
         lines.append(f"| {context} | {cells} | {tra['ms_per_token']:.3f} | "
-                     f"{by_key[('retnet', context)]['ms_per_token'] / tra['ms_per_token']:.2f} | "
+                     f"{result['paired_ratios']['retnet_over_transformer'][context]:.2f} | "
                      f"{by_key[('retnet', context)]['cache_bytes'] / 2**20:.2f} | {tra['cache_bytes'] / 2**20:.2f} | "
                      f"{env} |")
     ratios, ops = result["latency_ratio_longest_to_shortest"], result["operators_per_step"]
