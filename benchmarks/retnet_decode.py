@@ -1,11 +1,12 @@
 """RetNet inference and training cost vs context length, the shape of the paper's efficiency figures.
 
 Decode: per-token latency and cache memory of ``retnet_small`` (recurrent state, O(1) in the context) and of a
-parameter-matched Transformer decoder (the same parameter count, depth and heads; its width and SwiGLU FFN
-(8/3 of the width) sized to match) with a KV cache over ``scaled_dot_product_attention`` (O(context)), at context
-lengths 128 ... 8192. Each model is prefilled to every context with its own parallel pass (RetNet: chunkwise),
-then one decode step at each context is timed many times, in blocks interleaved over contexts and models so that
-drift hits all of them alike. RetNet's step is timed as ``generate`` runs it (:class:`zoo.retnet.RecurrentDecoder`:
+parameter-matched Transformer decoder as LLaMA builds it (rotary positions, RMS norms, SwiGLU FFN of 8/3 the width;
+the same parameter count, depth and heads, its width sized to match) with a KV cache over
+``scaled_dot_product_attention`` (O(context)), at context lengths 128 ... 8192. Each model is prefilled to every
+context with its own parallel pass (RetNet: chunkwise); then every round times one decode step of each model at each
+context in turn, so that drift hits all of them alike, and a ratio is the median of the per-round ratios.
+RetNet's step is timed as ``generate`` runs it (:class:`zoo.retnet.RecurrentDecoder`:
 preallocated state updated in place; on CUDA captured in a CUDA graph) and as the reference recurrent form
 (``set_fast_step(False)``, the step before the fast path). Also: ATen operators per step (non-view operators
 dispatched, counted with a dispatch mode), tokens/s of ``generate`` at batch 1 and 16, and the parallel form's
@@ -40,7 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import zoo
 from zoo.latency.device import synchronize
-from zoo.retnet import GatedFFN, RecurrentDecoder, RetNet, RMSNorm
+from zoo.retnet import GatedFFN, RecurrentDecoder, RetNet, RMSNorm, rotary_frequencies, rotary_tables, rotate
 
 RESULTS = Path(__file__).resolve().parent / "results" / "retnet_decode.json"
 
@@ -62,7 +63,8 @@ TARGETS = {"decode_ratio": {512: 1.0, 2048: 0.6}, "parallel_ratio": 1.0, "step_l
 
 
 class CachedAttention(nn.Module):
-    """Pre-norm residual causal self-attention writing its keys and values into a preallocated cache."""
+    """Pre-norm residual causal self-attention with rotary positions (LLaMA's: rotate-half, theta 10^4), writing its
+    keys and values into a preallocated cache. q and k are rotated together, in four operations."""
 
     def __init__(self, dim: int, heads: int):
         super().__init__()
@@ -71,9 +73,12 @@ class CachedAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.out_proj = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], pos: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], pos: int,
+                rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         batch, length, dim = x.shape
-        q, k, v = self.qkv(self.norm(x)).view(batch, length, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(self.norm(x)).view(batch, length, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        q, k = rotate(qkv[:2], *rotary, "neox").unbind(0)
+        v = qkv[2]
         k_cache, v_cache = cache
         k_cache[:, :, pos : pos + length] = k
         v_cache[:, :, pos : pos + length] = v
@@ -86,8 +91,8 @@ class CachedAttention(nn.Module):
 
 
 class KVCacheTransformer(nn.Module):
-    """Decoder-only Transformer with pre-norm attention and SwiGLU FFN blocks, RMS norms and a KV cache (no
-    position code: it does not change the cost)."""
+    """Decoder-only Transformer as LLaMA builds it (pre-norm attention with rotary positions and SwiGLU FFN blocks,
+    RMS norms) with a KV cache; the rotary tables are made once per cache, for every position it holds."""
 
     def __init__(self, vocab_size: int, dim: int, depth: int, heads: int, ffn_dim: int):
         super().__init__()
@@ -98,15 +103,19 @@ class KVCacheTransformer(nn.Module):
         self.norm = RMSNorm(dim)
         self.lm_head = nn.Linear(dim, vocab_size, bias=False)
 
-    def new_cache(self, batch: int, capacity: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def new_cache(self, batch: int, capacity: int) -> list[Any]:
+        """Per layer (keys, values) of `capacity` positions, then the rotary (cos, sin) of those positions."""
         like = self.embed.weight
         shape = (batch, self.heads, capacity, self.dim // self.heads)
-        return [(like.new_zeros(shape), like.new_zeros(shape)) for _ in self.attn]
+        positions = torch.arange(capacity, dtype=torch.float64, device=like.device)
+        frequencies = rotary_frequencies(self.dim // self.heads, rope="neox").to(like.device)
+        return [(like.new_zeros(shape), like.new_zeros(shape)) for _ in self.attn] + [
+            rotary_tables(positions, frequencies, like.dtype)]
 
-    def forward(self, ids: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]], pos: int) -> torch.Tensor:
-        x = self.embed(ids)
+    def forward(self, ids: torch.Tensor, cache: list[Any], pos: int) -> torch.Tensor:
+        x, (cos, sin), end = self.embed(ids), cache[-1], pos + ids.shape[1]
         for attn, ffn, layer_cache in zip(self.attn, self.ffn, cache):
-            x = ffn(attn(x, layer_cache, pos))
+            x = ffn(attn(x, layer_cache, pos, (cos[pos:end], sin[pos:end])))
         return self.lm_head(self.norm(x))
 
     @torch.inference_mode()
@@ -167,8 +176,9 @@ def warm_up(fns: list[Callable[[], Any]], seconds: float, device: torch.device) 
     synchronize(device)
 
 
-def cache_bytes(cache: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
-    return sum(t.numel() * t.element_size() for pair in cache for t in pair)
+def cache_bytes(cache: list[Any]) -> int:
+    """Bytes of a KV cache's keys and values (the rotary tables are not counted: any position code has them)."""
+    return sum(t.numel() * t.element_size() for pair in cache[:-1] for t in pair)
 
 
 class OperatorCount(TorchDispatchMode):
@@ -484,8 +494,8 @@ def markdown(result: dict[str, Any]) -> str:
               "retnet_reference": "RetNet reference step"}
     lines = [f"Decode, one token at a given context: {result['model']} ({params['retnet'] / 1e6:.2f} M parameters) vs "
              f"a parameter-matched KV-cache Transformer ({params['transformer'] / 1e6:.2f} M: width {shape['dim']}, "
-             f"{shape['heads']} heads, FFN {shape['ffn_dim']}, {shape['depth']} layers); ms per token: the median of one call per "
-             "round, every model and context in "
+             f"{shape['heads']} heads, FFN {shape['ffn_dim']}, {shape['depth']} layers); ms per token: the median "
+             "of one call per round, every model and context in "
              "turn each round; the ratio: the median of the per-round ratios", "",
              f"| context | {' | '.join(titles[n] for n in names)} | Transformer | RetNet / Transformer (paired) | "
              f"RetNet state MiB | KV cache MiB | {env_cols} |",

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.retnet import RecurrentDecoder, RetNetInputError, rotary_frequencies, rotary_tables, rotate, swap_pairs
+from zoo.retnet import RecurrentDecoder, RetNetInputError
 
 VOCAB = 97
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -195,14 +195,6 @@ def test_bad_masks_and_decodes_are_refused():
 
 
 # -- the tables the forms share ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("rope", ["torchscale", "neox"])
-def test_swap_pairs_is_the_rotations_partner(rope):
-    frequencies = rotary_frequencies(16, rope=rope)
-    cos, sin = rotary_tables(torch.tensor([37.0]), frequencies, torch.float32)
-    x = torch.randn(3, 16)
-    assert torch.equal(x * cos + x[..., swap_pairs(rope, 16)] * sin, rotate(x, cos, sin, rope))
 
 
 def test_cached_tables_made_in_inference_mode_serve_training():

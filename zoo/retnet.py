@@ -123,20 +123,18 @@ def rotary_tables(positions: torch.Tensor, frequencies: torch.Tensor, dtype: tor
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def swap_pairs(rope: str, dim: int, device: torch.device | None = None) -> torch.Tensor:
-    """Index of each feature's rotary partner: ``x[..., swap_pairs(...)]`` is the swapped x of :func:`rotate`."""
-    index = torch.arange(dim, device=device)
-    return index.roll(dim // 2) if rope == "neox" else index.view(-1, 2).flip(-1).flatten()
+def swap_halves(x: torch.Tensor, rope: str) -> torch.Tensor:
+    """Each feature's rotary partner in its place: (x1, x0, x3, x2, ...) for ``torchscale``, (second half, first
+    half) for ``neox``."""
+    if rope == "neox":
+        return x.roll(x.shape[-1] // 2, dims=-1)
+    return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: str = "torchscale") -> torch.Tensor:
     """Rotary rotation of each pair (a, b) to (a cos - b sin, b cos + a sin), with the tables of
     :func:`rotary_tables` for the same `rope` layout (see :func:`rotary_frequencies`)."""
-    if rope == "neox":
-        swapped = x.roll(x.shape[-1] // 2, dims=-1)  # (x_half2, x_half1)
-    else:
-        swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x1, x0), (x3, x2), ...
-    return (x * cos + swapped * sin).contiguous()  # a no-op for one token; the matmuls after it want rows
+    return (x * cos + swap_halves(x, rope) * sin).contiguous()  # a no-op for one token; the matmuls want rows
 
 
 def decay_matrix(log_gamma: torch.Tensor, n: int) -> torch.Tensor:
@@ -259,11 +257,6 @@ def _no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
 # Modules.
 
 
-def add_product(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x + z W for [B, 1, d] rows and a [d_in, d] W in one matrix operation (a decode step's residual projection)."""
-    return torch.addmm(x.flatten(0, 1), z.flatten(0, 1), weight).view_as(x)
-
-
 class RMSNorm(nn.Module):
     """RMS normalisation with a learned scale, computed in at least fp32."""
 
@@ -308,8 +301,7 @@ class MultiScaleRetention(nn.Module):
         return (batch_size, self.heads, self.key_dim, self.value_dim)
 
     def constant(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """``log_gamma`` (per head), ``gamma`` ([H, 1, 1]), ``partner`` (:func:`swap_pairs`) or ``frequencies``
-        (signed rotary, per feature), made
+        """``log_gamma`` (per head), ``gamma`` ([H, 1, 1]) or ``frequencies`` (signed rotary, per feature), made
         once per device and dtype: a host-to-device copy on every call would stall the host until the GPU caught
         up, once per layer and token. Moving or casting the module, copying or pickling it starts an empty cache."""
         key = (name, device, dtype)
@@ -319,8 +311,6 @@ class MultiScaleRetention(nn.Module):
                     values = self.constant("log_gamma", device, dtype).exp()[:, None, None]
                 elif name == "log_gamma":
                     values = torch.tensor(self.log_decays, dtype=torch.float64)
-                elif name == "partner":
-                    values = swap_pairs(self.rope, self.key_dim)
                 else:
                     values = rotary_frequencies(self.key_dim, self.rope_theta, self.rope)
                 self._constants[key] = values.to(device=device, dtype=dtype, copy=True)
@@ -344,8 +334,9 @@ class MultiScaleRetention(nn.Module):
         batch, length, _ = x.shape
         if mode == "recurrent" and length == 1 and mask is None and self.fast_step and fast_step_applies(x):
             core = torch.promote_types(x.dtype, torch.float32)
-            return self.step(x, state, rotary_cache(self.key_dim, self.rope_theta, self.rope, offset, 1, x.device,
-                                                    core))
+            out, state = self.step(x[:, 0], state, rotary_cache(self.key_dim, self.rope_theta, self.rope, offset, 1,
+                                                                x.device, core))
+            return out[:, None], state
         h = self.norm(x)
         q = self.q_proj(h).view(batch, length, self.heads, self.key_dim).transpose(1, 2)
         k = self.k_proj(h).view(batch, length, self.heads, self.key_dim).transpose(1, 2)
@@ -393,33 +384,40 @@ class MultiScaleRetention(nn.Module):
              inplace: bool = False, packed: tuple[torch.Tensor, torch.Tensor] | None = None
              ) -> tuple[torch.Tensor, torch.Tensor]:
         """One decode token, the recurrent form's arithmetic in fewer operations (no autograd, no autocast): x
-        [B, 1, dim]; state [B, H, d_k, d_v] in the core dtype (None: zeros); rotation: (cos, signed sin) [1, d_k] of
+        [B, dim]; state [B, H, d_k, d_v] in the core dtype (None: zeros); rotation: (cos, signed sin) [1, d_k] of
         this token's position (:func:`rotary_tables`), in the core dtype. q and k are rotated together; with
         `inplace` the state itself is updated (a preallocated decode state: :class:`RecurrentDecoder`); `packed` is
-        :meth:`packed_weights` (one projection instead of four, with weights laid out for row-vector products)."""
-        batch, (cos, sin) = x.shape[0], rotation
-        h = self.norm(x)
+        :meth:`packed_weights` (one projection instead of four)."""
+        batch, (cos, sin), heads = x.shape[0], rotation, self.heads
+        h = self.norm.forward(x)  # a direct call: the step is one unit (hooks see the module calls of forward)
         if packed is None:
             qk = torch.cat((self.q_proj(h), self.k_proj(h)), dim=-1)
             v, gate = self.v_proj(h), self.g_proj(h)
         else:
-            qk, v, gate = (h @ packed[0]).split((2 * self.heads * self.key_dim, self.heads * self.value_dim,
-                                                 self.heads * self.value_dim), dim=-1)
-        qk = qk.view(batch, 2 * self.heads, self.key_dim).to(cos.dtype)
-        qk = qk * cos + qk[..., self.constant("partner", x.device, torch.long)] * sin
-        q, k = qk.view(batch, 2, self.heads, 1, self.key_dim).unbind(1)
+            qk, v, gate = (h @ packed[0]).split(self.split_sizes, dim=-1)
+        qk = qk.view(batch, 2 * heads, self.key_dim)
+        if qk.dtype != cos.dtype:
+            qk, v = qk.to(cos.dtype), v.to(cos.dtype)
+        qk = qk * cos + swap_halves(qk, self.rope) * sin
+        q, k = qk.view(batch, 2, heads, 1, self.key_dim).unbind(1)
         if packed is None or not self.exact_key_scale:
             k = k * self.key_dim**-0.5
-        k, v = k.mT, v.view(batch, self.heads, 1, self.value_dim).to(cos.dtype)  # k v: the outer product
-        gamma = self.constant("gamma", x.device, cos.dtype)
+        k, v = k.mT, v.view(batch, heads, 1, self.value_dim)  # k v: the outer product
         if state is None:
             state = k * v
         else:  # gamma S + k^T v rounded as the recurrent form rounds it (addcmul_ would fuse the multiply-add)
+            gamma = self.constant("gamma", x.device, cos.dtype)
             state = (state.mul_(gamma) if inplace else state * gamma).add_(k * v)
-        out = self.head_norm(q @ state).view(batch, 1, -1).to(h.dtype)
+        out = self.head_norm(q @ state).view(batch, -1)
+        if out.dtype != h.dtype:
+            out = out.to(h.dtype)
         if packed is None:
             return x + self.out_proj(F.silu(gate) * out), state
-        return add_product(x, F.silu(gate) * out, packed[1]), state
+        return torch.addmm(x, F.silu(gate) * out, packed[1]), state
+
+    @functools.cached_property
+    def split_sizes(self) -> tuple[int, int, int]:
+        return 2 * self.heads * self.key_dim, self.heads * self.value_dim, self.heads * self.value_dim
 
     @property
     def exact_key_scale(self) -> bool:
@@ -453,9 +451,9 @@ class GatedFFN(nn.Module):
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
     def step(self, x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """:meth:`forward` of one decode token with :meth:`packed_weights`."""
-        gate, up = (self.norm(x) @ packed[0]).chunk(2, dim=-1)
-        return add_product(x, F.silu(gate) * up, packed[1])
+        """:meth:`forward` of one decode token [B, dim] with :meth:`packed_weights`."""
+        gate, up = (self.norm.forward(x) @ packed[0]).chunk(2, dim=-1)
+        return torch.addmm(x, F.silu(gate) * up, packed[1])
 
     def packed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The gate and up projections in one [dim, 2 hidden] matrix and the down projection as [hidden, dim]
@@ -828,7 +826,7 @@ class RecurrentDecoder:
     def _step(self) -> torch.Tensor:
         """Embed self.token, run every block with the in-place state update, advance self.position."""
         model = self.model
-        x = model.embed(self.token)
+        x = model.embed(self.token[:, 0])
         rotation = None
         if self.frequencies is not None:  # the rotary tables of this position, once for every layer
             angles = self.position * self.frequencies
@@ -840,7 +838,7 @@ class RecurrentDecoder:
             x = block.ffn(x) if ffn_weight is None else block.ffn.step(x, ffn_weight)
         self.position.add_(1)
         head = packed[-1][0]
-        return model.lm_head(model.norm(x))[:, -1] if head is None else model.norm(x)[:, -1] @ head
+        return model.lm_head(model.norm(x)) if head is None else model.norm(x) @ head
 
     def _capture(self) -> None:
         snapshot = [None if s is None else s.clone() for s in self.layers], self.position.clone()
