@@ -47,11 +47,12 @@ RESULTS = Path(__file__).resolve().parent / "results" / "retnet_decode.json"
 
 FULL = dict(model="retnet_small", overrides={}, contexts=(128, 256, 512, 1024, 2048, 4096, 8192),
             train_lengths=(256, 512, 1024, 2048, 4096), warmup_s=1.0, rounds=400, train_repeats=3,
-            generate=dict(batches=(1, 16), prompt=128, new_tokens=64, repeats=3), parallel_lengths=(512, 2048),
+            generate=dict(batches=(1, 16), prompts=(128, 2048), new_tokens=64, repeats=3),
+            parallel_lengths=(512, 2048),
             parallel_repeats=5)
 QUICK = dict(model="retnet_tiny", overrides={"vocab_size": 64}, contexts=(16, 64), train_lengths=(32, 64),
              warmup_s=0.05, rounds=5, train_repeats=1,
-             generate=dict(batches=(1, 2), prompt=8, new_tokens=4, repeats=1), parallel_lengths=(32,),
+             generate=dict(batches=(1, 2), prompts=(8,), new_tokens=4, repeats=1), parallel_lengths=(32,),
              parallel_repeats=1)
 TARGETS = {"decode_ratio": {512: 1.0, 2048: 0.6}, "parallel_ratio": 1.0, "step_logits_max_abs_diff": 1e-6,
            # CUDA, batch 1: the graph-captured step vs the Transformer's and vs the reference eager step
@@ -284,19 +285,21 @@ def step_agreement(retnet: RetNet, device: torch.device, context: int = 64, toke
 
 def bench_generate(retnet: RetNet, transformer: KVCacheTransformer, cfg: dict, device: torch.device
                    ) -> list[dict[str, Any]]:
-    """New tokens per second of greedy ``generate`` (prefill included) at each batch, the models interleaved."""
+    """New tokens per second of greedy ``generate`` (prefill included) at each batch and prompt length, the two
+    models interleaved."""
     gen, rows = cfg["generate"], []
     for batch in gen["batches"]:
-        prompt = torch.randint(0, retnet.vocab_size, (batch, gen["prompt"]), device=device)
-        calls = {"retnet": lambda p=prompt: retnet.generate(p, gen["new_tokens"]),
-                 "transformer": lambda p=prompt: transformer.generate(p, gen["new_tokens"])}
-        warm_up(list(calls.values()), cfg["warmup_s"], device)
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        for _ in range(gen["repeats"]):
-            for name, call in calls.items():
-                times[name] += time_calls(call, 1, device)
-        rows += [{"model": name, "batch": batch, "prompt": gen["prompt"], "new_tokens": gen["new_tokens"],
-                  "tokens_per_s": batch * gen["new_tokens"] / statistics.median(times[name])} for name in calls]
+        for length in gen["prompts"]:
+            prompt = torch.randint(0, retnet.vocab_size, (batch, length), device=device)
+            calls = {"retnet": functools.partial(retnet.generate, prompt, gen["new_tokens"]),
+                     "transformer": functools.partial(transformer.generate, prompt, gen["new_tokens"])}
+            warm_up(list(calls.values()), cfg["warmup_s"], device)
+            times: dict[str, list[float]] = {name: [] for name in calls}
+            for _ in range(gen["repeats"]):
+                for name, call in calls.items():
+                    times[name] += time_calls(call, 1, device)
+            rows += [{"model": name, "batch": batch, "prompt": length, "new_tokens": gen["new_tokens"],
+                      "tokens_per_s": batch * gen["new_tokens"] / statistics.median(times[name])} for name in calls]
     return rows
 
 
@@ -517,13 +520,13 @@ def markdown(result: dict[str, Any]) -> str:
               f"over 16 steps; greedy generate equal: {agreement['greedy_generate_equal']}."]
     gen = result["generate"]
     if gen:
-        lines += ["", f"Greedy generate, tokens/s (prompt {gen[0]['prompt']}, {gen[0]['new_tokens']} new tokens, "
-                  "prefill included)", "", "| batch | RetNet tokens/s | Transformer tokens/s | ratio |",
-                  "|---:|---:|---:|---:|"]
-        by_gen = {(r["model"], r["batch"]): r["tokens_per_s"] for r in gen}
-        for batch in sorted({r["batch"] for r in gen}):
-            ret, tra = by_gen[("retnet", batch)], by_gen[("transformer", batch)]
-            lines.append(f"| {batch} | {ret:.0f} | {tra:.0f} | {ret / tra:.2f} |")
+        lines += ["", f"Greedy generate, new tokens per second ({gen[0]['new_tokens']} new tokens, the prompt's "
+                  "prefill included)", "", "| batch | prompt | RetNet tokens/s | Transformer tokens/s | ratio |",
+                  "|---:|---:|---:|---:|---:|"]
+        by_gen = {(r["model"], r["batch"], r["prompt"]): r["tokens_per_s"] for r in gen}
+        for batch, length in sorted({(r["batch"], r["prompt"]) for r in gen}):
+            ret, tra = by_gen[("retnet", batch, length)], by_gen[("transformer", batch, length)]
+            lines.append(f"| {batch} | {length} | {ret:.0f} | {tra:.0f} | {ret / tra:.2f} |")
     if result["parallel"]:
         lines += ["", "Parallel form forward (batch 1), ours vs torchscale's RetNetDecoder with the same weights", "",
                   "| tokens | zoo ms | torchscale ms | ratio |", "|---:|---:|---:|---:|"]
