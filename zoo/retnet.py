@@ -39,6 +39,13 @@ used for the chunkwise form, and the recurrent form over more than one token, of
 is importable. A one-token decode step stays on the PyTorch path, which was faster there (retnet_small shapes,
 batch 4, H200: 0.12 ms vs 0.29 ms per recurrent kernel call; fla was 10.7x faster over 64 tokens and 8.2x faster
 for the chunkwise forward at 2048 tokens; docs/benchmarks.md).
+
+Speed: the decay matrices and rotary tables are made once per length, device and dtype and shared by every layer
+and call (:func:`decay_tables`, :func:`rotary_cache`), and a forward without ``return_state`` computes no state.
+A one-token recurrent call without autograd takes :meth:`MultiScaleRetention.step`: the recurrent form's arithmetic
+(bit for bit) in fewer operations. ``generate`` decodes with :class:`RecurrentDecoder`: the state preallocated and
+updated in place, packed projections, no host sync per token, and on CUDA the step captured in a CUDA graph.
+Prompts of different lengths decode in one batch (left padding: a padding token's key is zero).
 """
 
 from __future__ import annotations
