@@ -40,6 +40,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import zoo
+from zoo.files import write_json
 from zoo.latency.device import synchronize
 from zoo.retnet import GatedFFN, RecurrentDecoder, RetNet, RMSNorm, rotary_frequencies, rotary_tables, rotate
 
@@ -86,8 +87,11 @@ class CachedAttention(nn.Module):
         end = pos + length
         if pos == 0:  # prefill: causal attention inside the prompt
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # decode: the new tokens attend to everything cached
+        elif length == 1:  # decode: the new token attends to everything cached
             out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end])
+        else:  # a chunk after a prefix: causal inside the chunk, everything before it
+            allowed = torch.ones(length, end, dtype=torch.bool, device=x.device).tril(diagonal=pos)
+            out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=allowed)
         return x + self.out_proj(out.transpose(1, 2).reshape(batch, length, dim))
 
 
@@ -260,8 +264,8 @@ def bench_decode(retnet: RetNet, transformer: KVCacheTransformer, cfg: dict, dev
 def step_operators(retnet: RetNet, transformer: KVCacheTransformer, device: torch.device) -> dict[str, int]:
     """Non-view ATen operators of one decode step (batch 1, context 16) of each model."""
     steps, _ = decode_steps(retnet, transformer, 16, 1, device)
-    if device.type == "cuda":  # a graph replay dispatches nothing: count what it replays
-        steps["retnet"] = steps.pop("retnet_eager")
+    if device.type == "cuda":  # a graph replay dispatches nothing: count the eager step (the graph records that
+        steps["retnet"] = steps.pop("retnet_eager")  # step unpacked: a few operators more than counted here)
     return {name: count_operators(fn) for name, fn in steps.items()}
 
 
@@ -396,11 +400,12 @@ def bench_train(model: RetNet, cfg: dict, device: torch.device, batch: int) -> l
 
 
 def run(quick: bool = False, device: str = "cpu", threads: int | None = None, batch: int = 1, train: bool = True,
-        model_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+        model_kwargs: dict[str, Any] | None = None, out: str | None = None) -> dict[str, Any]:
     """Run the decode (and, with `train`, the training) benchmarks; `quick` is a seconds-long smoke configuration.
 
     threads: torch threads (default: 1 on the CPU, where the targets are stated). model_kwargs: extra arguments of
-    the RetNet (e.g. ``{"use_fla": False}`` for the PyTorch path on CUDA).
+    the RetNet (e.g. ``{"use_fla": False}`` for the PyTorch path on CUDA). out: a folder for ``retnet_decode.json``
+    (``python -m benchmarks run`` passes its ``--out``; the JSON is written only when given).
     """
     previous_threads = torch.get_num_threads()
     device = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
@@ -409,7 +414,11 @@ def run(quick: bool = False, device: str = "cpu", threads: int | None = None, ba
     try:
         cfg = QUICK if quick else FULL
         cfg = {**cfg, "overrides": {**cfg["overrides"], **(model_kwargs or {})}}
-        return _run(cfg, quick, torch.device(device), batch, train)
+        result = _run(cfg, quick, torch.device(device), batch, train)
+        if out is not None:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            write_json(Path(out) / "retnet_decode.json", result)
+        return result
     finally:  # leave the process as it was (the smoke test runs inside pytest)
         torch.set_flush_denormal(False)
         torch.set_num_threads(previous_threads)
@@ -417,7 +426,8 @@ def run(quick: bool = False, device: str = "cpu", threads: int | None = None, ba
 
 def verdicts(result: dict[str, Any]) -> dict[str, bool | None]:
     """Each target against the measured numbers (None where not measured: skipped is not passed)."""
-    paired, contexts = result["paired_ratios"], sorted({r["context"] for r in result["decode"]})
+    paired = {label: {int(c): v for c, v in ratios.items()} for label, ratios in result["paired_ratios"].items()}
+    contexts = sorted({int(r["context"]) for r in result["decode"]})  # int keys also after a JSON round trip
     out: dict[str, bool | None] = {}
 
     def ratio(a: str, b: str, context: int) -> float | None:
@@ -436,7 +446,7 @@ def verdicts(result: dict[str, Any]) -> dict[str, bool | None]:
         for context, limit in TARGETS["decode_ratio"].items():
             out[f"decode step <= {limit}x the Transformer's at context {context}"] = check(
                 ratio("retnet", "transformer", context), limit)
-        lengths = {r["length"]: r["ratio"] for r in result["parallel"]}
+        lengths = {int(r["length"]): r["ratio"] for r in result["parallel"]}
         for length in (512, 2048):
             out[f"parallel form <= {TARGETS['parallel_ratio']}x torchscale's at {length} tokens"] = check(
                 lengths.get(length), TARGETS["parallel_ratio"])

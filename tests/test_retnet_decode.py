@@ -185,7 +185,7 @@ def test_bad_masks_and_decodes_are_refused():
     right_padded[0, -1] = 0
     with pytest.raises(RetNetInputError, match="left padding"):
         model.generate(ids, 3, attention_mask=right_padded)
-    with pytest.raises(RetNetInputError, match="1-D tensors"):
+    with pytest.raises(RetNetInputError, match="1-D integer tensors"):
         model.generate([ids[0], ids], 3)
     with pytest.raises(RetNetInputError, match="Unknown decode"):
         model.generate(ids, 3, decode="fastest")
@@ -246,3 +246,94 @@ def test_generate_on_cuda_uses_the_graph_and_equals_the_reference():
     reference = reference_of(model).generate(ids, 20, decode="forward")
     assert torch.equal(model.generate(ids, 20), reference)
     assert torch.equal(model.generate(ids, 20, decode="graph"), reference)
+
+
+# -- the corners a review found ------------------------------------------------------------------------------
+
+
+def test_generate_under_autocast_keeps_the_reference_path():
+    """Under autocast the retention core must stay in fp32: generate decodes through forward, as the reference."""
+    model = make_model()
+    ids = prompt(2, 15)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = reference_of(model).generate(ids, 12, decode="forward")
+        assert torch.equal(model.generate(ids, 12), expected)
+        assert torch.equal(model.generate(ids, 12, decode="static"), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_models_generate_as_the_reference(dtype):
+    model = make_model(dtype)
+    ids = prompt(2, 15)
+    expected = reference_of(model).generate(ids, 12, decode="forward")
+    assert torch.equal(model.generate(ids, 12), expected)
+    with torch.no_grad():
+        _, state = model(ids, mode="chunkwise", return_state=True)
+    assert RecurrentDecoder(model, state, 2).packed is None  # packing only where it changes no rounding
+
+
+def test_packed_weights_are_made_once_and_follow_weight_changes():
+    model = make_model()
+    ids = prompt(1, 8)
+    first = model.packed_decode_weights()
+    assert model.packed_decode_weights() is first
+    with torch.no_grad():
+        model.blocks[0].retention.q_proj.weight.mul_(1.5)
+    assert model.packed_decode_weights() is not first
+    assert torch.equal(model.generate(ids, 10), reference_of(model).generate(ids, 10, decode="forward"))
+    assert "_decode_pack" not in copy.deepcopy(model).__dict__
+
+
+def test_decoder_refuses_a_state_of_another_model_or_batch():
+    model, pruned = make_model(), make_model(prune=True)
+    with torch.no_grad():
+        _, state = pruned(prompt(2, 5), return_state=True)
+    with pytest.raises(RetNetInputError, match="does not fit"):
+        model.decoder(state, 2)
+    with pytest.raises(RetNetInputError, match="does not fit"):
+        pruned.decoder(state, 3)
+    with pytest.raises(RetNetInputError, match="Unknown decode"):
+        pruned.decoder(state, 2, "bogus")
+
+
+def test_fast_step_takes_a_state_of_a_wider_dtype():
+    model = make_model()
+    with torch.no_grad():
+        _, state = model(prompt(1, 6), return_state=True)
+        wide = type(state)([None if s is None else s.double() for s in state.layers], state.offset)
+        torch.testing.assert_close(model(prompt(1, 1), mode="recurrent", state=wide),
+                                   model(prompt(1, 1), mode="recurrent", state=state))
+
+
+def test_bad_prompt_lists_are_refused():
+    model = make_model()
+    with pytest.raises(RetNetInputError, match="integer"):
+        model.generate([torch.tensor([1.7, 2.9])], 3)
+    with pytest.raises(RetNetInputError, match="without one"):
+        model.generate([prompt(1, 3)[0]], 3, attention_mask=torch.ones(1, 3))
+    if not torch.cuda.is_available():
+        with pytest.raises(RetNetInputError, match="CUDA"):
+            model.generate(prompt(1, 3), 1, decode="graph")
+
+
+def test_decoder_made_in_inference_mode_works_outside_it():
+    model = make_model()
+    with torch.inference_mode():
+        _, state = model(prompt(1, 6), return_state=True)
+        decoder = model.decoder(state, 1)
+    token = prompt(1, 1)
+    logits = decoder(token)
+    with torch.no_grad():
+        expected = reference_of(model)(token, mode="recurrent", state=state)
+    torch.testing.assert_close(logits, expected[:, -1], rtol=0, atol=1e-6)
+
+
+def test_large_decay_matrices_are_not_kept_between_calls():
+    from zoo import retnet
+
+    retnet._cached_decay_tables.cache_clear()
+    small = retnet.decay_tables((-0.1, -0.2), 16, torch.device("cpu"), torch.float32)
+    assert retnet.decay_tables((-0.1, -0.2), 16, torch.device("cpu"), torch.float32)[0] is small[0]
+    n = int((retnet.TABLE_CACHE_BYTES / 8) ** 0.5) + 1  # 2 heads x n x n x 4 bytes just over the budget
+    retnet.decay_tables((-0.1, -0.2), n, torch.device("cpu"), torch.float32)
+    assert retnet._cached_decay_tables.cache_info().currsize == 1
