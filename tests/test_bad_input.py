@@ -193,6 +193,7 @@ PRUNE_CASES = [
     (["prune.search=annealing"], "prune.search='annealing'; allowed: dp, greedy, random"),
     (["prune.importance=taylor"], "prune.importance='taylor'; allowed: loss, similarity, finetune"),
     (["prune.workload=decode"], "needs a recurrent language model"),
+    (["prune.export=tflite"], "prune.export='tflite'; allowed: null, onnx, torch_export"),
     (["prune.dtype=float16"], "float16"),
     (["prune.plan=/nonexistent/plan.json"], "Cannot read plan file /nonexistent/plan.json"),
     (["prune.plan={base}/bad_plan.json"], "is not JSON"),

@@ -41,7 +41,7 @@ def run_prune(*overrides: str, base: Path, run_dir: Path | None = None, timeout:
 @pytest.fixture(scope="module")
 def digits_prune(tmp_path_factory):
     base = tmp_path_factory.mktemp("prune_digits")
-    proc = run_prune(*TINY, base=base)
+    proc = run_prune(*TINY, "prune.export=onnx", base=base)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return base, proc
 
@@ -53,6 +53,9 @@ def test_prune_py_digits_end_to_end(digits_prune):
                 "measured_speedup", "lut", "timings_s", "checkpoint"):
         assert key in results
     assert results["model"] == "mobilenetv2_035" and results["plan"]["remove"]
+    export = results["export"]  # prune.export=onnx: the pruned, merged model in onnxruntime
+    assert export["passed"] and export["max_rel_diff"] <= 1e-4 and (base / "run" / "pruned.onnx").is_file()
+    assert export["input_shapes"] == [[1, 3, 16, 16]]
     for side in ("baseline", "pruned"):
         assert results[side]["latency_ms"] > 0 and results[side]["params"] > 0 and "val/acc1" in results[side][
             "metrics"]
@@ -140,10 +143,13 @@ def test_checkpoint_of_another_model_is_refused(digits_prune, tmp_path):
 
 @pytest.mark.parametrize("workload", ["forward", "decode"])
 def test_prune_py_bytes_language_model(workload, tmp_path):
-    proc = run_prune(*TINY_LM, f"prune.workload={workload}", base=tmp_path)
+    proc = run_prune(*TINY_LM, f"prune.workload={workload}", "prune.export=torch_export", base=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["workload"] == workload and results["plan"]["remove"]
+    expected_form = {"forward": "parallel", "decode": "recurrent"}[workload]  # the decode step for decode pruning
+    assert results["export"]["form"] == expected_form and results["export"]["passed"]
+    assert (tmp_path / "run" / "pruned.pt2").is_file()
     assert all(name.endswith((".retention", ".ffn")) for name in results["plan"]["remove"])
     assert "val/ppl" in results["pruned"]["metrics"] and results["measured_speedup"] > 1.0
     (run_file,) = find_run_files(tmp_path / "run")

@@ -6,7 +6,8 @@
 from . import mobilenetv2, resnetv2, retnet, tresnet  # noqa: F401 - importing registers the families
 from .checkpoint import read_checkpoint_meta, save_checkpoint
 from .depth import DepthUnit, depth_units
-from .errors import PlanError, UnknownModelError, WeightsError, ZooError
+from .errors import ExportError, PlanError, UnknownModelError, WeightsError, ZooError
+from .export import export
 from .factory import create_model, load
 from .fuse import fuse
 from .registry import get_entry, is_model, list_models, register_model
@@ -16,7 +17,7 @@ from .tags import known_tags, model_info
 __version__ = "0.1.0"
 
 __all__ = [
-    "DepthUnit", "PlanError", "UnknownModelError", "WeightsError", "ZooError", "apply_plan", "create_model",
-    "depth_units", "fuse", "get_entry", "is_model", "known_tags", "list_models", "load", "model_info",
-    "read_checkpoint_meta", "register_model", "remove_units", "save_checkpoint",
+    "DepthUnit", "ExportError", "PlanError", "UnknownModelError", "WeightsError", "ZooError", "apply_plan",
+    "create_model", "depth_units", "export", "fuse", "get_entry", "is_model", "known_tags", "list_models", "load",
+    "model_info", "read_checkpoint_meta", "register_model", "remove_units", "save_checkpoint",
 ]

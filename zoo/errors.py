@@ -104,3 +104,7 @@ class TrainingInterrupted(Interrupted):
     def __init__(self, signum: int, checkpoint: str | None, hint: str = ""):
         self.checkpoint = checkpoint
         super().__init__(signum, f"Training interrupted by signal {signum}; saved {checkpoint or 'nothing'}.{hint}")
+
+
+class ExportError(ZooError):
+    """An export that cannot be made or does not reproduce the model (zoo.export)."""

@@ -62,6 +62,7 @@ class PruneSettings:
     workload: str = "forward"
     plan: str | None = None
     force: bool = False
+    export: str | None = None
     max_memory_mb: float | None = None
     lut: dict[str, Any] = field(default_factory=dict)
     measure: dict[str, Any] = field(default_factory=dict)
@@ -113,6 +114,19 @@ PRUNE_RANGES = (  # (key, lowest, highest, lowest excluded?): see zoo.training.c
 )
 
 
+def export_pruned(cfg: Any, pruned: nn.Module, data: Any, output_dir: Path) -> dict[str, Any]:
+    """``prune.export``: the pruned model as ``pruned.onnx`` or ``pruned.pt2`` at batch 1 and the data's input size
+    (RetNet: the decode step too, for ``prune.workload=decode``), checked against PyTorch (zoo.export)."""
+    from ..export import export
+
+    suffix = {"onnx": "onnx", "torch_export": "pt2"}[cfg.prune.export]
+    form = "recurrent" if cfg.prune.workload == "decode" else "parallel"
+    report = export(copy.deepcopy(pruned).cpu().float(), output_dir / f"pruned.{suffix}", format=cfg.prune.export,
+                    input_size=data.input_size, form=form)
+    _log.info("exported %s (%s; max difference %.1e relative)", report.path, report.checked_with, report.max_rel_diff)
+    return report.as_dict()
+
+
 def validate_prune(cfg: Any) -> None:
     """Checks before any long work: budget, choices, ranges, device, the files it names (raises ZooError)."""
     from ..latency.device import resolve_device, resolve_dtype
@@ -133,6 +147,13 @@ def validate_prune(cfg: Any) -> None:
     if p.workload == "decode" and not _is_recurrent(get_entry(cfg.model.name)):
         raise ZooError(f"prune.workload=decode needs a recurrent language model; model={cfg.model.name} has no "
                        "recurrent state. Use prune.workload=forward.")
+    if p.export is not None:
+        from ..export import FORMATS, _require
+
+        if p.export not in FORMATS:
+            raise ZooError(f"prune.export={p.export!r}; allowed: null, {', '.join(FORMATS)}.")
+        if p.export == "onnx":
+            _require("onnx", "onnxscript", "onnxruntime")
     if p.plan:
         read_plan_file(p.plan)
     if cfg.checkpoint:
@@ -806,6 +827,8 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         results["finetune_memory"] = getattr(pruned, "finetune_memory", {})
         results["fingerprint"] = fingerprint(config)
         results["checkpoint_sha256"] = file_digest(checkpoint)
+        if cfg.prune.export:
+            results["export"] = export_pruned(cfg, pruned, data, output_dir)
         log_to_wandb(logger, table, options, damages, plan, results)
     except BaseException:
         logger.finish(exit_code=1)

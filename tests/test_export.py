@@ -1,0 +1,85 @@
+"""zoo.export: every family, pruned and merged or not, to ONNX (checked in onnxruntime) and torch.export programs;
+RetNet's parallel form and its decode step; the parity check and its refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import zoo
+from zoo.errors import ExportError
+
+SMALL = (3, 64, 64)
+
+
+@pytest.mark.parametrize("name", ["mobilenetv2_035", "tresnet_m", "resnetv2_50x1_bit"])
+@pytest.mark.parametrize("fmt,suffix", [("onnx", "onnx"), ("torch_export", "pt2")])
+def test_every_cnn_family_exports_within_tolerance(name, fmt, suffix, tmp_path):
+    torch.manual_seed(0)
+    model = zoo.create_model(name, num_classes=10)
+    report = zoo.export(model, tmp_path / f"m.{suffix}", format=fmt, input_size=SMALL, batch_size=2)
+    assert report.passed and report.max_rel_diff <= 1e-4 and report.input_shapes == [[2, *SMALL]]
+    assert (tmp_path / f"m.{suffix}").stat().st_size > 0
+    assert report.checked_with.startswith("onnxruntime" if fmt == "onnx" else "torch.export")
+
+
+def test_pruned_merged_and_fused_models_export(tmp_path):
+    """Removed blocks, merged convolutions (dense convs replacing a depthwise chain) and the deploy form."""
+    torch.manual_seed(0)
+    model = zoo.create_model("mobilenetv2_035", num_classes=10).eval()
+    acts = [u.name for u in zoo.depth_units(model, SMALL) if u.kind == "act"][:3]
+    blocks = [u.name for u in zoo.depth_units(model, SMALL) if u.kind == "block" and u.removable][:1]
+    pruned = zoo.apply_plan(model, {"remove": acts + blocks, "merge": True}, inplace=False).eval()
+    for candidate, path in ((pruned, "pruned.onnx"), (zoo.fuse(pruned), "fused.onnx")):
+        report = zoo.export(candidate, tmp_path / path, input_size=SMALL)
+        assert report.passed and report.max_rel_diff <= 1e-4
+
+
+@pytest.mark.parametrize("prune", [False, True])
+@pytest.mark.parametrize("fmt,suffix", [("onnx", "onnx"), ("torch_export", "pt2")])
+def test_retnet_parallel_form_and_decode_step(prune, fmt, suffix, tmp_path):
+    torch.manual_seed(0)
+    model = zoo.create_model("retnet_tiny", vocab_size=97).eval()
+    if prune:
+        model = zoo.remove_units(model, ["blocks.0.retention", "blocks.1.ffn"])
+    parallel = zoo.export(model, tmp_path / f"p.{suffix}", format=fmt, input_size=(24,))
+    assert parallel.passed and parallel.input_shapes == [[1, 24]]
+    step = zoo.export(model, tmp_path / f"s.{suffix}", format=fmt, form="recurrent", batch_size=2)
+    assert step.passed and step.max_rel_diff <= 1e-4
+    assert step.input_shapes[0] == [2, 1] and len(step.input_shapes) == 2 + (1 if prune else 2)  # token, position,
+    # one state per retention sub-layer
+
+
+def test_the_recurrent_form_is_the_models_decode_step():
+    """The exported step function computes what model(token, mode='recurrent', state=...) computes."""
+    from zoo.export import RecurrentForm
+
+    torch.manual_seed(0)
+    model = zoo.create_model("retnet_tiny", vocab_size=97).eval()
+    with torch.no_grad():
+        _, state = model(torch.randint(0, 97, (2, 9)), return_state=True)
+        token = torch.randint(0, 97, (2, 1))
+        expected, expected_state = model(token, mode="recurrent", state=state, return_state=True)
+        logits, *states = RecurrentForm(model)(token, torch.tensor(9.0, dtype=torch.float64), *state.layers)
+    torch.testing.assert_close(logits, expected[:, -1], rtol=0, atol=0)
+    for got, want in zip(states, expected_state.layers):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_difference_beyond_the_tolerance_is_an_error(tmp_path):
+    """The parity check can fail: BiT's ONNX graph differs from PyTorch by ~1e-5, beyond rtol=0."""
+    torch.manual_seed(0)
+    model = zoo.create_model("resnetv2_50x1_bit", num_classes=10)
+    with pytest.raises(ExportError, match="differs from PyTorch by .* beyond rtol=0"):
+        zoo.export(model, tmp_path / "bit.onnx", input_size=SMALL, rtol=0.0)
+    assert (tmp_path / "bit.onnx").is_file()  # written, so that it can be inspected
+
+
+def test_bad_requests_are_refused(tmp_path):
+    model = zoo.create_model("mobilenetv2_035", num_classes=10)
+    with pytest.raises(ExportError, match="Unknown export format 'tflite'"):
+        zoo.export(model, tmp_path / "m.tflite", format="tflite")
+    with pytest.raises(ExportError, match=r"\.pt2"):
+        zoo.export(model, tmp_path / "m.onnx", format="torch_export")
+    with pytest.raises(ExportError, match="no.*decode step|has none"):
+        zoo.export(model, tmp_path / "m.onnx", form="recurrent")

@@ -1,0 +1,240 @@
+"""Export of any zoo model, pruned and merged or not, to ONNX or a ``torch.export`` program, with a parity check.
+
+    report = zoo.export(model, "model.onnx")                      # ONNX, checked in onnxruntime
+    report = zoo.export(model, "model.pt2", format="torch_export")  # torch.export.save, checked by running it
+    report = zoo.export(retnet, "step.onnx", form="recurrent")    # RetNet's one-token step with its state
+
+The exported program is run on the example input (the model's default input size, or ``example=``) and its
+outputs are compared with the PyTorch model's: the report holds the largest absolute and relative difference
+(relative to the largest PyTorch output), and an export whose difference exceeds ``rtol`` raises
+:class:`~zoo.errors.ExportError` after writing the file (so it can be inspected). Shapes are static: the batch and
+input size of the example (a RetNet's sequence length too); export again for another shape.
+
+RetNet forms: ``parallel`` (token ids [B, T] -> logits [B, T, vocab]) and ``recurrent`` (the decode step: token
+ids [B, 1], the position as a float64 scalar and one state per retention sub-layer -> logits [B, vocab] and the
+new states), the arithmetic of :meth:`zoo.retnet.MultiScaleRetention.step`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import ExportError
+
+FORMATS = ("onnx", "torch_export")
+FORMS = ("parallel", "recurrent")
+
+
+@dataclass
+class ExportReport:
+    """What :func:`export` wrote and how closely the exported program reproduces the model."""
+
+    path: str
+    format: str
+    form: str
+    checked_with: str
+    input_shapes: list[list[int]]
+    max_abs_diff: float
+    max_rel_diff: float
+    rtol: float
+    passed: bool
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ParallelForm(nn.Module):
+    """A RetNet's parallel forward without its host-side input checks (a traced program cannot branch on data)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        x, _ = m._run_blocks(m.embed(input_ids), "parallel", m.chunk_size, [None] * m.depth, 0, need_state=False)
+        return m.lm_head(m.norm(x))
+
+
+class RecurrentForm(nn.Module):
+    """A RetNet's one-token decode step as a pure function: (token ids [B, 1], position, states...) -> (logits
+    [B, vocab], new states...), one state per retention sub-layer that is present."""
+
+    def __init__(self, model: nn.Module):
+        from .retnet import MultiScaleRetention, rotary_frequencies
+
+        super().__init__()
+        self.model = model
+        self.present = [isinstance(b.retention, MultiScaleRetention) for b in model.blocks]
+        first = next((b.retention for b, ok in zip(model.blocks, self.present) if ok), None)
+        self.rope = None if first is None else first.rope
+        frequencies = None if first is None else rotary_frequencies(first.key_dim, first.rope_theta, first.rope)
+        self.register_buffer("frequencies", frequencies[None] if frequencies is not None else None, persistent=False)
+
+    def forward(self, token: torch.Tensor, position: torch.Tensor, *states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        m = self.model
+        core = torch.promote_types(m.embed.weight.dtype, torch.float32)
+        x = m.embed(token[:, 0])
+        rotation = None
+        if self.frequencies is not None:
+            angles = position.to(torch.float64) * self.frequencies
+            rotation = angles.cos().to(core), angles.sin().to(core)
+        new_states, remaining = [], list(states)
+        for block, present in zip(m.blocks, self.present):
+            if present:
+                x, state = block.retention.step(x, remaining.pop(0), rotation)
+                new_states.append(state)
+            x = block.ffn(x)
+        return (m.lm_head(m.norm(x)), *new_states)
+
+    def example(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        """A token, position 7 and random states (so that every part of the step matters)."""
+        m = self.model
+        device = m.embed.weight.device
+        generator = torch.Generator().manual_seed(0)
+        states = m.init_state(batch_size).layers
+        states = [torch.randn(s.shape, generator=generator, dtype=s.dtype).to(device) for s in states if s is not None]
+        return (torch.ones(batch_size, 1, dtype=torch.long, device=device),
+                torch.tensor(7.0, dtype=torch.float64, device=device), *states)
+
+
+def export(model: nn.Module, path: str | Path, format: str = "onnx", example: Any = None, batch_size: int = 1,
+           input_size: Sequence[int] | None = None, form: str = "parallel", rtol: float = 1e-4,
+           opset: int | None = None) -> ExportReport:
+    """Write `model` (eval mode) to `path` as ONNX or a ``torch.export`` program and check it against PyTorch.
+
+    example: the input (a tensor or a tuple); default the model's ``example_input(batch_size, input_size)`` (random
+    values; token ids for a RetNet) or, for ``form="recurrent"``, a token, a position and random states. rtol: the
+    largest allowed difference relative to the largest output. Raises ExportError for an unknown format or form, a
+    missing runtime (with the install command), an operator the exporter cannot handle (naming the model), or a
+    difference beyond `rtol` (after writing the file).
+    """
+    if format not in FORMATS:
+        raise ExportError(f"Unknown export format {format!r}; allowed are {', '.join(FORMATS)}.")
+    if form not in FORMS:
+        raise ExportError(f"Unknown form {form!r}; allowed are {', '.join(FORMS)} (recurrent: RetNet only).")
+    recurrent_model = getattr(model, "recurrent", False)
+    if form == "recurrent" and not recurrent_model:
+        raise ExportError(f"form='recurrent' is the decode step of a recurrent model; {type(model).__name__} has "
+                          f"none. Use form='parallel'.")
+    if format == "onnx":
+        _require("onnx", "onnxscript", "onnxruntime")
+    if format == "torch_export" and Path(path).suffix != ".pt2":
+        raise ExportError(f"A torch.export program is saved as a .pt2 file (torch.export.save's format); got {path}.")
+    model = model.eval()
+    program = (RecurrentForm(model) if form == "recurrent" else ParallelForm(model) if recurrent_model else model)
+    inputs = _inputs(model, program, example, batch_size, input_size)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with torch.no_grad():
+        expected = _flatten(program(*inputs))
+        if format == "onnx":
+            _export_onnx(program, inputs, path, opset, type(model).__name__)
+            got, runtime = _run_onnx(path, inputs), "onnxruntime " + _version("onnxruntime")
+        else:
+            program_ep = _torch_export(program, inputs, type(model).__name__)
+            torch.export.save(program_ep, str(path))
+            got, runtime = _flatten(torch.export.load(str(path)).module()(*inputs)), "torch.export " + torch.__version__
+    abs_diff, rel_diff = _differences(expected, got)
+    report = ExportReport(str(path), format, form, runtime, [list(t.shape) for t in inputs if torch.is_tensor(t)],
+                          abs_diff, rel_diff, rtol, rel_diff <= rtol, time.perf_counter() - start)
+    if not report.passed:
+        raise ExportError(f"The {format} export of {type(model).__name__} ({path}) differs from PyTorch by "
+                          f"{rel_diff:.2e} relative ({abs_diff:.2e} absolute), beyond rtol={rtol:g}.")
+    return report
+
+
+def _inputs(model: nn.Module, program: nn.Module, example: Any, batch_size: int,
+            input_size: Sequence[int] | None) -> tuple[Any, ...]:
+    if example is not None:
+        return tuple(example) if isinstance(example, (tuple, list)) else (example,)
+    if isinstance(program, RecurrentForm):
+        return program.example(batch_size)
+    base = model.example_input(batch_size, input_size)
+    generator = torch.Generator().manual_seed(0)
+    if base.dtype.is_floating_point:
+        return (torch.randn(base.shape, generator=generator, dtype=base.dtype).to(base.device),)
+    return (torch.randint(0, model.vocab_size, base.shape, generator=generator).to(base.device),)
+
+
+def _export_onnx(program: nn.Module, inputs: tuple[Any, ...], path: Path, opset: int | None, name: str) -> None:
+    """torch.onnx's exporter (torch.export based), its chatter kept off the terminal unless it fails."""
+    log = io.StringIO()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(log):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(program, inputs, str(path), dynamo=True, opset_version=opset, external_data=False,
+                              verbose=False)
+    except Exception as error:  # noqa: BLE001 - any exporter failure becomes one message naming the model
+        raise ExportError(f"{name} could not be exported to ONNX: {type(error).__name__}: "
+                          f"{str(error).splitlines()[0] if str(error) else ''}") from error
+
+
+def _torch_export(program: nn.Module, inputs: tuple[Any, ...], name: str) -> Any:
+    try:
+        return torch.export.export(program, inputs)
+    except Exception as error:  # noqa: BLE001
+        raise ExportError(f"{name} could not be exported with torch.export: {type(error).__name__}: "
+                          f"{str(error).splitlines()[0] if str(error) else ''}") from error
+
+
+def _run_onnx(path: Path, inputs: tuple[Any, ...]) -> list[torch.Tensor]:
+    """Outputs of the ONNX file in an onnxruntime session (CUDA when the inputs are and it is available)."""
+    import onnxruntime as ort
+
+    cuda = any(torch.is_tensor(t) and t.is_cuda for t in inputs)
+    providers = ["CUDAExecutionProvider"] if cuda and "CUDAExecutionProvider" in ort.get_available_providers() \
+        else []
+    session = ort.InferenceSession(str(path), providers=[*providers, "CPUExecutionProvider"])
+    feed = {arg.name: t.detach().cpu().numpy() for arg, t in zip(session.get_inputs(), inputs)}
+    return [torch.from_numpy(out) for out in session.run(None, feed)]
+
+
+def _flatten(outputs: Any) -> list[torch.Tensor]:
+    if torch.is_tensor(outputs):
+        return [outputs]
+    return [t for item in outputs for t in _flatten(item)]
+
+
+def _differences(expected: list[torch.Tensor], got: list[torch.Tensor]) -> tuple[float, float]:
+    if len(expected) != len(got):
+        raise ExportError(f"The exported program returns {len(got)} outputs, the model {len(expected)}.")
+    abs_diff, rel_diff = 0.0, 0.0
+    for want, have in zip(expected, got):
+        want, have = want.detach().double().cpu(), have.detach().double().cpu()
+        if want.shape != have.shape:
+            raise ExportError(f"An exported output has shape {tuple(have.shape)}, the model's {tuple(want.shape)}.")
+        diff = (want - have).abs().max().item() if want.numel() else 0.0
+        abs_diff = max(abs_diff, diff)
+        rel_diff = max(rel_diff, diff / max(want.abs().max().item(), 1e-12) if want.numel() else 0.0)
+    return abs_diff, rel_diff
+
+
+def _require(*modules: str) -> None:
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ExportError(f"ONNX export needs {', '.join(missing)}: pip install {' '.join(missing)} (or "
+                          f"pip install -e \".[export]\").")
+
+
+def _version(module: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(module)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
