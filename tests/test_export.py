@@ -17,6 +17,12 @@ SMALL = (3, 64, 64)
 def test_every_cnn_family_exports_within_tolerance(name, fmt, suffix, tmp_path):
     torch.manual_seed(0)
     model = zoo.create_model(name, num_classes=10)
+    with torch.no_grad():  # away from the initialisation (TResNet zeroes each block's last norm scale)
+        for module in model.modules():
+            if hasattr(module, "running_var") and module.weight is not None:
+                module.weight.uniform_(0.5, 1.5)
+                module.running_mean.normal_(0, 0.1)
+                module.running_var.uniform_(0.5, 1.5)
     report = zoo.export(model, tmp_path / f"m.{suffix}", format=fmt, input_size=SMALL, batch_size=2)
     assert report.passed and report.max_rel_diff <= 1e-4 and report.input_shapes == [[2, *SMALL]]
     assert (tmp_path / f"m.{suffix}").stat().st_size > 0
@@ -52,7 +58,7 @@ def test_retnet_parallel_form_and_decode_step(prune, fmt, suffix, tmp_path):
 
 def test_the_recurrent_form_is_the_models_decode_step():
     """The exported step function computes what model(token, mode='recurrent', state=...) computes."""
-    from zoo.export import RecurrentForm
+    from zoo.exporting import RecurrentForm
 
     torch.manual_seed(0)
     model = zoo.create_model("retnet_tiny", vocab_size=97).eval()
@@ -83,3 +89,35 @@ def test_bad_requests_are_refused(tmp_path):
         zoo.export(model, tmp_path / "m.onnx", format="torch_export")
     with pytest.raises(ExportError, match="no.*decode step|has none"):
         zoo.export(model, tmp_path / "m.onnx", form="recurrent")
+
+
+def test_non_finite_outputs_never_pass(tmp_path, monkeypatch):
+    """A runtime returning NaN where PyTorch has numbers fails the check; a model whose own outputs are NaN is
+    refused (there is nothing to compare)."""
+    from zoo import exporting
+
+    model = zoo.create_model("mobilenetv2_035", num_classes=10)
+    real = exporting._run_onnx
+    monkeypatch.setattr(exporting, "_run_onnx", lambda path, inputs: (
+        [torch.full_like(t, float("nan")) for t in real(path, inputs)[0]], "patched"))
+    with pytest.raises(ExportError, match="differs from PyTorch by inf"):
+        zoo.export(model, tmp_path / "m.onnx", input_size=SMALL)
+    monkeypatch.setattr(exporting, "_run_onnx", real)
+    with torch.no_grad():
+        model.classifier.weight.fill_(float("nan"))
+    with pytest.raises(ExportError, match="not finite"):
+        zoo.export(model, tmp_path / "m.onnx", input_size=SMALL)
+
+
+def test_export_leaves_the_model_as_it_was(tmp_path):
+    model = zoo.create_model("mobilenetv2_035", num_classes=10).train()
+    zoo.export(model, tmp_path / "m.pt2", format="torch_export", input_size=SMALL)
+    assert model.training
+
+
+def test_low_precision_models(tmp_path):
+    model = zoo.create_model("mobilenetv2_035", num_classes=10).to(torch.bfloat16)
+    with pytest.raises(ExportError, match="model.float"):
+        zoo.export(model, tmp_path / "m.onnx", input_size=SMALL)
+    report = zoo.export(model, tmp_path / "m.pt2", format="torch_export", input_size=SMALL)
+    assert report.passed

@@ -261,3 +261,22 @@ def test_torchrun_prune_two_cpu_processes(tmp_path):
     proc = subprocess.run([*base, f"hydra.run.dir={tmp_path / 'run2'}"], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=300)  # no weights and no cached baseline: refused, not hung
     assert proc.returncode != 0 and "Under torchrun, prune.py starts from given weights" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("rule", [["prune.search=sleb"], ["prune.search=angular", "prune.importance=block_influence"]],
+                         ids=["sleb", "angular-block-influence"])
+def test_prune_py_layer_removal_rules_of_language_models(rule, tmp_path):
+    """SLEB's iterative removal and Gromov et al.'s contiguous run (with ShortGPT's Block Influence as the logged
+    importance) prune a RetNet end to end: whole sub-layers only, at the measured speed-up."""
+    proc = run_prune(*TINY_LM, *rule, base=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    search = rule[0].split("=")[1]
+    assert results["search"] == search and results["search_result"]["method"] == search
+    removed = results["plan"]["remove"]
+    assert removed and all(name.endswith((".retention", ".ffn")) for name in removed)
+    if search == "angular":  # one contiguous run of sub-layers, in depth order
+        order = [f"blocks.{i}.{kind}" for i in range(2) for kind in ("retention", "ffn")]
+        positions = sorted(order.index(name) for name in removed)
+        assert positions == list(range(positions[0], positions[0] + len(positions)))
+    assert results["measured_speedup"] > 1.0

@@ -69,3 +69,47 @@ def test_solves_a_hundred_segments_well_under_a_second():
     result = dp_search(options, total / 1.5, bins=1000)
     assert time.perf_counter() - start < 1.0
     assert result.latency <= total / 1.5
+
+
+# -- the layer-removal rules of the language-model literature -----------------------------------------------------
+
+
+def whole_options(latencies):
+    """Segments s0, s1, ... each unchanged (its latency) or removed whole (0 ms, no damage of its own)."""
+    return [[Choice(frozenset(), lat, 0.0), Choice(frozenset({f"s{i}"}), 0.0, 0.0)] for i, lat in enumerate(latencies)]
+
+
+def test_sleb_rescores_after_every_removal():
+    """Hand-computed: alone, s1 hurts least (1.2) then s2 (1.3); once s1 is gone, s0 hurts less (1.4) than s2 (1.9).
+    SLEB removes s1 then s0; scoring once (the sum of single losses) would have taken s1 and s2."""
+    from zoo.search import iterative_search
+
+    losses = {frozenset({"s0"}): 1.5, frozenset({"s1"}): 1.2, frozenset({"s2"}): 1.3,
+              frozenset({"s0", "s1"}): 1.4, frozenset({"s1", "s2"}): 1.9}
+    calls = []
+
+    def loss_of(removed):
+        calls.append(removed)
+        return losses[removed]
+
+    result = iterative_search(whole_options([1.0, 1.0, 1.0]), 1.0, [1, 1, 1], loss_of)
+    assert result.removed(whole_options([1.0, 1.0, 1.0])) == ["s0", "s1"] and result.method == "sleb"
+    assert len(calls) == 3 + 2  # every candidate scored again after the first removal
+    assert result.latency == 1.0
+
+
+def test_angular_search_takes_the_closest_run_of_the_shortest_length():
+    """Hand-computed: the budget (2 of 4 ms) needs a run of 2; of the runs (0,1), (1,2), (2,3) at distances 0.3,
+    0.1, 0.2 it takes (1,2). With s2 not removable, only (0,1) is contiguous."""
+    from zoo.search import contiguous_search
+
+    options = whole_options([1.0, 1.0, 1.0, 1.0])
+    distances = {(0, 1): 0.3, (1, 2): 0.1, (2, 3): 0.2, (0, 0): 0.5, (1, 1): 0.5, (2, 2): 0.5, (3, 3): 0.5}
+    result = contiguous_search(options, 2.0, [1, 1, 1, 1], lambda a, b: distances[(a, b)])
+    assert result.removed(options) == ["s1", "s2"] and result.method == "angular"
+    result = contiguous_search(options, 2.0, [1, 1, None, 1], lambda a, b: distances[(a, b)])
+    assert result.removed(options) == ["s0", "s1"]
+    with pytest.raises(BudgetError, match="contiguous run"):
+        contiguous_search(options, 1.0, [1, None, 1, 1], lambda a, b: distances.get((a, b), 0.0))
+    with pytest.raises(BudgetError, match="whole segments"):
+        contiguous_search(options, 1.0, [1, None, None, 1], lambda a, b: 0.0)

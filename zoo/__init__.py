@@ -7,7 +7,7 @@ from . import mobilenetv2, resnetv2, retnet, tresnet  # noqa: F401 - importing r
 from .checkpoint import read_checkpoint_meta, save_checkpoint
 from .depth import DepthUnit, depth_units
 from .errors import ExportError, PlanError, UnknownModelError, WeightsError, ZooError
-from .export import export
+from .exporting import export
 from .factory import create_model, load
 from .fuse import fuse
 from .registry import get_entry, is_model, list_models, register_model

@@ -5,7 +5,13 @@ Scores (``damage``: how much a variant hurts when applied alone; the search mini
 * ``loss`` (default): increase of the calibration loss;
 * ``similarity``: label-free, ``1 - cosine similarity`` of the network's outputs before and after;
 * ``finetune``: as published (Kim et al., LayerMerge), the calibration loss after a few fine-tuning steps
-  with the variant applied; expensive, off by default.
+  with the variant applied; expensive, off by default;
+* ``block_influence``: ShortGPT's Block Influence (Men et al., 2024), one shot: each unit's ``1 - cosine`` of its
+  input and output (over the feature dimension, averaged over positions and the calibration batches); a variant's
+  damage is the sum over the units it removes.
+
+:func:`unit_io` and :func:`angular_distance` give the unit inputs and outputs behind these rules and the angular
+distance of Gromov et al. (2024) between a run's input and output (``prune.search=angular``).
 
 Results are cached per (weights, score, calibration batches, segments) as sealed JSON, written atomically.
 """
@@ -18,6 +24,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +37,7 @@ from .surgery import Segment, apply_plan
 
 _log = logging.getLogger(__name__)
 Batch = tuple[torch.Tensor, torch.Tensor]
-SCORES = ("loss", "similarity", "finetune")
+SCORES = ("loss", "similarity", "finetune", "block_influence")
 
 
 def task_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -77,6 +84,49 @@ def _finetuned_loss(model: nn.Module, train_batches: Sequence[Batch], batches: S
     return calibration_loss(model, batches)
 
 
+def _first_tensor(value: Any) -> torch.Tensor:
+    return value if torch.is_tensor(value) else value[0]  # a RetNet retention sub-layer returns (x, state)
+
+
+@torch.no_grad()
+def unit_io(model: nn.Module, names: Sequence[str], batches: Sequence[Batch]
+            ) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Input and output of each named module (a unit) on every calibration batch, from one forward per batch."""
+    model.eval()
+    seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {name: [] for name in names}
+    handles = [model.get_submodule(name).register_forward_hook(
+        lambda mod, args, out, name=name: seen[name].append((_first_tensor(args).detach().float(),
+                                                             _first_tensor(out).detach().float())))
+        for name in names]
+    try:
+        for inputs, _ in batches:
+            model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def feature_cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity of a and b over the feature dimension at every position: channels of [B, C, H, W]
+    activations, the last dimension of [B, T, D] (or [B, D]) hidden states."""
+    return F.cosine_similarity(a, b, dim=1 if a.dim() == 4 else -1)
+
+
+def block_influence(model: nn.Module, names: Sequence[str], batches: Sequence[Batch]) -> dict[str, float]:
+    """ShortGPT's Block Influence of each unit: 1 - mean cosine of its input and output (positions, batches)."""
+    seen = unit_io(model, names, batches)
+    return {name: 1.0 - torch.cat([feature_cosine(a, b).flatten() for a, b in pairs]).mean().item()
+            for name, pairs in seen.items()}
+
+
+def angular_distance(first_inputs: Sequence[torch.Tensor], last_outputs: Sequence[torch.Tensor]) -> float:
+    """Gromov et al.'s angular distance, arccos(cosine) / pi averaged over positions and batches, between a run's
+    input (of its first unit) and its output (of its last unit)."""
+    cosines = torch.cat([feature_cosine(a, b).flatten() for a, b in zip(first_inputs, last_outputs)])
+    return (torch.arccos(cosines.clamp(-1.0, 1.0)) / math.pi).mean().item()
+
+
 def _variant_model(model: nn.Module, removed: frozenset[str], merge: bool) -> nn.Module:
     return apply_plan(model, {"remove": sorted(removed), "merge": merge}, inplace=False)
 
@@ -96,6 +146,10 @@ def score_variants(
         raise ZooError(f"Unknown importance score {score!r}; allowed: {', '.join(SCORES)}.")
     if score == "finetune" and not train_batches:
         raise ZooError("The 'finetune' importance score needs training batches.")
+    if score == "block_influence":
+        units = sorted({name for seg in segments for removed in seg.variants() for name in removed})  # removable
+        influence = block_influence(model, units, batches)
+        return [{removed: sum(influence[u] for u in removed) for removed in seg.variants()} for seg in segments]
     base_loss = calibration_loss(model, batches)
     reference = _outputs(model, batches) if score == "similarity" else None
     total = sum(len(seg.variants()) - 1 for seg in segments)

@@ -6,14 +6,16 @@ latency (from the lookup table) and a damage (importance lost: e.g. the increase
 that variant is applied alone). Merges never cross segments, so both add up over segments and the
 problem is a multiple-choice knapsack, solved exactly by dynamic programming over the latency budget
 discretised into bins (costs are rounded *up*, so a returned plan never exceeds the budget).
-Greedy and random searches are baselines for studies.
+Greedy and random searches are baselines for studies. Two rules of the layer-removal literature for language
+models remove whole segments only and score with the model (REFERENCE.md section 9): ``sleb`` (iterative, by
+calibration loss) and ``angular`` (one contiguous run, by the angular distance of its input and output).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -158,11 +160,72 @@ def random_search(options: Sequence[Sequence[Choice]], budget: float, seed: int 
     return SearchResult(tuple(picks), latency, damage, "random")
 
 
-SEARCHES = {"dp": dp_search, "greedy": greedy_search, "random": random_search}
+# -- the layer-removal rules of the language-model literature (whole segments only) ---------------------------
+
+
+def _whole_budget(options: Sequence[Sequence[Choice]], whole: Sequence[int | None], budget: float) -> None:
+    fastest = sum(seg[w].latency if w is not None else seg[_unchanged_index(seg)].latency
+                  for seg, w in zip(options, whole))
+    if fastest > budget + 1e-12:
+        raise BudgetError(f"The latency budget of {budget:.4g} ms cannot be met by removing whole segments: removing "
+                          f"every removable one still takes {fastest:.4g} ms. Choose a smaller target speed-up.")
+
+
+def iterative_search(options: Sequence[Sequence[Choice]], budget: float, whole: Sequence[int | None],
+                     loss_of: Callable[[frozenset[str]], float]) -> SearchResult:
+    """SLEB (Song et al., 2024): remove whole segments one at a time, each time the one whose removal, with those
+    already removed, gives the lowest calibration loss (``loss_of(removed units)``), re-scored after every removal,
+    until the latency budget is met. whole: per segment, the index of its whole-removal variant (None: none)."""
+    _whole_budget(options, whole, budget)
+    picks = [_unchanged_index(seg) for seg in options]
+    removed: frozenset[str] = frozenset()
+    while _totals(options, picks)[0] > budget + 1e-12:
+        candidates = [s for s, w in enumerate(whole) if w is not None and picks[s] != w]
+        losses = {s: loss_of(removed | options[s][whole[s]].removed) for s in candidates}
+        best = min(candidates, key=lambda s: (losses[s], s))
+        picks[best] = whole[best]
+        removed |= options[best][whole[best]].removed
+    latency, damage = _totals(options, picks)
+    return SearchResult(tuple(picks), latency, damage, "sleb")
+
+
+def contiguous_search(options: Sequence[Sequence[Choice]], budget: float, whole: Sequence[int | None],
+                      distance_of: Callable[[int, int], float]) -> SearchResult:
+    """Gromov et al. (2024): remove one contiguous run of whole segments, the shortest run length n that can meet
+    the budget, and among the runs of that length that meet it the one whose input (of segment `first`) and output
+    (of segment `last`) are closest: ``distance_of(first, last)``, e.g. their angular distance. A run is contiguous
+    when every segment in it has a whole-removal variant."""
+    _whole_budget(options, whole, budget)
+    unchanged = [_unchanged_index(seg) for seg in options]
+    total = _totals(options, unchanged)[0]
+    if total <= budget + 1e-12:
+        return SearchResult(tuple(unchanged), *_totals(options, unchanged), "angular")
+    for length in range(1, len(options) + 1):
+        fits = []
+        for first in range(len(options) - length + 1):
+            run = range(first, first + length)
+            if any(whole[s] is None for s in run):
+                continue
+            saved = sum(options[s][unchanged[s]].latency - options[s][whole[s]].latency for s in run)
+            if total - saved <= budget + 1e-12:
+                fits.append((distance_of(first, first + length - 1), first))
+        if fits:
+            _, first = min(fits)
+            picks = [whole[s] if first <= s < first + length else unchanged[s] for s in range(len(options))]
+            latency, damage = _totals(options, picks)
+            return SearchResult(tuple(picks), latency, damage, "angular")
+    raise BudgetError(f"No contiguous run of whole segments meets the latency budget of {budget:.4g} ms (the "
+                      f"removable segments are split by ones that cannot be removed); use prune.search=dp.")
+
+
+SEARCHES = {"dp": dp_search, "greedy": greedy_search, "random": random_search, "sleb": iterative_search,
+            "angular": contiguous_search}
+MODEL_SEARCHES = ("sleb", "angular")  # rules that score with the model itself, not with per-variant damages
 
 
 def search(method: str, options: Sequence[Sequence[Choice]], budget: float, **kwargs) -> SearchResult:
-    """Run a search by name (``dp``, ``greedy`` or ``random``)."""
+    """Run a search by name: ``dp``, ``greedy``, ``random``, or (whole segments, with ``whole`` and ``loss_of`` /
+    ``distance_of``) ``sleb`` and ``angular``."""
     if method not in SEARCHES:
         raise ZooError(f"Unknown search method {method!r}; allowed: {', '.join(SEARCHES)}.")
     return SEARCHES[method](options, budget, **kwargs)

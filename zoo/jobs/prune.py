@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,8 +29,17 @@ from .. import surgery
 from ..checkpoint import save_checkpoint
 from ..errors import ZooError
 from ..files import write_json
-from ..importance import SCORES, batches_digest, cached_scores, score_variants, weights_digest
-from ..search import SEARCHES, BudgetError, Choice, search
+from ..importance import (
+    SCORES,
+    angular_distance,
+    batches_digest,
+    cached_scores,
+    calibration_loss,
+    score_variants,
+    unit_io,
+    weights_digest,
+)
+from ..search import MODEL_SEARCHES, SEARCHES, BudgetError, Choice, search
 from ..training.config import TrainConfig
 from ..training.engine import Callback
 from .prune_results import assemble_results, format_summary, log_to_wandb
@@ -63,6 +73,7 @@ class PruneSettings:
     plan: str | None = None
     force: bool = False
     export: str | None = None
+    export_rtol: float = 1e-4
     max_memory_mb: float | None = None
     lut: dict[str, Any] = field(default_factory=dict)
     measure: dict[str, Any] = field(default_factory=dict)
@@ -108,7 +119,8 @@ PRUNE_RANGES = (  # (key, lowest, highest, lowest excluded?): see zoo.training.c
     ("prune.target_speedup", 1.0, None, True), ("prune.target_latency_ms", 0.0, None, True),
     ("prune.max_memory_mb", 0.0, None, True), ("prune.batch_size", 1, None, False),
     ("prune.calib_batches", 1, None, False), ("prune.bins", 10, None, False), ("prune.threads", 1, None, False),
-    ("prune.calibrate_plans", 0, None, False), ("finetune.epochs", 0, None, False), ("finetune.lr", 0.0, None, True),
+    ("prune.calibrate_plans", 0, None, False), ("prune.export_rtol", 0.0, None, False),
+    ("finetune.epochs", 0, None, False), ("finetune.lr", 0.0, None, True),
     ("finetune.distill_weight", 0.0, 1.0, False), ("finetune.distill_temperature", 0.0, None, True),
     ("finetune.linearise_fraction", 0.0, 1.0, False),
 )
@@ -116,15 +128,24 @@ PRUNE_RANGES = (  # (key, lowest, highest, lowest excluded?): see zoo.training.c
 
 def export_pruned(cfg: Any, pruned: nn.Module, data: Any, output_dir: Path) -> dict[str, Any]:
     """``prune.export``: the pruned model as ``pruned.onnx`` or ``pruned.pt2`` at batch 1 and the data's input size
-    (RetNet: the decode step too, for ``prune.workload=decode``), checked against PyTorch (zoo.export)."""
-    from ..export import export
+    (for ``prune.workload=decode``, a RetNet's decode step), checked against PyTorch (zoo.export) within
+    ``prune.export_rtol``. An export that fails or misses the tolerance is recorded (``passed: false`` and the
+    error) and reported, after the run's own results are safe."""
+    from ..errors import ExportError
+    from ..exporting import export
 
     suffix = {"onnx": "onnx", "torch_export": "pt2"}[cfg.prune.export]
+    path = output_dir / f"pruned.{suffix}"
     form = "recurrent" if cfg.prune.workload == "decode" else "parallel"
-    report = export(copy.deepcopy(pruned).cpu().float(), output_dir / f"pruned.{suffix}", format=cfg.prune.export,
-                    input_size=data.input_size, form=form)
-    _log.info("exported %s (%s; max difference %.1e relative)", report.path, report.checked_with, report.max_rel_diff)
-    return report.as_dict()
+    try:
+        report = export(copy.deepcopy(pruned).cpu().float(), path, format=cfg.prune.export,
+                        input_size=data.input_size, form=form, rtol=cfg.prune.export_rtol).as_dict()
+    except ExportError as error:
+        _log.error("prune.export=%s failed: %s", cfg.prune.export, error)
+        return {"path": str(path), "format": cfg.prune.export, "form": form, "passed": False, "error": str(error)}
+    _log.info("exported %s (%s; max difference %.1e relative)", report["path"], report["checked_with"],
+              report["max_rel_diff"])
+    return report
 
 
 def validate_prune(cfg: Any) -> None:
@@ -148,7 +169,7 @@ def validate_prune(cfg: Any) -> None:
         raise ZooError(f"prune.workload=decode needs a recurrent language model; model={cfg.model.name} has no "
                        "recurrent state. Use prune.workload=forward.")
     if p.export is not None:
-        from ..export import FORMATS, _require
+        from ..exporting import FORMATS, _require
 
         if p.export not in FORMATS:
             raise ZooError(f"prune.export={p.export!r}; allowed: null, {', '.join(FORMATS)}.")
@@ -502,13 +523,43 @@ def budget_for(cfg: Any, table: Any) -> tuple[float, float]:
     return target, target - table.fixed_cost()
 
 
-def choose_plan(cfg: Any, table: Any, options: list[list[Choice]]) -> tuple[dict[str, Any], Any]:
+def model_search_inputs(cfg: Any, baseline: nn.Module, table: Any, data: Any, options: list[list[Choice]]
+                        ) -> dict[str, Any]:
+    """What ``prune.search=sleb|angular`` score with: each segment's whole-removal variant, and the calibration loss
+    of the baseline without a set of units (sleb) or the angular distance between a run's input and output
+    (angular), on the importance calibration batches."""
+    whole = [next((i for i, c in enumerate(seg) if c.removed == frozenset({segment.name})), None)
+             for seg, segment in zip(options, table.segments)]
+    batches = calibration_batches(data, cfg.prune.calib_batches)
+    if cfg.prune.search == "sleb":
+        def loss_of(removed: frozenset[str]) -> float:
+            return calibration_loss(surgery.apply_plan(baseline, {"remove": sorted(removed), "merge": cfg.prune.merge},
+                                                       inplace=False), batches)
+
+        return {"whole": whole, "loss_of": loss_of}
+    seen = unit_io(baseline, [segment.name for segment in table.segments], batches)
+
+    def distance_of(first: int, last: int) -> float:
+        inputs = [a for a, _ in seen[table.segments[first].name]]
+        outputs = [b for _, b in seen[table.segments[last].name]]
+        if any(a.shape != b.shape for a, b in zip(inputs, outputs)):
+            return math.inf  # a run that changes the shape cannot be bypassed
+        return angular_distance(inputs, outputs)
+
+    return {"whole": whole, "distance_of": distance_of}
+
+
+def choose_plan(cfg: Any, table: Any, options: list[list[Choice]], model_inputs: dict[str, Any] | None = None
+                ) -> tuple[dict[str, Any], Any]:
     """Run the configured search; an unreachable budget names the best achievable speed-up."""
     target, budget = budget_for(cfg, table)
     try:
-        kwargs = {"dp": {"bins": cfg.prune.bins}, "random": {"seed": cfg.prune.seed}}.get(cfg.prune.search, {})
+        kwargs = {"dp": {"bins": cfg.prune.bins}, "random": {"seed": cfg.prune.seed}}.get(cfg.prune.search,
+                                                                                          model_inputs or {})
         result = search(cfg.prune.search, options, budget, **kwargs)
     except BudgetError:
+        if cfg.prune.search in MODEL_SEARCHES:  # whole segments only: its own message says what cannot be met
+            raise
         fastest = table.fixed_cost() + sum(min(c.latency for c in seg) for seg in options)
         baseline = table.predict({"remove": []})
         best = baseline / fastest
@@ -797,7 +848,9 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
                     if plan is None and resumed:  # an interrupted run of this config keeps its plan
                         plan = resumed_plan(plan_file, baseline)
                     if plan is None:
-                        plan, result = choose_plan(cfg, table, options)
+                        model_inputs = (model_search_inputs(cfg, baseline, table, data, options)
+                                        if cfg.prune.search in MODEL_SEARCHES else None)
+                        plan, result = choose_plan(cfg, table, options, model_inputs)
                         write_json(plan_file, plan)
             except BaseException as exc:  # the other ranks are told, then rank 0 raises it
                 failure = exc

@@ -41,7 +41,8 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
         "search": cfg.prune.search,
         "importance": cfg.prune.importance,
         "plan": plan,
-        "search_result": None if result is None else {"latency_ms": result.latency, "damage": result.damage},
+        "search_result": None if result is None else {"latency_ms": result.latency, "damage": result.damage,
+                                                      "method": result.method},
         "latency_statistic": table.settings.estimator,
         "latency_form": table.condition.get("form", "eager"),
         "baseline": {"latency_ms": base_ms, "latency_eager_ms": eager_base,
@@ -95,6 +96,11 @@ def format_summary(results: dict[str, Any]) -> str:
                  f"({results['speedup_prediction_error']:+.1%}); latency prediction error "
                  f"{results['prediction_error']:+.1%} (includes the machine's drift since the table was measured); "
                  f"{len(results['plan']['remove'])} unit(s) removed")
+    export = results.get("export")
+    if export:
+        lines.append(f"export {export['path']}: " + (
+            f"within {export['rtol']:g} of PyTorch ({export['max_rel_diff']:.1e}, {export['checked_with']})"
+            if export["passed"] else f"FAILED: {export.get('error', 'beyond the tolerance')}"))
     lines += [f"note: {note}" for note in results.get("notes", [])]
     return "\n".join(lines)
 

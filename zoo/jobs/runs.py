@@ -45,7 +45,7 @@ NON_DETERMINING = (*LOCATION_AND_REUSE, "trainer.progress", "trainer.log_every",
 # The files and folders each kind of run leaves in its directory: what a conflict protects and what force removes.
 OUTPUTS = {
     "train": ("results.json", "checkpoints"),
-    "prune": ("results.json", "plan.json", "finetune", "pruned.safetensors"),
+    "prune": ("results.json", "plan.json", "finetune", "pruned.safetensors", "pruned.onnx", "pruned.pt2"),
     "baseline": ("checkpoints", "trained.json"),
 }
 ALL_OUTPUTS = tuple(dict.fromkeys(name for names in OUTPUTS.values() for name in names))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import time
 import warnings
 from collections.abc import Sequence
@@ -132,21 +133,36 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
         _require("onnx", "onnxscript", "onnxruntime")
     if format == "torch_export" and Path(path).suffix != ".pt2":
         raise ExportError(f"A torch.export program is saved as a .pt2 file (torch.export.save's format); got {path}.")
-    model = model.eval()
+    dtype = next(model.parameters()).dtype
+    if format == "onnx" and dtype not in (torch.float32, torch.float64):
+        raise ExportError(f"ONNX export is checked in onnxruntime, which has no {dtype} kernels for these models; "
+                          f"export model.float() (or use format='torch_export').")
+    was_training = model.training
+    try:
+        return _export(model.eval(), Path(path), format, example, batch_size, input_size, form, rtol, opset)
+    finally:
+        model.train(was_training)  # the caller's model is left as it was
+
+
+def _export(model: nn.Module, path: Path, format: str, example: Any, batch_size: int,
+            input_size: Sequence[int] | None, form: str, rtol: float, opset: int | None) -> ExportReport:
+    recurrent_model = getattr(model, "recurrent", False)
     program = (RecurrentForm(model) if form == "recurrent" else ParallelForm(model) if recurrent_model else model)
     inputs = _inputs(model, program, example, batch_size, input_size)
-    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with torch.no_grad():
-        expected = _flatten(program(*inputs))
+        with _exact_matmuls():  # the reference in full fp32 (TF32 would differ by ~1e-3 from any runtime)
+            expected = _flatten(program(*inputs))
         if format == "onnx":
             _export_onnx(program, inputs, path, opset, type(model).__name__)
-            got, runtime = _run_onnx(path, inputs), "onnxruntime " + _version("onnxruntime")
+            got, runtime = _run_onnx(path, inputs)
         else:
             program_ep = _torch_export(program, inputs, type(model).__name__)
             torch.export.save(program_ep, str(path))
-            got, runtime = _flatten(torch.export.load(str(path)).module()(*inputs)), "torch.export " + torch.__version__
+            with _exact_matmuls():
+                got = _flatten(torch.export.load(str(path)).module()(*inputs))
+            runtime = "torch.export " + torch.__version__
     abs_diff, rel_diff = _differences(expected, got)
     report = ExportReport(str(path), format, form, runtime, [list(t.shape) for t in inputs if torch.is_tensor(t)],
                           abs_diff, rel_diff, rtol, rel_diff <= rtol, time.perf_counter() - start)
@@ -165,7 +181,8 @@ def _inputs(model: nn.Module, program: nn.Module, example: Any, batch_size: int,
     base = model.example_input(batch_size, input_size)
     generator = torch.Generator().manual_seed(0)
     if base.dtype.is_floating_point:
-        return (torch.randn(base.shape, generator=generator, dtype=base.dtype).to(base.device),)
+        dtype = next(model.parameters()).dtype
+        return (torch.randn(base.shape, generator=generator).to(device=base.device, dtype=dtype),)
     return (torch.randint(0, model.vocab_size, base.shape, generator=generator).to(base.device),)
 
 
@@ -190,16 +207,32 @@ def _torch_export(program: nn.Module, inputs: tuple[Any, ...], name: str) -> Any
                           f"{str(error).splitlines()[0] if str(error) else ''}") from error
 
 
-def _run_onnx(path: Path, inputs: tuple[Any, ...]) -> list[torch.Tensor]:
-    """Outputs of the ONNX file in an onnxruntime session (CUDA when the inputs are and it is available)."""
+def _run_onnx(path: Path, inputs: tuple[Any, ...]) -> tuple[list[torch.Tensor], str]:
+    """Outputs of the ONNX file in an onnxruntime session (CUDA when the inputs are and it is available), and the
+    runtime that ran it."""
     import onnxruntime as ort
 
     cuda = any(torch.is_tensor(t) and t.is_cuda for t in inputs)
     providers = ["CUDAExecutionProvider"] if cuda and "CUDAExecutionProvider" in ort.get_available_providers() \
         else []
-    session = ort.InferenceSession(str(path), providers=[*providers, "CPUExecutionProvider"])
-    feed = {arg.name: t.detach().cpu().numpy() for arg, t in zip(session.get_inputs(), inputs)}
-    return [torch.from_numpy(out) for out in session.run(None, feed)]
+    try:
+        session = ort.InferenceSession(str(path), providers=[*providers, "CPUExecutionProvider"])
+        feed = {arg.name: torch.as_tensor(t).detach().cpu().numpy() for arg, t in zip(session.get_inputs(), inputs)}
+        outputs = [torch.from_numpy(out) for out in session.run(None, feed)]
+    except Exception as error:  # noqa: BLE001 - onnxruntime's own errors, named as one
+        raise ExportError(f"onnxruntime could not run {path}: {type(error).__name__}: {error}") from error
+    return outputs, f"onnxruntime {_version('onnxruntime')} ({session.get_providers()[0]})"
+
+
+@contextlib.contextmanager
+def _exact_matmuls() -> Any:
+    """TF32 off for CUDA matmuls and convolutions while computing a reference."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
 def _flatten(outputs: Any) -> list[torch.Tensor]:
@@ -216,9 +249,15 @@ def _differences(expected: list[torch.Tensor], got: list[torch.Tensor]) -> tuple
         want, have = want.detach().double().cpu(), have.detach().double().cpu()
         if want.shape != have.shape:
             raise ExportError(f"An exported output has shape {tuple(have.shape)}, the model's {tuple(want.shape)}.")
-        diff = (want - have).abs().max().item() if want.numel() else 0.0
-        abs_diff = max(abs_diff, diff)
-        rel_diff = max(rel_diff, diff / max(want.abs().max().item(), 1e-12) if want.numel() else 0.0)
+        if not want.isfinite().all():
+            raise ExportError("The model's own outputs on the example are not finite (NaN or inf): there is nothing "
+                              "to compare the export with.")
+        if not have.isfinite().all():
+            return math.inf, math.inf  # NaN or inf where the model has numbers: no parity
+        if want.numel():
+            diff = (want - have).abs().max().item()
+            abs_diff = max(abs_diff, diff)
+            rel_diff = max(rel_diff, diff / max(want.abs().max().item(), 1e-12))
     return abs_diff, rel_diff
 
 
