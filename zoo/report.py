@@ -2,8 +2,11 @@
 
 Collects every job's ``results.json`` under the sweep directory, lists jobs that failed (``failed.json``) or
 have no result yet, and writes ``report.csv``, ``report.md`` (a table per model) and ``pareto.png``
-(measured latency vs metric, one curve per model and search method, baselines marked). Latencies from
-different devices or measurement conditions are never put on one curve unless ``--allow-mixed-devices``.
+(measured latency vs metric, one curve per model and search method, baselines marked). Jobs that repeat one
+config over seeds (``trainer.seed``, ``prune.seed``: the same ``config_group`` in results.json) are one row: the
+mean and the sample standard deviation over the seeds, and error bars of one standard deviation in the plot.
+Latencies from different devices or measurement conditions are never put on one curve unless
+``--allow-mixed-devices``.
 Also usable at the end of a sweep as a Hydra callback (:class:`ReportCallback`).
 """
 
@@ -24,7 +27,10 @@ from .jobs.entry import SweepCallback
 
 COLUMNS = ("model", "search", "importance", "target_speedup", "device", "baseline_ms", "predicted_ms", "measured_ms",
            "measured_speedup", "prediction_error", "params", "baseline_params", "metric", "baseline_metric",
-           "pruned_metric", "job")
+           "pruned_metric", "job", "seed", "group")
+SPREAD = ("measured_ms", "measured_speedup", "prediction_error", "baseline_metric", "pruned_metric", "params")
+SUMMARY_COLUMNS = ("model", "search", "importance", "target_speedup", "device", "n", "seeds", "baseline_ms",
+                   *(f"{k}_{stat}" for k in SPREAD for stat in ("mean", "std")), "metric", "jobs")
 
 
 def _metric_name(results: dict[str, Any]) -> str:
@@ -58,6 +64,7 @@ def row_of(results: Any, job: str) -> dict[str, Any]:
             "params": results["pruned"]["params"], "baseline_params": results["baseline"]["params"], "metric": metric,
             "baseline_metric": _number(results["baseline"]["metrics"].get(metric), f"baseline {metric}"),
             "pruned_metric": _number(results["pruned"]["metrics"].get(metric), f"pruned {metric}"), "job": job,
+            "seed": (results.get("seeds") or {}).get("trainer.seed"), "group": results.get("config_group") or job,
         }
     except (KeyError, TypeError, AttributeError) as exc:
         raise ReportError(f"results.json lacks {exc}") from None
@@ -114,23 +121,52 @@ def check_devices(rows: list[dict[str, Any]], allow_mixed: bool) -> None:
         )
 
 
-def markdown(rows: list[dict[str, Any]], problems: list[dict[str, str]]) -> str:
-    """A table per model, sorted by search method and target, then the list of problem jobs."""
-    lines = ["# Pruning study report", ""]
-    by_model: dict[str, list[dict[str, Any]]] = defaultdict(list)
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (model, config group): the jobs that repeat a config over seeds, with the mean and the sample
+    standard deviation (0 for one job) of every measured quantity."""
+    import statistics
+
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
-        by_model[row["model"]].append(row)
-    for model, model_rows in sorted(by_model.items()):
-        first = model_rows[0]
+        groups[(row["model"], row["group"])].append(row)
+    summaries = []
+    for jobs in groups.values():
+        first = jobs[0]
+        summary = {k: first[k] for k in ("model", "search", "importance", "target_speedup", "device", "condition",
+                                         "metric", "baseline_ms", "baseline_params")}
+        summary.update(n=len(jobs), seeds=" ".join(str(j["seed"]) for j in jobs), jobs=" ".join(j["job"] for j in jobs))
+        for key in SPREAD:
+            values = [float(j[key]) for j in jobs]
+            summary[f"{key}_mean"] = statistics.fmean(values)
+            summary[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        summaries.append(summary)
+    return sorted(summaries, key=lambda r: (r["model"], r["search"], str(r["importance"]), r["target_speedup"] or 0))
+
+
+def _spread(summary: dict[str, Any], key: str, fmt: str) -> str:
+    mean, std = summary[f"{key}_mean"], summary[f"{key}_std"]
+    return format(mean, fmt) if summary["n"] == 1 else f"{format(mean, fmt)} ± {format(std, fmt)}"
+
+
+def markdown(rows: list[dict[str, Any]], problems: list[dict[str, str]]) -> str:
+    """A table per model (one row per config; mean ± standard deviation over its seeds), then the problem jobs."""
+    lines = ["# Pruning study report", "",
+             "Each row is one config; `n` jobs repeat it over seeds, shown as mean ± sample standard deviation.", ""]
+    by_model: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for summary in summarize(rows):
+        by_model[summary["model"]].append(summary)
+    for model, summaries in sorted(by_model.items()):
+        first = summaries[0]
         lines += [f"## {model} on {first['device']}", "",
                   f"Baseline: {first['baseline_ms']:.3f} ms, {first['baseline_params']:,} params, "
-                  f"{first['metric']} {first['baseline_metric']:.3f}", "",
-                  "| search | target | predicted ms | measured ms | speed-up | pred. error | params | "
-                  f"{first['metric']} before | after |", "|---|---|---|---|---|---|---|---|---|"]
-        for row in sorted(model_rows, key=lambda r: (r["search"], r["target_speedup"] or 0)):
-            lines.append(f"| {row['search']} | {row['target_speedup']} | {row['predicted_ms']:.3f} | "
-                         f"{row['measured_ms']:.3f} | {row['measured_speedup']:.2f}x | {row['prediction_error']:+.1%} |"
-                         f" {row['params']:,} | {row['baseline_metric']:.3f} | {row['pruned_metric']:.3f} |")
+                  f"{first['metric']} {_spread(first, 'baseline_metric', '.3f')}", "",
+                  "| search | importance | target | n | measured ms | speed-up | pred. error | params | "
+                  f"{first['metric']} before | after |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for row in summaries:
+            lines.append(f"| {row['search']} | {row['importance']} | {row['target_speedup']} | {row['n']} | "
+                         f"{_spread(row, 'measured_ms', '.3f')} | {_spread(row, 'measured_speedup', '.2f')}x | "
+                         f"{_spread(row, 'prediction_error', '+.1%')} | {row['params_mean']:,.0f} | "
+                         f"{_spread(row, 'baseline_metric', '.3f')} | {_spread(row, 'pruned_metric', '.3f')} |")
         lines.append("")
     if problems:
         lines += ["## Jobs without results", "", "| job | status | overrides | reason |", "|---|---|---|---|"]
@@ -148,13 +184,14 @@ def pareto_figure(rows: list[dict[str, Any]]) -> Any:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    curves: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        curves[(row["model"], row["search"])].append(row)
-    for (model, method), points in sorted(curves.items()):
-        points.sort(key=lambda r: r["measured_ms"])
-        latencies, metrics = [p["measured_ms"] for p in points], [p["pruned_metric"] for p in points]
-        ax.plot(latencies, metrics, "o-", label=f"{model} {method}")
+    curves: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for summary in summarize(rows):
+        curves[(summary["model"], summary["search"], str(summary["importance"]))].append(summary)
+    for (model, method, importance), points in sorted(curves.items()):
+        points.sort(key=lambda r: r["measured_ms_mean"])
+        ax.errorbar([p["measured_ms_mean"] for p in points], [p["pruned_metric_mean"] for p in points],
+                    xerr=[p["measured_ms_std"] for p in points], yerr=[p["pruned_metric_std"] for p in points],
+                    fmt="o-", capsize=3, label=f"{model} {method} ({importance})")
     for model in sorted({r["model"] for r in rows}):
         base = next(r for r in rows if r["model"] == model)
         ax.plot(base["baseline_ms"], base["baseline_metric"], "k*", ms=12)
@@ -169,10 +206,11 @@ def pareto_figure(rows: list[dict[str, Any]]) -> Any:
 
 
 def csv_text(rows: list[dict[str, Any]]) -> str:
+    """One line per config: its seeds, and the mean and standard deviation of each measured quantity."""
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=COLUMNS, extrasaction="ignore")
+    writer = csv.DictWriter(out, fieldnames=SUMMARY_COLUMNS, extrasaction="ignore")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows(summarize(rows))
     return out.getvalue()
 
 

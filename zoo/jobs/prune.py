@@ -816,7 +816,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
     from ..training import distributed as dist_utils
     from ..training.engine import resolve_device
     from .entry import hydra_context
-    from .runs import fingerprint
+    from .runs import SEED_KEYS, fingerprint, flatten, study_group
     from .train import data_model_cfg
 
     dist = dist_utils.info()
@@ -879,6 +879,8 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         results["world_size"] = dist.world
         results["finetune_memory"] = getattr(pruned, "finetune_memory", {})
         results["fingerprint"] = fingerprint(config)
+        results["config_group"] = study_group(config)
+        results["seeds"] = {key: flatten(config).get(key) for key in SEED_KEYS}
         results["checkpoint_sha256"] = file_digest(checkpoint)
         if cfg.prune.export:
             results["export"] = export_pruned(cfg, pruned, data, output_dir)

@@ -110,6 +110,18 @@ def fingerprint(config: dict[str, Any]) -> str:
     return json_digest(determining(config), 16)
 
 
+SEED_KEYS = ("trainer.seed", "prune.seed")  # what a study repeats a config over
+
+
+def study_group(config: dict[str, Any]) -> str:
+    """A hash of the determining config without its seeds: the jobs of a study that repeat one config over seeds
+    share it (``zoo.report`` reports their mean and spread)."""
+    kept = determining(config)
+    for key in SEED_KEYS:
+        _drop(kept, key)
+    return json_digest(kept, 16)
+
+
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
     """``{"a.b": value}`` for every leaf of nested dicts (lists are leaves)."""
     if not isinstance(config, dict):
