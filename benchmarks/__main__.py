@@ -23,6 +23,7 @@ SUITES = {
     "retnet_decode": "RetNet vs KV-cache Transformer decode latency and training cost vs length",
     "train_memory": "training activation memory with/without gradient checkpointing and bf16, largest batch in a "
                     "budget, checkpointing's step-time cost, what pruning saves",
+    "export_parity": "ONNX (onnxruntime) and torch.export programs of every family against PyTorch",
 }
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 

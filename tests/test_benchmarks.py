@@ -15,13 +15,19 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SIL
 
 
 def test_entry_point_runs_quick_suites(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "run", "zoo_vs_timm", "prune_speedup", "--quick",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "run", "zoo_vs_timm", "prune_speedup", "export_parity",
+                           "--quick",
                            "--out", str(tmp_path), "--device", "cpu"], capture_output=True, text=True, cwd=ROOT,
                           env={**ENV, "WANDB_DIR": str(tmp_path)}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "## zoo_vs_timm" in proc.stdout and "## prune_speedup" in proc.stdout
     rows = json.loads((tmp_path / "prune_speedup.json").read_text())["rows"]
     assert {r["search"] for r in rows} == {"dp", "greedy", "random"} and all(r["speedup"] > 0 for r in rows)
+    parity = json.loads((tmp_path / "export_parity.json").read_text())
+    assert {(r["model"], r["form"], r["format"]) for r in parity["rows"]} == {
+        ("mobilenetv2_035", "forward", "onnx"), ("mobilenetv2_035", "forward", "torch_export"),
+        *(("retnet_tiny", form, fmt) for form in ("parallel", "recurrent") for fmt in ("onnx", "torch_export"))}
+    assert parity["passed"] == all(r["max_rel_diff"] <= 1e-4 for r in parity["rows"])
     listing = subprocess.run([sys.executable, "-m", "benchmarks", "run", "nope"], capture_output=True, text=True,
                              cwd=ROOT)
     assert listing.returncode == 2 and "unknown suite" in listing.stderr
