@@ -23,7 +23,7 @@ FULL = [("mobilenetv2_100", (3, 224, 224)), ("tresnet_m", (3, 224, 224)), ("resn
 QUICK = [("mobilenetv2_035", (3, 32, 32)), ("retnet_tiny", (16,))]
 
 
-def _moved_norms(model: torch.nn.Module) -> torch.nn.Module:
+def moved_norms(model: torch.nn.Module) -> torch.nn.Module:
     """Norm scales and statistics away from 1/0 (TResNet zeroes each block's last norm scale at initialisation)."""
     with torch.no_grad():
         for module in model.modules():
@@ -40,7 +40,7 @@ def run(quick: bool = False, device: str = "cpu", out: str | None = None) -> dic
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as folder:
         for name, size in QUICK if quick else FULL:
-            model = _moved_norms(zoo.create_model(name))
+            model = moved_norms(zoo.create_model(name))
             forms = ("parallel", "recurrent") if getattr(model, "recurrent", False) else ("parallel",)
             for form in forms:
                 for fmt, suffix in (("onnx", "onnx"), ("torch_export", "pt2")):

@@ -17,7 +17,7 @@ Training: forward + backward + AdamW step of RetNet in the parallel and the chun
 memory is ``torch.cuda.max_memory_allocated`` on CUDA and, on CPU, the bytes of the tensors autograd saves
 for backward (the activation memory that grows with length).
 
-    python -m benchmarks.retnet_decode            # full run (~8 min on one CPU thread)
+    python -m benchmarks.retnet_decode            # full run (about 5 minutes on one CPU thread)
     python -m benchmarks.retnet_decode --quick    # smoke test (seconds)
 """
 

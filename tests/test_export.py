@@ -15,14 +15,10 @@ SMALL = (3, 64, 64)
 @pytest.mark.parametrize("name", ["mobilenetv2_035", "tresnet_m", "resnetv2_50x1_bit"])
 @pytest.mark.parametrize("fmt,suffix", [("onnx", "onnx"), ("torch_export", "pt2")])
 def test_every_cnn_family_exports_within_tolerance(name, fmt, suffix, tmp_path):
+    from benchmarks.export_parity import moved_norms
+
     torch.manual_seed(0)
-    model = zoo.create_model(name, num_classes=10)
-    with torch.no_grad():  # away from the initialisation (TResNet zeroes each block's last norm scale)
-        for module in model.modules():
-            if hasattr(module, "running_var") and module.weight is not None:
-                module.weight.uniform_(0.5, 1.5)
-                module.running_mean.normal_(0, 0.1)
-                module.running_var.uniform_(0.5, 1.5)
+    model = moved_norms(zoo.create_model(name, num_classes=10))  # TResNet zeroes each block's last norm scale
     report = zoo.export(model, tmp_path / f"m.{suffix}", format=fmt, input_size=SMALL, batch_size=2)
     assert report.passed and report.max_rel_diff <= 1e-4 and report.input_shapes == [[2, *SMALL]]
     assert (tmp_path / f"m.{suffix}").stat().st_size > 0
