@@ -12,7 +12,8 @@ from zoo.errors import ExportError
 SMALL = (3, 64, 64)
 
 
-@pytest.mark.parametrize("name", ["mobilenetv2_035", "tresnet_m", "resnetv2_50x1_bit"])
+@pytest.mark.parametrize("name", ["mobilenetv2_035", pytest.param("tresnet_m", marks=pytest.mark.slow),
+                                  pytest.param("resnetv2_50x1_bit", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("fmt,suffix", [("onnx", "onnx"), ("torch_export", "pt2")])
 def test_every_cnn_family_exports_within_tolerance(name, fmt, suffix, tmp_path):
     from benchmarks.export_parity import moved_norms
@@ -68,6 +69,7 @@ def test_the_recurrent_form_is_the_models_decode_step():
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_a_difference_beyond_the_tolerance_is_an_error(tmp_path):
     """The parity check can fail: BiT's ONNX graph differs from PyTorch by ~1e-5, beyond rtol=0."""
     torch.manual_seed(0)

@@ -263,6 +263,7 @@ def test_torchrun_prune_two_cpu_processes(tmp_path):
     assert proc.returncode != 0 and "Under torchrun, prune.py starts from given weights" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", [["prune.search=sleb"], ["prune.search=angular", "prune.importance=block_influence"]],
                          ids=["sleb", "angular-block-influence"])
 def test_prune_py_layer_removal_rules_of_language_models(rule, tmp_path):
