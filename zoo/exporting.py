@@ -73,31 +73,20 @@ class RecurrentForm(nn.Module):
     [B, vocab], new states...), one state per retention sub-layer that is present."""
 
     def __init__(self, model: nn.Module):
-        from .retnet import MultiScaleRetention, rotary_frequencies
+        from .retnet import MultiScaleRetention, decode_frequencies
 
         super().__init__()
         self.model = model
         self.present = [isinstance(b.retention, MultiScaleRetention) for b in model.blocks]
-        first = next((b.retention for b, ok in zip(model.blocks, self.present) if ok), None)
-        self.rope = None if first is None else first.rope
-        frequencies = None if first is None else rotary_frequencies(first.key_dim, first.rope_theta, first.rope)
-        self.register_buffer("frequencies", frequencies[None] if frequencies is not None else None, persistent=False)
+        self.register_buffer("frequencies", decode_frequencies(model), persistent=False)
 
     def forward(self, token: torch.Tensor, position: torch.Tensor, *states: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        m = self.model
-        core = torch.promote_types(m.embed.weight.dtype, torch.float32)
-        x = m.embed(token[:, 0])
-        rotation = None
-        if self.frequencies is not None:
-            angles = position.to(torch.float64) * self.frequencies
-            rotation = angles.cos().to(core), angles.sin().to(core)
-        new_states, remaining = [], list(states)
-        for block, present in zip(m.blocks, self.present):
-            if present:
-                x, state = block.retention.step(x, remaining.pop(0), rotation)
-                new_states.append(state)
-            x = block.ffn(x)
-        return (m.lm_head(m.norm(x)), *new_states)
+        from .retnet import decode_step
+
+        given = iter(states)
+        per_block = [next(given) if present else None for present in self.present]
+        logits, new_states = decode_step(self.model, token, position, self.frequencies, per_block)
+        return (logits, *(s for s, present in zip(new_states, self.present) if present))
 
     def example(self, batch_size: int) -> tuple[torch.Tensor, ...]:
         """A token, position 7 and random states (so that every part of the step matters)."""

@@ -838,6 +838,39 @@ class _ForwardStep:
         return logits[:, -1]
 
 
+def decode_frequencies(model: RetNet) -> torch.Tensor | None:
+    """The signed rotary frequencies [1, d_k] (fp64) that :func:`decode_step` turns by the position; None when no
+    retention sub-layer is left."""
+    first = next((b.retention for b in model.blocks if isinstance(b.retention, MultiScaleRetention)), None)
+    if first is None:
+        return None
+    return rotary_frequencies(first.key_dim, first.rope_theta, first.rope).to(model.embed.weight.device)[None]
+
+
+def decode_step(model: RetNet, token: torch.Tensor, position: torch.Tensor, frequencies: torch.Tensor | None,
+                states: Sequence[torch.Tensor | None], inplace: bool = False,
+                packed: list[tuple[Any, Any]] | None = None) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """One decode token through every block as tensor operations only (no host value, so that a CUDA graph or an
+    exporter can record it): token ids [B, 1]; position, an fp64 scalar tensor; frequencies from
+    :func:`decode_frequencies`; one state per block (None: its retention is skipped). Returns (logits [B, vocab],
+    the new states); `inplace` updates the given states, `packed` is :meth:`RetNet.packed_decode_weights`."""
+    core = torch.promote_types(model.embed.weight.dtype, torch.float32)
+    x = model.embed(token[:, 0])
+    rotation = None
+    if frequencies is not None:  # the rotary tables of this position, once for every layer
+        angles = position.to(torch.float64) * frequencies
+        rotation = angles.cos().to(core), angles.sin().to(core)
+    packed = packed or [(None, None)] * (len(model.blocks) + 1)
+    new_states = []
+    for block, state, (retention_weight, ffn_weight) in zip(model.blocks, states, packed):
+        if state is not None:
+            x, state = block.retention.step(x, state, rotation, inplace=inplace, packed=retention_weight)
+        new_states.append(state)
+        x = block.ffn(x) if ffn_weight is None else block.ffn.step(x, ffn_weight)
+    head = packed[-1][0]
+    return (model.lm_head(model.norm(x)) if head is None else model.norm(x) @ head), new_states
+
+
 class RecurrentDecoder:
     """Token-by-token decoding at a fixed, small cost per token. The token, its position and the recurrent state
     live in preallocated tensors that every step updates in place (no new state, no host sync, no input check:
@@ -862,9 +895,7 @@ class RecurrentDecoder:
             self.token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
             self.position = torch.tensor(float(state.offset), dtype=torch.float64, device=device)
             self.layers = [None if s is None else s.to(self.core, copy=True) for s in state.layers]
-            first = next((b.retention for b in model.blocks if isinstance(b.retention, MultiScaleRetention)), None)
-            self.frequencies = None if first is None else rotary_frequencies(first.key_dim, first.rope_theta,
-                                                                             first.rope).to(device)[None]
+            self.frequencies = decode_frequencies(model)
             exact = model.embed.weight.dtype in (torch.float32, torch.float64)  # see packed_decode_weights
             self.packed = model.packed_decode_weights() if pack or (
                 pack is None and exact and not graph and model.packed_decode_bytes() <= self.PACK_LIMIT_BYTES) \
@@ -875,20 +906,10 @@ class RecurrentDecoder:
 
     def _step(self) -> torch.Tensor:
         """Embed self.token, run every block with the in-place state update, advance self.position."""
-        model = self.model
-        x = model.embed(self.token[:, 0])
-        rotation = None
-        if self.frequencies is not None:  # the rotary tables of this position, once for every layer
-            angles = self.position * self.frequencies
-            rotation = angles.cos().to(self.core), angles.sin().to(self.core)
-        packed = self.packed or [(None, None)] * (len(model.blocks) + 1)
-        for block, state, (retention_weight, ffn_weight) in zip(model.blocks, self.layers, packed):
-            if state is not None:
-                x, _ = block.retention.step(x, state, rotation, inplace=True, packed=retention_weight)
-            x = block.ffn(x) if ffn_weight is None else block.ffn.step(x, ffn_weight)
+        logits, _ = decode_step(self.model, self.token, self.position, self.frequencies, self.layers, inplace=True,
+                                packed=self.packed)
         self.position.add_(1)
-        head = packed[-1][0]
-        return model.lm_head(model.norm(x)) if head is None else model.norm(x) @ head
+        return logits
 
     def _capture(self) -> None:
         """Warm the step up on a side stream, then record it in a CUDA graph (the buffers restored after warm-up)."""
