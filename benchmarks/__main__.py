@@ -24,6 +24,8 @@ SUITES = {
     "train_memory": "training activation memory with/without gradient checkpointing and bf16, largest batch in a "
                     "budget, checkpointing's step-time cost, what pruning saves",
     "export_parity": "ONNX (onnxruntime) and torch.export programs of every family against PyTorch",
+    "runtime_tables": "latency tables built in each deploy runtime (eager, torch.compile, onnxruntime, TensorRT): "
+                      "prediction error, and the chosen plans' speed-ups across runtimes",
 }
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 

@@ -14,6 +14,10 @@ skipped (recorded as such) once the time budget (``--budget-s``) is spent:
    Transformer's): the CUDA-graph step ``generate`` uses, the same step eager, the reference step; targets at
    batch 1: <= the Transformer at context 128, >= 3x faster at 8192, >= 5x faster than the reference step.
 5. ``fla``: flash-linear-attention's fused retention vs our PyTorch path, when ``fla`` is importable.
+6. ``train_memory``: activation memory with and without gradient checkpointing.
+7. ``runtimes``: latency tables built in the deploy runtimes (onnxruntime's CUDA EP, TensorRT; onnxruntime's CPU EP
+   in the dry run) and their raw prediction error over random plans: mean <= 5 %, max <= 10 % (or 1.5x the noise
+   floor). A runtime this machine lacks is recorded as skipped with the reason (not passed).
 
 Results: ``$OUT/gpu_check.json`` when ``$OUT`` is set, else ``benchmarks/results/gpu_check.json``; a digest of
 the numbers is printed at the end. Every step's ``status`` is computed from its ``verdicts``, each a recorded number
@@ -52,7 +56,7 @@ from zoo.latency.measure import Bench, LatencyStats, move_inputs, prepare  # noq
 from zoo.search import BudgetError, Choice, dp_search  # noqa: E402
 from zoo.surgery import apply_plan  # noqa: E402
 
-STEPS = ("measurement", "lut", "prune_search", "retnet_decode", "fla", "train_memory")
+STEPS = ("measurement", "lut", "prune_search", "retnet_decode", "fla", "train_memory", "runtimes")
 CACHE_DIR = str(Path(os.environ.get("TMPDIR", "/tmp")) / "gpu_check")
 TABLE_ERROR_TARGET = 0.05  # the issue's target for the table's prediction error
 
@@ -67,12 +71,13 @@ class Condition:
     channels_last: bool = False
     cuda_timing: str = "auto"
     cuda_graph: bool = False
+    runtime: str = "eager"
 
     @property
     def label(self) -> str:
         layout = "channels_last" if self.channels_last else "contiguous"
         return (f"{self.model}/{self.dtype}/{layout}/b{self.batch}/{self.cuda_timing}"
-                f"{'+graph' if self.cuda_graph else ''}")
+                f"{'+graph' if self.cuda_graph else ''}{'' if self.runtime == 'eager' else '/' + self.runtime}")
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,7 @@ class Config:
     timing: CalibrationSettings
     min_step_s: float  # a step (or one condition of a step) starts only with this much of the budget left
     memory: tuple[tuple[str, int, tuple[int, int]], ...] = ()  # train_memory: (model, input size, two batches)
+    runtimes: tuple[Condition, ...] = ()  # tables in deploy runtimes (the runtimes step)
 
 
 MBV2_BF16_CL = Condition("mobilenetv2_140", 128, "bfloat16", True)
@@ -99,12 +105,14 @@ GPU = Config(batch=128, size=224, measure_model="mobilenetv2_140",
              plans=8, prune=(Condition("mobilenetv2_140", 128), MBV2_BF16_CL),
              calib_batch=32, decode_batches=(1, 16), table=TableSettings(max_time_s=60.0),
              timing=CalibrationSettings(max_time_s=30.0), min_step_s=60.0,
-             memory=(("tresnet_m", 224, (16, 32)), ("resnetv2_50x1_bit", 224, (16, 32))))
+             memory=(("tresnet_m", 224, (16, 32)), ("resnetv2_50x1_bit", 224, (16, 32))),
+             runtimes=(Condition("mobilenetv2_100", 32, runtime="onnxruntime"),
+                       Condition("mobilenetv2_100", 32, runtime="tensorrt")))
 DRY = Config(batch=2, size=64, measure_model="mobilenetv2_035", lut=(Condition("mobilenetv2_035", 2),), plans=2,
              prune=(Condition("mobilenetv2_035", 2),), calib_batch=4, decode_batches=(1,),
              table=TableSettings(warmup_s=0.2, entry_warmup_s=0.01, min_rounds=3, max_rounds=5),
              timing=CalibrationSettings(warmup_s=0.2, net_warmup_s=0.02, min_rounds=3, max_rounds=5), min_step_s=0.0,
-             memory=(("tresnet_m", 64, (1, 2)),))
+             memory=(("tresnet_m", 64, (1, 2)),), runtimes=(Condition("mobilenetv2_035", 2, runtime="onnxruntime"),))
 
 
 class Budget:
@@ -202,7 +210,7 @@ def table_for(cond: Condition, cfg: Config, device: str):
     model = zoo.create_model(cond.model).eval()
     settings = replace(cfg.table, cuda_timing=cond.cuda_timing, cuda_graph=cond.cuda_graph)
     return build_table(model, batch_size=cond.batch, input_size=cfg.size, device=device, dtype=cond.dtype,
-                       channels_last=cond.channels_last, settings=settings, cache_dir=CACHE_DIR)
+                       channels_last=cond.channels_last, settings=settings, cache_dir=CACHE_DIR, runtime=cond.runtime)
 
 
 def within_budget(items: Sequence[Any], label: Callable[[Any], str], run: Callable[[Any], dict[str, Any]],
@@ -228,6 +236,20 @@ def lut_one(device: str, cfg: Config, cond: Condition) -> dict[str, Any]:
             "entries_capped": capped, "condition": table.condition, "summary": table.summary(),
             "protocol": table.condition["protocol"], **evaluation.summary(),
             "table": evaluation.format()}
+
+
+def check_runtimes(device: str, cfg: Config, budget: Budget) -> dict[str, Any]:
+    """Each deploy runtime's table (cold) and its raw error over random plans; a runtime missing here is skipped."""
+    from zoo.latency.runtime import RuntimeFailure, check_runtime
+
+    def one(cond: Condition) -> dict[str, Any]:
+        try:
+            check_runtime(cond.runtime, torch.device(device), resolve_dtype(cond.dtype, torch.device(device)))
+        except RuntimeFailure as exc:
+            return {"skipped": f"unavailable here: {exc}"}
+        return lut_one(device, cfg, cond)
+
+    return within_budget(cfg.runtimes, lambda cond: cond.label, one, cfg, budget)
 
 
 # -- 3. pruning search ----------------------------------------------------------------------------------------
@@ -368,6 +390,7 @@ def check_train_memory(device: str, cfg: Config, budget: Budget) -> dict[str, An
 
 DECODE_FLATNESS_TARGET = 1.2  # RetNet per-token latency at the longest context / at the shortest
 SPEEDUP_FRACTION = 0.9  # a pruned network reaches its target speed-up at >= 0.9 x target
+RUNTIME_MEAN_TARGET, RUNTIME_MAX_TARGET = 0.05, 0.10  # a deploy runtime's table error (issue: runtimes)
 
 
 def verdicts(name: str, step: dict[str, Any]) -> dict[str, bool | None]:
@@ -407,6 +430,14 @@ def verdicts(name: str, step: dict[str, Any]) -> dict[str, bool | None]:
                     out.update({f"{key} {target}": v for target, v in decode_verdicts(r).items()})
     elif name == "fla":
         out["chunkwise forward faster than the PyTorch path"] = step["chunkwise_speedup"] > 1.0
+    elif name == "runtimes":
+        for label, t in step.items():
+            if isinstance(t, dict):
+                noise = 1.5 * t.get("noise_floor", 0.0)
+                limits = (max(RUNTIME_MEAN_TARGET, noise), max(RUNTIME_MAX_TARGET, noise))
+                out[f"{label} raw error mean <= {RUNTIME_MEAN_TARGET:.0%} and max <= {RUNTIME_MAX_TARGET:.0%} (or 1.5x "
+                    "noise)"] = (None if "skipped" in t else t["mean_abs_error_raw"] <= limits[0]
+                                 and t["max_abs_error_raw"] <= limits[1])
     elif name == "train_memory":
         from benchmarks.train_memory import TARGET_COST, TARGET_REDUCTION
         from benchmarks.train_memory import verdicts as memory_verdicts
@@ -499,13 +530,14 @@ def digest(report: dict[str, Any]) -> str:
         within = o["max_rel_diff"] <= o["tolerance"]
         lines.append(f"  output {name}: rel diff {o['max_rel_diff']:.2e} ({'within' if within else 'OUT OF'} "
                      f"tolerance {o['tolerance']:g})")
-    for label, t in steps.get("lut", {}).items():
-        if isinstance(t, dict) and "mean_abs_error_raw" in t:
-            lines.append(f"  lut {label}: {t['entries']} entries in {t['build_s']:.0f} s, error mean "
-                         f"{t['mean_abs_error_raw']:.1%} max {t['max_abs_error_raw']:.1%} "
-                         f"(noise {t['noise_floor']:.1%})")
-        elif isinstance(t, dict) and "skipped" in t:
-            lines.append(f"  lut {label}: skipped, {t['skipped']}")
+    for step_name in ("lut", "runtimes"):
+        for label, t in steps.get(step_name, {}).items():
+            if isinstance(t, dict) and "mean_abs_error_raw" in t:
+                lines.append(f"  {step_name} {label}: {t['entries']} entries in {t['build_s']:.0f} s, error mean "
+                             f"{t['mean_abs_error_raw']:.1%} max {t['max_abs_error_raw']:.1%} "
+                             f"(noise {t['noise_floor']:.1%})")
+            elif isinstance(t, dict) and "skipped" in t:
+                lines.append(f"  {step_name} {label}: skipped, {t['skipped']}")
     for label, p in steps.get("prune_search", {}).items():
         if not isinstance(p, dict) or "baseline_ms" not in p:
             continue
@@ -552,7 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = results_dir(args.out)
     report: dict[str, Any] = {"environment": environment(args.device), "budget_s": args.budget_s, "steps": {}}
     steps = {"measurement": check_measurement, "lut": check_lut, "prune_search": check_prune_search,
-             "retnet_decode": check_retnet_decode, "fla": check_fla, "train_memory": check_train_memory}
+             "retnet_decode": check_retnet_decode, "fla": check_fla, "train_memory": check_train_memory,
+             "runtimes": check_runtimes}
     for name in args.steps:
         start = time.perf_counter()
         if budget.left() < cfg.min_step_s:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.__main__ import update_docs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +41,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
                           timeout=600)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     steps = report["steps"]
-    assert set(steps) == {"measurement", "lut", "prune_search", "retnet_decode", "fla", "train_memory"}
+    assert set(steps) == {"measurement", "lut", "prune_search", "retnet_decode", "fla", "train_memory", "runtimes"}
     assert not [name for name, step in steps.items() if step["status"] == "error"], proc.stderr[-3000:]
     assert report["environment"]["device"] == "cpu (dry run)" and report["environment"]["timm"]
     label = "mobilenetv2_035/float32/contiguous/b2/auto"
@@ -48,6 +50,11 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     # every verdict is the recorded number against its target, recomputed here independently
     assert steps["lut"]["verdicts"][f"{label} max error <= 5%"] == (lut["max_abs_error_raw"] <= 0.05)
     assert steps["lut"]["status"] == ("passed" if lut["max_abs_error_raw"] <= 0.05 else "failed")
+    ort = steps["runtimes"][f"{label}/onnxruntime"]  # the deploy-runtime table check, in onnxruntime's CPU EP
+    assert ort["condition"]["runtime"] == "onnxruntime" and ort["n_plans"] == 2
+    limits = (max(0.05, 1.5 * ort["noise_floor"]), max(0.10, 1.5 * ort["noise_floor"]))
+    assert list(steps["runtimes"]["verdicts"].values()) == [ort["mean_abs_error_raw"] <= limits[0]
+                                                             and ort["max_abs_error_raw"] <= limits[1]]
     prune = steps["prune_search"][label]
     for target in (1.5, 2.0):
         ok = prune[f"target_{target}"]["measured_speedup"] >= 0.9 * target
@@ -84,3 +91,24 @@ def test_docs_sections_are_replaced_in_place(tmp_path):
     text = docs.read_text()
     assert text.count("<!-- suite:zoo_vs_timm -->") == 1 and "| 2 |" in text and "| 1 |" not in text
     assert text.startswith("# Benchmarks\n\nintro")
+
+
+@pytest.mark.slow
+def test_runtime_tables_quick_computes_its_verdicts(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.runtime_tables", "--quick", "--runtimes",
+                           "eager,onnxruntime", "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                          env=ENV, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "runtime_tables_quick.json").read_text())
+    (model,) = result["models"]
+    assert set(model["tables"]) == {"eager", "onnxruntime"} and result["complete"]
+    for table in model["tables"].values():  # each verdict is its numbers against its limits
+        mean_limit, max_limit = max(0.05, 1.5 * table["noise_floor"]), max(0.10, 1.5 * table["noise_floor"])
+        assert table["passed"] == (table["mean_error"] <= mean_limit and table["max_error"] <= max_limit)
+    for s in model["speedups"]:
+        own = [c for c in model["cross"] if c["chosen_in"] == c["measured_in"] == s["runtime"]
+               and c["target"] == s["target"]]
+        assert s["passed"] == bool(own and own[0]["measured_speedup"] >= 0.9 * s["target"])
+    assert result["passed"] == (all(t["passed"] for t in model["tables"].values())
+                                and all(s["passed"] for s in model["speedups"]))
+    assert "| mobilenetv2_035 | onnxruntime |" in proc.stdout

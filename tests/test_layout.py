@@ -19,7 +19,7 @@ LAYERS = [
     {"errors", "lazy", "files"},
     {"registry", "tags", "depth", "features", "fuse", "checkpoint", "latency.device"},
     {"surgery", "pretrained", "mobilenetv2", "tresnet", "resnetv2", "retnet", "search", "latency.cache"},
-    {"factory", "exporting", "latency.measure", "latency.context", "importance"},
+    {"factory", "exporting", "latency.measure", "latency.context", "latency.runtime", "importance"},
     {"latency.calibrate", "latency.table", "latency", "training.distributed", "training.state", "training.logger",
      "training.config", "training.data"},
     {"training.engine", "training"},

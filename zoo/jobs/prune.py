@@ -74,6 +74,8 @@ class PruneSettings:
     force: bool = False
     export: str | None = None
     export_rtol: float = 1e-4
+    runtime: str = "eager"
+    runtime_report: list[str] = field(default_factory=list)
     max_memory_mb: float | None = None
     lut: dict[str, Any] = field(default_factory=dict)
     measure: dict[str, Any] = field(default_factory=dict)
@@ -183,7 +185,22 @@ def validate_prune(cfg: Any) -> None:
         check_writable(p.cache_dir, "prune.cache_dir")
     lut_settings(p)
     measure_settings(p)
-    resolve_dtype(p.dtype, resolve_device(p.device))
+    check_runtimes(p, resolve_device(p.device), resolve_dtype(p.dtype, resolve_device(p.device)))
+
+
+def check_runtimes(p: Any, device: torch.device, dtype: torch.dtype) -> None:
+    """``prune.runtime`` and every ``prune.runtime_report`` runtime known and usable here (else ZooError with the
+    install command), before any work; ``prune.lut.runtime`` is not a second way to say it."""
+    from ..latency.runtime import check_runtime
+
+    if "runtime" in (p.lut or {}):
+        raise ZooError("Set the runtime with prune.runtime (it applies to the table and to every measurement), not "
+                       "prune.lut.runtime.")
+    for key, runtime in [("prune.runtime", p.runtime), *(("prune.runtime_report", r) for r in p.runtime_report)]:
+        try:
+            check_runtime(runtime, device, dtype)
+        except ZooError as exc:
+            raise ZooError(f"{key}={runtime}: {exc}") from None
 
 
 def check_baseline_source(cfg: Any) -> None:
@@ -672,8 +689,9 @@ def _state_to(state: Any, device: torch.device) -> Any:
     return type(state)(layers, state.offset)
 
 
-def build_lut(cfg: Any, baseline: nn.Module, data: Any) -> Any:
-    """The latency table of `baseline` for the configured device, batch, dtype, layout and workload."""
+def build_lut(cfg: Any, baseline: nn.Module, data: Any, runtime: str | None = None) -> Any:
+    """The latency table of `baseline` for the configured device, batch, dtype, layout and workload, in `runtime`
+    (default ``prune.runtime``)."""
     from ..latency import build_table
     from ..latency.device import resolve_device
 
@@ -684,15 +702,17 @@ def build_lut(cfg: Any, baseline: nn.Module, data: Any) -> Any:
         kwargs = {"input_size": (1,), "workload": "decode", "forward_kwargs": {"mode": "recurrent", "state": state}}
     return build_table(baseline, batch_size=p.batch_size, device=p.device, dtype=p.dtype,
                        channels_last=p.channels_last, threads=p.threads, cache_dir=p.cache_dir, merge=p.merge,
-                       settings=lut_settings(p), **kwargs)
+                       settings=lut_settings(p), runtime=runtime or p.runtime, **kwargs)
 
 
-def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any = None
+def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any = None, unfused: bool = True
                          ) -> dict[str, dict[str, float]]:
-    """Latency statistics (ms) of each network, timed in interleaved rounds under the table's conditions.
+    """Latency statistics (ms) of each network, timed in interleaved rounds under the table's conditions (its runtime
+    included).
 
-    Each network runs in the form the table measures (its deploy form, :func:`zoo.fuse`, by default) and, as
-    ``<name>_eager``, as it is. `settings`: a :class:`~zoo.latency.CalibrationSettings` (None: its defaults).
+    Each network runs in the form the table measures (its deploy form, :func:`zoo.fuse`, by default) and, with
+    `unfused`, as ``<name>_eager`` as it is. `settings`: a :class:`~zoo.latency.CalibrationSettings` (None: its
+    defaults).
     """
     from ..latency.calibrate import CalibrationSettings, time_networks
     from ..latency.measure import measured_form, prepare
@@ -702,12 +722,43 @@ def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any =
     forms = {}
     for name, net in nets.items():
         forms[name] = measured_form(net, table.settings)
-        forms[f"{name}_eager"] = net
+        if unfused:
+            forms[f"{name}_eager"] = net
     prepared = [prepare(copy.deepcopy(net), device, channels_last) for net in forms.values()]
     if table.condition.get("workload") == "decode":
         prepared = [DecodeStep(net, table.example.shape[0]) for net in prepared]
-    benches = time_networks(prepared, table.example, {}, table, settings or CalibrationSettings())
+    benches = time_networks(prepared, table.example, {}, table, settings or CalibrationSettings(), list(forms))
     return {name: {k: round(v, 5) for k, v in bench.summary().items()} for name, bench in zip(forms, benches)}
+
+
+def runtime_row(table: Any, plan: dict[str, Any], measured: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Baseline and pruned latency measured in the table's runtime, beside that table's predictions."""
+    estimate = f"{table.settings.estimator}_ms"
+    base_ms, pruned_ms = measured["baseline"][estimate], measured["pruned"][estimate]
+    base_pred, pruned_pred = table.predict({"remove": []}), table.predict(plan)
+    return {"baseline_ms": base_ms, "pruned_ms": pruned_ms, "measured_speedup": base_ms / pruned_ms,
+            "predicted_baseline_ms": base_pred, "predicted_pruned_ms": pruned_pred,
+            "predicted_speedup": base_pred / pruned_pred, "prediction_error": pruned_pred / pruned_ms - 1.0,
+            "speedup_prediction_error": (base_pred / pruned_pred) / (base_ms / pruned_ms) - 1.0,
+            "table_build_s": round(table.build_s, 3), "runtime_build_s": round(table.runtime_build_s, 3),
+            "runtime_version": table.condition["runtime_version"]}
+
+
+def report_runtimes(cfg: Any, table: Any, measured: dict[str, dict[str, float]], baseline: nn.Module,
+                    pruned: nn.Module, plan: dict[str, Any], data: Any) -> dict[str, dict[str, Any]]:
+    """Per runtime: the chosen plan (chosen in ``prune.runtime``) measured and predicted there. ``prune.runtime`` comes
+    first, from the final measurement; each ``prune.runtime_report`` runtime gets its own (cached) table and its own
+    side-by-side timing of the baseline and the pruned network, deploy forms."""
+    rows = {cfg.prune.runtime: {**runtime_row(table, plan, measured), "chosen_here": True}}
+    for runtime in dict.fromkeys(cfg.prune.runtime_report):
+        if runtime in rows:
+            continue
+        _log.info("runtime report: the plan in %s", runtime)
+        other = build_lut(cfg, baseline, data, runtime)
+        timed = measure_side_by_side(other, {"baseline": baseline, "pruned": pruned.eval()},
+                                     measure_settings(cfg.prune), unfused=False)
+        rows[runtime] = {**runtime_row(other, plan, timed), "chosen_here": False}
+    return rows
 
 
 def run(cfg: Any) -> dict[str, Any]:
@@ -870,12 +921,15 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         with phase(timings, "measure"):
             measured = measure_side_by_side(table, {"baseline": baseline, "pruned": pruned.eval()},
                                             measure_settings(cfg.prune))
+        with phase(timings, "runtime_report"):
+            runtimes = report_runtimes(cfg, table, measured, baseline, pruned, plan, data)
         checkpoint = save_checkpoint(pruned, output_dir / "pruned.safetensors", metrics=pruned_metrics,
                                      baseline=str(baseline_path), target_speedup=cfg.prune.target_speedup)
         results = assemble_results(cfg, table, plan, result, baseline, pruned, base_metrics, pruned_metrics,
                                    measured, timings, checkpoint, calibration, importance_cached)
         results["baseline"].update(source=str(baseline_path), metrics_cached=base_cached,
                                    tag=getattr(baseline, "zoo_tag", None))
+        results["runtimes"] = runtimes
         results["world_size"] = dist.world
         results["finetune_memory"] = getattr(pruned, "finetune_memory", {})
         results["fingerprint"] = fingerprint(config)

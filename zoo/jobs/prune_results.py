@@ -96,6 +96,11 @@ def format_summary(results: dict[str, Any]) -> str:
                  f"({results['speedup_prediction_error']:+.1%}); latency prediction error "
                  f"{results['prediction_error']:+.1%} (includes the machine's drift since the table was measured); "
                  f"{len(results['plan']['remove'])} unit(s) removed")
+    for runtime, row in (results.get("runtimes") or {}).items():
+        lines.append(f"{runtime:<12} baseline {row['baseline_ms']:.3f} ms, pruned {row['pruned_ms']:.3f} ms: "
+                     f"{row['measured_speedup']:.2f}x measured, {row['predicted_speedup']:.2f}x predicted "
+                     f"({row['speedup_prediction_error']:+.1%})" + ("  <- the plan was chosen here"
+                                                                     if row.get("chosen_here") else ""))
     export = results.get("export")
     if export:
         lines.append(f"export {export['path']}: " + (

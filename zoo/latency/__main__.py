@@ -4,8 +4,9 @@ with ``calibrate=N``, its prediction error over N random plans beside the noise 
 Keys: model, batch_size, input_size (int or [C,H,W] / [T]), device (auto|cpu|cuda|cuda:N), dtype
 (float32|bfloat16|float16), channels_last, threads, cache_dir, calibrate, seed, clock (wall|thread),
 estimator (median|p10|min), warmup_s, min_rounds, max_rounds, entries (auto|context|isolated),
-cuda_timing (auto|queued|isolated), cuda_graph, json (write a summary there). The defaults are prune.py's: the wall
-clock, one thread, entries timed in context on the CPU (docs/latency.md says why).
+cuda_timing (auto|queued|isolated), cuda_graph, runtime (eager|compile|onnxruntime|tensorrt: the deploy runtime the
+entries and the calibration run in), json (write a summary there). The defaults are prune.py's: the wall clock, one
+thread, eager, entries timed in context on the CPU (docs/latency.md says why).
 Example: ``python -m zoo.latency model=mobilenetv2_100 batch_size=32 device=cuda calibrate=5``.
 """
 
@@ -40,6 +41,7 @@ class LatencyConfig:
     entries: str = "auto"
     cuda_timing: str = "auto"
     cuda_graph: bool = False
+    runtime: str = "eager"
     json: Any = None
 
 
@@ -85,7 +87,8 @@ def run(cfg: LatencyConfig) -> dict[str, Any]:
 
     settings = TableSettings(threads=cfg.threads, warmup_s=cfg.warmup_s, min_rounds=cfg.min_rounds,
                              max_rounds=cfg.max_rounds, estimator=cfg.estimator, clock=cfg.clock,
-                             entries=cfg.entries, cuda_timing=cfg.cuda_timing, cuda_graph=cfg.cuda_graph)
+                             entries=cfg.entries, cuda_timing=cfg.cuda_timing, cuda_graph=cfg.cuda_graph,
+                             runtime=cfg.runtime)
     table = build_table(cfg.model, batch_size=cfg.batch_size, input_size=cfg.input_size, device=cfg.device,
                         dtype=cfg.dtype, channels_last=cfg.channels_last, cache_dir=cfg.cache_dir, settings=settings)
     print(table.format())

@@ -24,6 +24,7 @@ from ..surgery import Segment, apply_plan
 from .cache import device_lock
 from .device import resolve_dtype, timing_context
 from .measure import Bench, check_rounds, measured_form, prepare, time_rounds
+from .runtime import in_runtime
 
 if TYPE_CHECKING:
     from .table import LatencyTable
@@ -178,12 +179,20 @@ def time_interleaved(callables: Sequence[Any], args: Sequence[Any], kwargs: Mapp
 
 
 def time_networks(nets: Sequence[nn.Module], example: Any, forward_kwargs: Mapping[str, Any], table: LatencyTable,
-                  settings: CalibrationSettings) -> list[Bench]:
-    """Time whole networks in interleaved rounds under the table's conditions; one bench per network."""
+                  settings: CalibrationSettings, labels: Sequence[str] | None = None) -> list[Bench]:
+    """Time whole networks in interleaved rounds under the table's conditions (its runtime too: each network is
+    compiled or exported first, once per distinct network); one bench per network. `labels` name them in errors."""
     device = next(iter(table.model.parameters())).device
     dtype = resolve_dtype(table.condition["dtype"], device)
-    return time_interleaved(nets, (example,), forward_kwargs, device, dtype, table.settings.threads, settings,
-                            table.settings.cuda_graph, table.settings.clock)
+    runtime, threads = table.settings.runtime, table.settings.threads
+    made: dict[int, Any] = {}
+    with timing_context(device, dtype, threads):
+        for i, net in enumerate(nets):
+            if id(net) not in made:
+                what = f"network {labels[i] if labels else i}"
+                made[id(net)] = in_runtime(net, (example,), forward_kwargs, runtime, device, threads, dtype, what)
+    return time_interleaved([made[id(net)] for net in nets], (example,), forward_kwargs, device, dtype, threads,
+                            settings, table.settings.cuda_graph, table.settings.clock)
 
 
 def pruned_network(table: LatencyTable, plan: Mapping[str, Any]) -> nn.Module:
@@ -202,7 +211,9 @@ def evaluate(table: LatencyTable, plans: Sequence[Mapping[str, Any]], settings: 
     half = len(nets) // 2
     base_net = pruned_network(table, {"remove": [], "merge": table.merge})
     order = [base_net, *nets[:half], base_net, *nets[half:]]  # A ... A' ...: the noise-floor pair
-    benches = time_networks(order, table.example, table.forward_kwargs, table, settings)
+    labels = ["original", *(f"plan {i}" for i in range(half)), "original", *(f"plan {i}" for i in range(half,
+                                                                                                         len(nets)))]
+    benches = time_networks(order, table.example, table.forward_kwargs, table, settings, labels)
     original, again = benches[0], benches[half + 1]
     plan_benches = benches[1:half + 1] + benches[half + 2:]
     estimate = f"{table.settings.estimator}_ms"

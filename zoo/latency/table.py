@@ -9,7 +9,11 @@ The prediction for a plan is ``fixed + sum over segments of cost(segment, varian
 * ``cost = max(0, entry - call overhead)``: every isolated measurement also contains one module call and the
   timer, measured once as an ``nn.Identity`` call;
 * ``fixed`` is the network with each segment replaced by a module that replays the segment's captured output:
-  stem, head and all glue between segments, with real shapes.
+  stem, head and all glue between segments, with real shapes; in a runtime other than eager (``runtime=compile``,
+  ``onnxruntime``, ``tensorrt``: :mod:`zoo.latency.runtime`) each entry is compiled or exported on its own, timed
+  chained after the previous segment (less that segment alone: the runtime's layout conversions at the edges cancel,
+  :func:`chains_after_previous`), and the fixed part is the whole network, timed in the runtime, less its intact
+  segments (a compiler folds a replay).
 
 Identical segments (same architecture, inputs and variant) share one cache entry across models and runs; see
 :mod:`zoo.latency.cache`. A calibration (:meth:`LatencyTable.calibrate`) may add a fitted correction
@@ -61,10 +65,12 @@ from .measure import (
     robust_summary,
     time_rounds,
 )
+from .runtime import RUNTIMES, check_runtime, in_runtime, runtime_version, tensorrt_backend
 
 logger = logging.getLogger("zoo.latency")
 
 FIXED = "fixed"
+WHOLE = "whole"
 OVERHEAD = "call-overhead"
 
 
@@ -78,13 +84,19 @@ DEVICE_BOUND = 0.8  # auto: queued when the device is busy for at least this sha
 class TableSettings:
     """How a table is measured.
 
+    runtime: the deploy runtime every entry (and every whole network in calibration and in ``prune.py``'s final
+        timing) runs in (:mod:`zoo.latency.runtime`): ``eager``, ``compile`` (torch.compile, inductor),
+        ``onnxruntime`` or ``tensorrt`` (CUDA). Outside eager every entry is compiled or exported on its own and
+        timed isolated (a compiled graph has no segment boundaries to time in context); the compile/export time is
+        part of the build time and of each entry's record (``runtime_build_s``).
     entries: ``context`` times every (segment, variant) inside running networks (:func:`measure_in_context`: a
         few probe networks that together use every variant, timed in interleaved rounds with hooks at the segment
         boundaries), so each entry starts from the cache and CPU state the network leaves it in and the fixed part
         is what the network spends outside its segments; ``isolated`` times each entry alone on its captured
         inputs, all entries in interleaved rounds (:func:`measure_rounds`), and the fixed part as the network
-        with its segments replaced by replays; ``auto``: context on the CPU, isolated on CUDA (where the
-        ``cuda_timing`` protocol applies). docs/latency.md has the measurements behind the choice.
+        with its segments replaced by replays; ``auto``: context on the CPU in eager, isolated on CUDA (where the
+        ``cuda_timing`` protocol applies) and in every other runtime. docs/latency.md has the measurements behind
+        the choice.
 
     warmup_s: one warm-up of the whole network before the first entry (CPU speed settles over seconds).
     entry_warmup_s: untimed calls of each entry (each probe network in context) before the rounds.
@@ -120,6 +132,7 @@ class TableSettings:
     deploy: bool = True
     cuda_timing: str = "auto"
     entries: str = "auto"
+    runtime: str = "eager"
 
     def __post_init__(self) -> None:
         check_rounds(self, "TableSettings (prune.lut)")
@@ -133,6 +146,15 @@ class TableSettings:
             raise ZooError(f"Unknown estimator {self.estimator!r}; allowed are {', '.join(ESTIMATORS)}.")
         if self.entries not in ENTRY_TIMINGS:
             raise ZooError(f"Unknown entries timing {self.entries!r}; allowed are {', '.join(ENTRY_TIMINGS)}.")
+        if self.runtime not in RUNTIMES:
+            raise ZooError(f"Unknown runtime {self.runtime!r}; allowed are {', '.join(RUNTIMES)}.")
+        if self.entries == "context" and self.runtime != "eager":
+            raise ZooError(f"entries='context' times segments inside the running eager network; runtime="
+                           f"{self.runtime!r} runs one compiled graph without segment boundaries: use entries='auto' "
+                           f"or 'isolated'.")
+        if self.cuda_graph and self.runtime in ("onnxruntime", "tensorrt"):
+            raise ZooError(f"cuda_graph=true replays a captured PyTorch call; runtime={self.runtime!r} runs its own "
+                           f"engine (it manages its own graphs): use cuda_graph=false, or runtime=eager / compile.")
         if self.cuda_timing not in CUDA_TIMINGS:
             raise ZooError(f"Unknown cuda_timing {self.cuda_timing!r}; allowed are {', '.join(CUDA_TIMINGS)}.")
 
@@ -285,16 +307,19 @@ def measure_rounds(pending: Sequence[Pending], device: torch.device, settings: T
                    ) -> dict[str, dict[str, Any]]:
     """Time every pending entry in interleaved rounds; returns cache records keyed by entry key."""
     queued = settings.cuda_timing == "queued"
-    benches = [Bench(p.module, p.capture.args, p.capture.kwargs, device, settings.cuda_graph, settings.clock, queued)
-               for p in pending]
+    calls = [in_runtime(p.module, p.capture.args, p.capture.kwargs, settings.runtime, device, settings.threads,
+                        what=p.what) for p in pending]
+    benches = [Bench(call, p.capture.args, p.capture.kwargs, device, settings.cuda_graph, settings.clock, queued)
+               for p, call in zip(pending, calls)]
     for bench in benches:
         bench.warmup(settings.entry_warmup_s)
     caps = time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round,
                        settings.rel_tol, settings.max_time_s)
     records = {}
-    for p, bench, cap_hit in zip(pending, benches, caps):
+    for p, bench, cap_hit, call in zip(pending, benches, caps, calls):
         mem, estimated = peak_memory(p.module, p.capture.args, p.capture.kwargs, device)
         records[p.key] = {**bench.summary(), "n_runs": len(bench.times_ms), "cap_hit": cap_hit,
+                          "runtime_build_s": getattr(call, "build_s", 0.0),
                           "time_s": bench.time_s, "peak_mem_bytes": mem, "mem_estimated": estimated,
                           "what": p.what, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     return records
@@ -415,12 +440,19 @@ class LatencyTable:
     merge: bool = True
     settings: TableSettings = field(default_factory=TableSettings)
     timing_probe: dict[str, Any] = field(default_factory=dict)  # cuda_timing="auto": what decided the protocol
+    prefix_keys: list[str | None] = field(default_factory=list)  # per segment: the prefix its entries are timed after
 
     # -- costs -----------------------------------------------------------------------------------------------
 
     def value(self, key: str) -> float:
         """The entry's time (ms) under the table's estimator (``settings.estimator``)."""
         return self.records[key][f"{self.settings.estimator}_ms"]
+
+    @property
+    def runtime_build_s(self) -> float:
+        """What compiling or exporting the entries measured for this table cost (0 in eager), in seconds."""
+        return sum(self.records[k].get("runtime_build_s", 0.0) for k in {*self.records} if self.sources.get(k)
+                   == "measured")
 
     @property
     def overhead_ms(self) -> float:
@@ -433,13 +465,17 @@ class LatencyTable:
     @property
     def n_entries(self) -> int:
         """Distinct measured entries this table uses (shared segments count once), fixed part and overhead included."""
-        return len({k for keys in self.keys for k in keys.values() if k is not None} | {self.fixed_key,
-                                                                                        self.overhead_key})
+        return len({k for keys in self.keys for k in keys.values() if k is not None}
+                   | {k for k in self.prefix_keys if k is not None} | {self.fixed_key, self.overhead_key})
 
     def raw_cost(self, index: int, variant: frozenset[str]) -> float:
-        """Uncorrected cost (ms) of segment `index` in `variant`: entry minus call overhead, 0 when removed."""
+        """Uncorrected cost (ms) of segment `index` in `variant`: entry minus call overhead (a chained entry: minus its
+        prefix alone), 0 when removed."""
         key = self.keys[index][variant]
-        return 0.0 if key is None else max(0.0, self.value(key) - self.overhead_ms)
+        if key is None:
+            return 0.0
+        prefix = self.prefix_keys[index] if self.prefix_keys else None
+        return max(0.0, self.value(key) - (self.value(prefix) if prefix else self.overhead_ms))
 
     def fixed_cost(self, corrected: bool = True) -> float:
         """The part of every prediction that no plan changes (the correction's offset included)."""
@@ -516,13 +552,13 @@ class LatencyTable:
                 "measured_now": self.n_measured, "from_cache": self.n_cached, "build_s": self.build_s,
                 "fixed_ms": self.fixed_raw_ms, "overhead_ms": self.overhead_ms,
                 "predicted_original_ms": self.predict(corrected=False), "correction": asdict(self.correction),
-                "timing_probe": self.timing_probe}
+                "timing_probe": self.timing_probe, "runtime_build_s": self.runtime_build_s}
 
     def describe_condition(self) -> str:
         c = self.condition
         size = "x".join(map(str, c["input_size"]))
         return (f"{c['device_name']} [{c['dtype']}, batch {c['batch_size']}, input {size}, {c['layout']}, "
-                f"{c['threads']} thread(s), torch {c['torch']}]")
+                f"{c['threads']} thread(s), torch {c['torch']}, runtime {c.get('runtime', 'eager')}]")
 
     def format(self) -> str:
         """The table as aligned text: one line per (segment, variant), then the fixed part and totals."""
@@ -565,30 +601,115 @@ def condition_key(device: torch.device, dtype: torch.dtype, batch_size: int, inp
             "layout": "channels_last" if channels_last else "contiguous", "threads": int(settings.threads),
             "workload": workload, "cuda_graph": bool(settings.cuda_graph and device.type == "cuda"),
             "protocol": protocol_name(device, settings), "clock": settings.clock,
-            "form": "deploy" if settings.deploy else "eager"}
+            "form": "deploy" if settings.deploy else "eager", "runtime": settings.runtime,
+            "runtime_version": runtime_version(settings.runtime)}
+
+
+def chains_after_previous(segs: Sequence[Segment], captures: Sequence[Capture], runtime: str) -> list[bool]:
+    """Per segment, whether its entries are timed chained after the previous segment (outside eager): the previous
+    segment's output is exactly this one's only input, and neither takes keyword arguments."""
+    def plain(cap: Capture) -> bool:
+        return not cap.kwargs and len(cap.args) == 1 and torch.is_tensor(cap.args[0])
+
+    return [runtime != "eager" and i > 0 and plain(cap) and plain(captures[i - 1])
+            and torch.is_tensor(captures[i - 1].output) and captures[i - 1].output.shape == cap.args[0].shape
+            and bool(torch.equal(captures[i - 1].output, cap.args[0])) for i, cap in enumerate(captures)]
 
 
 def _variant_entries(model: nn.Module, segs: Sequence[Segment], captures: Sequence[Capture], device: torch.device,
                      channels_last: bool, merge: bool, settings: TableSettings
-                     ) -> tuple[list[dict[frozenset[str], str | None]], list[Pending]]:
-    """The cache key of every (segment, variant) and the built module behind each distinct key."""
+                     ) -> tuple[list[dict[frozenset[str], str | None]], list[Pending], list[str | None]]:
+    """The cache key of every (segment, variant), the built module behind each distinct key, and per segment the key
+    of the prefix its entries are measured after (None: measured alone).
+
+    Outside eager a runtime converts tensors into its own layout at the edges of what it runs (channels-last or
+    blocked convolution layouts), work the whole network does once but an entry timed alone does at its every edge.
+    So there a segment's variant is timed chained after the previous segment, intact (``prev -> variant``), and its
+    cost is that chain's time less the previous segment's alone: the edge costs cancel.
+    """
+    def build(seg: Segment, variant: frozenset[str]) -> nn.Module:
+        return prepare(measured_form(build_segment(model, seg, variant, merge), settings), device, channels_last)
+
+    chained = chains_after_previous(segs, captures, settings.runtime)
     keys: list[dict[frozenset[str], str | None]] = []
+    prefixes: list[str | None] = []
     built: dict[str, Pending] = {}
-    for seg, cap in zip(segs, captures):
+    for i, (seg, cap) in enumerate(zip(segs, captures)):
         seg_keys: dict[frozenset[str], str | None] = {}
         for variant in seg.variants():
             if seg.name in variant:
                 seg_keys[variant] = None
                 continue
-            module = prepare(measured_form(build_segment(model, seg, variant, merge), settings), device,
-                             channels_last)
+            module = build(seg, variant)
             relative = [name[len(seg.name) + 1:] for name in variant]
-            key = entry_key("segment", module, relative, cap)
+            label = f"{seg.name} [{variant_label(seg, variant)}] {type(module).__name__}"
+            if not chained[i]:
+                key = entry_key("segment", module, relative, cap)
+                built.setdefault(key, Pending(key, module, cap, f"{label} {describe(cap.args)}"))
+            else:
+                chain = nn.Sequential(build(segs[i - 1], frozenset()), module)
+                key = entry_key("chain", chain, relative, captures[i - 1])
+                built.setdefault(key, Pending(key, chain, captures[i - 1], f"{label} after {segs[i - 1].name} "
+                                                                             f"{describe(captures[i - 1].args)}"))
             seg_keys[variant] = key
-            built.setdefault(key, Pending(key, module, cap, f"{seg.name} [{variant_label(seg, variant)}] "
-                                                            f"{type(module).__name__} {describe(cap.args)}"))
         keys.append(seg_keys)
-    return keys, list(built.values())
+        prefixes.append(None)
+    for i in range(1, len(segs)):  # a chained segment's prefix: the previous segment's intact entry alone
+        if chained[i]:
+            prev = segs[i - 1]
+            prefixes[i] = entry_key("segment", build(prev, frozenset()), [], captures[i - 1])
+            built.setdefault(prefixes[i], Pending(prefixes[i], build(prev, frozenset()), captures[i - 1],
+                                                  f"{prev.name} [-] alone {describe(captures[i - 1].args)}"))
+    return keys, list(built.values()), prefixes
+
+
+def _fixed_pending(model: nn.Module, segs: Sequence[Segment], captures: Sequence[Capture], example: Any,
+                   call_kwargs: Mapping[str, Any], device: torch.device, channels_last: bool, settings: TableSettings
+                   ) -> Pending:
+    """The entry behind the fixed part. Eager: the network with its segments replayed. Other runtimes compile across
+    segment boundaries and fold a replayed constant (and drop the stem that feeds it), so a replay network would
+    time something else: there the entry is the whole intact network, and the fixed part is derived from it
+    (:func:`fixed_from_whole`)."""
+    name = getattr(model, "zoo_name", type(model).__name__)
+    capture = Capture((example,), call_kwargs)
+    if settings.runtime == "eager":
+        module = prepare(measured_form(replay_model(model, segs, captures), settings), device, channels_last)
+        return Pending(entry_key(FIXED, module, [], capture), module, capture, f"{name} fixed part (segments replayed)")
+    module = prepare(measured_form(copy.deepcopy(model), settings), device, channels_last)
+    return Pending(entry_key(WHOLE, module, [], capture), module, capture, f"{name} whole network")
+
+
+STATS = ("median_ms", "mean_ms", "min_ms", "p10_ms")
+
+
+def entry_cost(record: Mapping[str, Any], base: Mapping[str, Any], stat: str) -> float:
+    """An entry's cost under one statistic: its time less its base (the call overhead, or a chained entry's prefix)."""
+    return max(0.0, record[stat] - base[stat])
+
+
+def fixed_from_whole(whole: Mapping[str, Any], intact: Sequence[Mapping[str, float]]) -> dict[str, Any]:
+    """The fixed part of a table outside eager: the whole network's time less every intact segment's cost (`intact`:
+    per segment, its cost under each statistic), so the table predicts the intact network as measured and a plan by
+    the costs of what it changes."""
+    derived = dict(whole)
+    for stat in STATS:
+        derived[stat] = whole[stat] - sum(costs[stat] for costs in intact)
+    derived["what"] = f"{whole.get('what', 'whole network')} less its intact segments"
+    derived["peak_mem_bytes"] = None  # the stem and head alone were not run: memory predictions use the entries
+    return derived
+
+
+def _table_records(pending: Sequence[Pending], known: Mapping[str, dict[str, Any]],
+                   keys: Sequence[Mapping[frozenset[str], str | None]], prefixes: Sequence[str | None], fixed_key: str,
+                   settings: TableSettings) -> dict[str, dict[str, Any]]:
+    """The table's records from the cache's; outside eager the fixed part is derived (never cached itself)."""
+    records = {p.key: known[p.key] for p in pending}
+    if settings.runtime != "eager":
+        overhead = records[pending[-1].key]
+        intact = [{stat: entry_cost(records[k[frozenset()]], records[prefix] if prefix else overhead, stat)
+                   for stat in STATS} for k, prefix in zip(keys, prefixes)]
+        records[fixed_key] = fixed_from_whole(records[fixed_key], intact)
+    return records
 
 
 def _overhead_pending(device: torch.device) -> Pending:
@@ -647,8 +768,11 @@ def choose_cuda_timing(model: nn.Module, example: Any, forward_kwargs: Mapping[s
                        cache_dir: str | None, settings: TableSettings) -> tuple[TableSettings, dict[str, Any]]:
     """`settings` with a concrete CUDA protocol: the one of an existing cache file for this condition (so repeated
     builds neither probe again nor flip between protocols), else :func:`resolve_cuda_timing`'s; ``isolated``
-    where PyTorch lacks the sleep kernel queued timing needs."""
-    if settings.cuda_timing == "isolated" or not can_queue():
+    where PyTorch lacks the sleep kernel queued timing needs, and for onnxruntime sessions (their run returns once the
+    device is done, so nothing can be queued ahead of it)."""
+    ort_session = settings.runtime == "onnxruntime" or (settings.runtime == "tensorrt"
+                                                          and tensorrt_backend() != "torch_tensorrt")
+    if settings.cuda_timing == "isolated" or not can_queue() or ort_session:
         return replace(settings, cuda_timing="isolated"), {}
     if settings.cuda_timing == "queued":
         return settings, {}
@@ -658,6 +782,8 @@ def choose_cuda_timing(model: nn.Module, example: Any, forward_kwargs: Mapping[s
         return replace(settings, cuda_timing=cached[0]), {}
     whole = prepare(measured_form(model, settings), device, channels_last)  # the form calibration times
     with timing_context(device, dtype, settings.threads):
+        whole = in_runtime(whole, (example,), forward_kwargs, settings.runtime, device, settings.threads, dtype,
+                           "the whole network")
         timing, probe = resolve_cuda_timing(whole, example, forward_kwargs, device, settings)
     return replace(settings, cuda_timing=timing), probe
 
@@ -689,12 +815,15 @@ def build_table(
     workload: str = "forward",
     forward_kwargs: Mapping[str, Any] | None = None,
     example_input: Any = None,
+    runtime: str | None = None,
 ) -> LatencyTable:
     """Build (or load from the cache) the latency table of `model` (a zoo model or a registered name).
 
     The model is copied, moved to `device` and put in eval mode; entries missing from the cache are measured
     now in interleaved rounds and merged into the cache file. See the module docstring for the prediction
-    model and for the `workload` / `forward_kwargs` / `example_input` hooks.
+    model and for the `workload` / `forward_kwargs` / `example_input` hooks. `runtime` (default
+    ``settings.runtime``, eager): the deploy runtime the entries are timed in (:mod:`zoo.latency.runtime`); one that
+    is missing here is refused before any work.
     """
     start = time.perf_counter()
     settings = settings or TableSettings()
@@ -702,9 +831,12 @@ def build_table(
         raise ZooError(f"batch_size={batch_size!r} must be an integer >= 1.")
     if threads is not None:
         settings = replace(settings, threads=threads)
+    if runtime is not None:
+        settings = replace(settings, runtime=runtime)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     check_clock(settings.clock, dev, settings.threads)
+    check_runtime(settings.runtime, dev, torch_dtype)
     if isinstance(model, str):
         from ..factory import create_model
 
@@ -721,7 +853,8 @@ def build_table(
     segs = segments(model)
     probe: dict[str, Any] = {}
     if settings.entries == "auto":
-        settings = replace(settings, entries="context" if dev.type == "cpu" else "isolated")
+        in_context = dev.type == "cpu" and settings.runtime == "eager"
+        settings = replace(settings, entries="context" if in_context else "isolated")
     if dev.type == "cuda":
         def condition_of(s: TableSettings) -> dict[str, Any]:
             return condition_key(dev, torch_dtype, batch_size, size, channels_last, workload, s)
@@ -733,11 +866,8 @@ def build_table(
     cache = LatencyCache(condition, cache_dir)
     with timing_context(dev, torch_dtype, settings.threads):
         captures = capture_segments(model, segs, example, call_kwargs)
-        keys, pending = _variant_entries(model, segs, captures, dev, channels_last, merge, settings)
-        fixed_module = prepare(measured_form(replay_model(model, segs, captures), settings), dev, channels_last)
-        fixed = Pending(entry_key(FIXED, fixed_module, [], Capture((example,), call_kwargs)), fixed_module,
-                        Capture((example,), call_kwargs), f"{getattr(model, 'zoo_name', type(model).__name__)} "
-                                                          "fixed part (segments replayed)")
+        keys, pending, prefixes = _variant_entries(model, segs, captures, dev, channels_last, merge, settings)
+        fixed = _fixed_pending(model, segs, captures, example, call_kwargs, dev, channels_last, settings)
         pending += [fixed, _overhead_pending(dev)]
         known = cache.load()
         missing = [p for p in pending if p.key not in known]
@@ -770,7 +900,9 @@ def build_table(
     sources = {p.key: "measured" if p.key in measured else "cached" for p in pending}
     return LatencyTable(
         model_name=getattr(model, "zoo_name", type(model).__name__), condition=condition, segments=segs, keys=keys,
-        records={p.key: known[p.key] for p in pending}, fixed_key=fixed.key, overhead_key=pending[-1].key,
+        records=_table_records(pending, known, keys, prefixes, fixed.key, settings), fixed_key=fixed.key,
+        prefix_keys=prefixes,
+        overhead_key=pending[-1].key,
         n_measured=len(missing), n_cached=len(pending) - len(missing), build_s=time.perf_counter() - start,
         sources=sources, model=model, example=example, forward_kwargs=call_kwargs, merge=merge, settings=settings,
         timing_probe=probe,

@@ -1,0 +1,160 @@
+"""Deploy runtimes (zoo.latency.runtime): latency tables, calibration and prune runs in torch.compile and onnxruntime,
+the fixed part derived from the whole network there, refusals before any work, and failures that name the entry."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from zoo.errors import ZooError
+from zoo.latency import CalibrationSettings, LatencyCache, TableSettings, build_table
+from zoo.latency.device import timing_context
+from zoo.latency.runtime import RuntimeCall, RuntimeFailure, check_runtime, in_runtime, tensorrt_backend
+from zoo.latency.table import STATS, Capture, Pending, entry_cost, fixed_from_whole, measure_rounds
+
+from .test_prune import TINY, run_prune
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+FAST = TableSettings(warmup_s=0.1, entry_warmup_s=0.0, min_rounds=3, max_rounds=4)
+QUICK_CALIB = CalibrationSettings(warmup_s=0.1, net_warmup_s=0.0, min_rounds=3, max_rounds=4)
+
+
+class Branchy(nn.Module):
+    """A branch on the data: neither a one-graph compile nor an ONNX export can take it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.sum() > 0 else x - 1
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "compile"])
+def test_a_runtime_runs_the_module_it_was_given(runtime):
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(2, 4, 12, 12)
+    with timing_context(CPU, torch.float32, 1):
+        call = in_runtime(conv, (x,), {}, runtime, CPU, what="the test block")
+        out = call(x)
+        got = torch.as_tensor(out[0]) if isinstance(out, (list, tuple)) else out
+        want = conv(x)
+    assert isinstance(call, RuntimeCall) and call.build_s > 0
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert in_runtime(conv, (x,), {}, "eager", CPU) is conv
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "compile"])
+def test_a_module_the_runtime_cannot_take_fails_loudly_with_the_entry_named(runtime):
+    x = torch.randn(1, 3)
+    pending = [Pending("k", Branchy(), Capture((x,), {}), "blocks.7 [removed act] Branchy")]
+    with timing_context(CPU, torch.float32, 1), pytest.raises(RuntimeFailure, match=r"blocks\.7 \[removed act\]"):
+        measure_rounds(pending, CPU, TableSettings(runtime=runtime, min_rounds=1, max_rounds=1))
+
+
+def test_unavailable_runtimes_are_refused_with_the_install_command(monkeypatch):
+    with pytest.raises(RuntimeFailure, match="needs a CUDA GPU"):
+        check_runtime("tensorrt", CPU)
+    with pytest.raises(RuntimeFailure, match="allowed are eager, compile, onnxruntime, tensorrt"):
+        check_runtime("openvino", CPU)
+    with pytest.raises(RuntimeFailure, match="float32"):
+        check_runtime("onnxruntime", CPU, torch.bfloat16)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if it were not installed
+    with pytest.raises(RuntimeFailure, match="pip install"):
+        check_runtime("onnxruntime", CPU)
+    with pytest.raises(ZooError, match="entries='context'"):
+        TableSettings(runtime="compile", entries="context")
+
+
+def test_the_fixed_part_outside_eager_is_the_whole_network_less_its_intact_segments():
+    """By hand: whole 10 ms (p10 9); segment 0 alone 3 ms (p10 2.8) less the call overhead 0.5 (p10 0.4); segment 1
+    chained after segment 0: 5.5 ms (p10 5.0) less segment 0 alone 3 (p10 2.8). Costs 2.5 + 2.5 = 5 ms (p10 2.4 + 2.2
+    = 4.6): fixed = 5 ms (p10 4.4)."""
+    def rec(median, p10):
+        return {s: (p10 if s in ("p10_ms", "min_ms") else median) for s in STATS}
+
+    overhead, seg0, chain1 = rec(0.5, 0.4), rec(3.0, 2.8), rec(5.5, 5.0)
+    intact = [{s: entry_cost(seg0, overhead, s) for s in STATS}, {s: entry_cost(chain1, seg0, s) for s in STATS}]
+    fixed = fixed_from_whole(rec(10.0, 9.0), intact)
+    assert fixed["median_ms"] == pytest.approx(5.0) and fixed["p10_ms"] == pytest.approx(4.4)
+    assert fixed["peak_mem_bytes"] is None
+
+
+def test_an_onnxruntime_table_is_its_own_condition_predicts_the_whole_network_and_calibrates(tmp_path):
+    kwargs = dict(input_size=16, device="cpu", cache_dir=str(tmp_path), settings=FAST)
+    table = build_table("mobilenetv2_035", runtime="onnxruntime", **kwargs)
+    assert table.condition["runtime"] == "onnxruntime" and table.condition["runtime_version"].startswith("onnxruntime")
+    assert table.settings.entries == "isolated"  # nothing to time in context inside a session
+    measured = [k for k, src in table.sources.items() if src == "measured"]
+    assert all(table.records[k]["runtime_build_s"] > 0 for k in measured if k != table.fixed_key)
+    assert table.runtime_build_s > 0 and "runtime onnxruntime" in table.describe_condition()
+    # the original's prediction is the whole network's own measurement (the fixed part is derived from it)
+    again = build_table("mobilenetv2_035", runtime="onnxruntime", **kwargs)
+    assert again.n_measured == 0
+    cached = LatencyCache(table.condition, str(tmp_path)).load()
+    assert "whole network" in cached[table.fixed_key]["what"]
+    assert table.predict(corrected=False) == pytest.approx(cached[table.fixed_key]["p10_ms"])
+    # entries are timed chained after the previous segment; their cost is the chain less that segment alone
+    chained = [i for i, prefix in enumerate(table.prefix_keys) if prefix]
+    assert chained and table.prefix_keys[0] is None
+    i = chained[0]
+    assert table.raw_cost(i, frozenset()) == pytest.approx(max(0.0, cached[table.keys[i][frozenset()]]["p10_ms"]
+                                                               - cached[table.prefix_keys[i]]["p10_ms"]))
+    eager = build_table("mobilenetv2_035", **kwargs)  # same cache folder, another condition: measured anew
+    assert eager.n_measured == eager.n_entries and eager.condition["runtime"] == "eager"
+    evaluation = table.calibrate(2, settings=QUICK_CALIB)
+    assert len(evaluation.results) == 3 and all(r.measured_ms > 0 for r in evaluation.results)
+
+
+@pytest.mark.slow
+def test_a_compiled_table_builds_caches_and_calibrates(tmp_path):
+    kwargs = dict(input_size=16, device="cpu", cache_dir=str(tmp_path), settings=FAST, runtime="compile")
+    table = build_table("mobilenetv2_035", **kwargs)
+    assert table.condition["runtime"] == "compile" and table.n_measured == table.n_entries
+    assert table.runtime_build_s > 0
+    assert build_table("mobilenetv2_035", **kwargs).n_measured == 0
+    evaluation = table.calibrate(2, settings=QUICK_CALIB)
+    assert all(r.measured_ms > 0 for r in evaluation.results)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or tensorrt_backend() is None, reason="TensorRT needs a CUDA GPU "
+                    "and torch-tensorrt or onnxruntime's TensorRT EP")
+def test_tensorrt_table_on_a_gpu(tmp_path):
+    table = build_table("mobilenetv2_035", input_size=64, batch_size=8, device="cuda", cache_dir=str(tmp_path),
+                        settings=FAST, runtime="tensorrt")
+    assert table.condition["runtime"] == "tensorrt" and table.predict() > 0
+
+
+def test_prune_refuses_a_runtime_it_cannot_use_before_any_work(tmp_path):
+    for override, message in (("prune.runtime=tensorrt", "needs a CUDA GPU"),
+                              ("prune.runtime_report=[onnxruntime,openvino]", "prune.runtime_report=openvino"),
+                              ("++prune.lut={runtime: compile}", "prune.runtime")):
+        out = run_prune(*TINY, override, "prune.device=cpu", base=tmp_path)
+        assert out.returncode == 2, out.stderr[-2000:]
+        said = out.stdout + out.stderr
+        assert message in said and "Traceback" not in said
+        assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("*.safetensors"))
+    cli = subprocess.run([sys.executable, "-m", "zoo.latency", "model=mobilenetv2_035", "runtime=tensorrt",
+                          "device=cpu"], capture_output=True, text=True, cwd=ROOT)
+    assert cli.returncode == 2 and "needs a CUDA GPU" in cli.stderr
+
+
+@pytest.mark.slow
+def test_prune_chooses_in_onnxruntime_and_reports_the_plan_in_eager_too(tmp_path):
+    out = run_prune(*TINY, "prune.device=cpu", "prune.runtime=onnxruntime", "prune.runtime_report=[eager]",
+                    "prune.target_speedup=1.05", base=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["condition"]["runtime"] == "onnxruntime"
+    rows = results["runtimes"]
+    assert list(rows) == ["onnxruntime", "eager"] and rows["onnxruntime"]["chosen_here"]
+    assert not rows["eager"]["chosen_here"]
+    for row in rows.values():
+        assert row["measured_speedup"] == pytest.approx(row["baseline_ms"] / row["pruned_ms"])
+        assert row["predicted_speedup"] == pytest.approx(row["predicted_baseline_ms"] / row["predicted_pruned_ms"])
+    assert rows["onnxruntime"]["baseline_ms"] == results["baseline"]["latency_ms"]
+    assert "<- the plan was chosen here" in out.stdout

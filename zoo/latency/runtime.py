@@ -1,0 +1,317 @@
+"""Deploy runtimes: a module made into the callable a runtime runs, for table entries and whole networks alike.
+
+* ``eager``: the module as it is (PyTorch eager).
+* ``compile``: ``torch.compile`` (inductor, static shapes, one graph: a graph break is an error; weights frozen as
+  constants, inductor's inference setting, which lets it pre-pack convolution weights). Each module gets a
+  call frame of its own, so its compiled code is the only cache entry there (no guard lists shared between entries,
+  no recompile limit that would drop an entry back to eager).
+* ``onnxruntime``: the module exported to ONNX (torch.onnx, the exporter :func:`zoo.export` uses) and run in an
+  InferenceSession: the CPU execution provider on the CPU (``threads`` intra-op threads, sequential), the CUDA one on
+  a GPU, on PyTorch's current stream through I/O binding.
+* ``tensorrt`` (CUDA only): torch-tensorrt when it is installed, else onnxruntime's TensorRT execution provider.
+
+:func:`in_runtime` makes the callable and times its making (compilation, export, engine build: a table reports it in
+its build time); a module a runtime cannot take raises :class:`RuntimeFailure` naming it, never a silent eager run.
+:func:`check_runtime` refuses a runtime this machine lacks before any work, with the install command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import logging
+import time
+import types
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..errors import ZooError
+
+RUNTIMES = ("eager", "compile", "onnxruntime", "tensorrt")
+INSTALL = {"onnxruntime": "pip install onnx onnxscript onnxruntime (CPU) or onnxruntime-gpu (CUDA), or "
+                          "pip install -e \".[export]\"",
+           "tensorrt": "pip install torch-tensorrt (matching your PyTorch), or onnxruntime-gpu built with TensorRT"}
+
+
+class RuntimeFailure(ZooError):
+    """A module that a runtime cannot compile, export or run (the message names it), or a runtime that is missing."""
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a blocked or half-installed package counts as missing
+        return False
+
+
+def _ort_providers() -> list[str]:
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())
+
+
+def tensorrt_backend() -> str | None:
+    """How ``tensorrt`` runs here: ``torch_tensorrt``, ``ort-tensorrt`` (onnxruntime's TensorRT EP) or None."""
+    if _has("torch_tensorrt"):
+        return "torch_tensorrt"
+    if _has("onnxruntime") and "TensorrtExecutionProvider" in _ort_providers():
+        return "ort-tensorrt"
+    return None
+
+
+def check_runtime(runtime: str, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
+    """Raise :class:`RuntimeFailure` (one message: what is missing, how to install it) unless `runtime` can time
+    `dtype` models on `device` here."""
+    if runtime not in RUNTIMES:
+        raise RuntimeFailure(f"Unknown runtime {runtime!r}; allowed are {', '.join(RUNTIMES)}.")
+    if runtime == "onnxruntime":
+        missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if not _has(m)]
+        if missing:
+            raise RuntimeFailure(f"runtime=onnxruntime needs {', '.join(missing)}: {INSTALL['onnxruntime']}.")
+        if device.type == "cuda" and "CUDAExecutionProvider" not in _ort_providers():
+            raise RuntimeFailure("runtime=onnxruntime on CUDA needs onnxruntime's CUDA execution provider, which this "
+                                 f"onnxruntime lacks (it has {', '.join(_ort_providers())}): pip install "
+                                 "onnxruntime-gpu.")
+        if dtype != torch.float32:
+            raise RuntimeFailure(f"runtime=onnxruntime times float32 models (exported as they are); got dtype "
+                                 f"{dtype}. Use dtype=float32, or runtime=compile / tensorrt for reduced precision.")
+    if runtime == "tensorrt":
+        if device.type != "cuda":
+            raise RuntimeFailure(f"runtime=tensorrt needs a CUDA GPU (device is {device}); on the CPU use "
+                                 "runtime=onnxruntime or compile.")
+        if tensorrt_backend() is None:
+            raise RuntimeFailure(f"runtime=tensorrt needs TensorRT: {INSTALL['tensorrt']}.")
+        if dtype not in (torch.float32, torch.float16):
+            raise RuntimeFailure(f"runtime=tensorrt builds float32 or float16 engines; got dtype {dtype}.")
+    if runtime == "compile" and device.type == "cpu" and not any(_has_compiler(c) for c in ("g++", "c++", "clang++")):
+        raise RuntimeFailure("runtime=compile (inductor) on the CPU needs a C++ compiler: apt install g++.")
+
+
+def _has_compiler(name: str) -> bool:
+    import shutil
+
+    return shutil.which(name) is not None
+
+
+def runtime_version(runtime: str) -> str:
+    """The version of the package behind `runtime` (part of a table's cache condition)."""
+    import importlib.metadata
+
+    package = {"eager": "torch", "compile": "torch", "onnxruntime": "onnxruntime",
+               "tensorrt": "torch_tensorrt" if tensorrt_backend() == "torch_tensorrt" else "onnxruntime"}[runtime]
+    for name in (package, package.replace("_", "-"), "onnxruntime-gpu"):
+        try:
+            return f"{package} {importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return f"{package} ?"
+
+
+class RuntimeCall:
+    """``fn(*args, **kwargs)`` run by a runtime: the tensors among the arguments are its inputs, everything else was
+    fixed when it was built. ``build_s``: what making it cost (compile, export, engine build)."""
+
+    def __init__(self, run: Callable[[list[torch.Tensor]], Any], runtime: str, build_s: float):
+        self.run, self.runtime, self.build_s = run, runtime, build_s
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves = tree_flatten((args, kwargs))[0]
+        return self.run([leaf for leaf in leaves if torch.is_tensor(leaf)])
+
+
+class _Bound(nn.Module):
+    """`module` as a function of the tensors among its arguments (the rest bound), returning a flat tuple."""
+
+    def __init__(self, module: nn.Module, args: tuple, kwargs: Mapping[str, Any]):
+        super().__init__()
+        self.module = module
+        leaves, self.spec = tree_flatten((tuple(args), dict(kwargs)))
+        self.constants = [None if torch.is_tensor(leaf) else leaf for leaf in leaves]
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        given = iter(tensors)
+        leaves = [next(given) if c is None else c for c in self.constants]
+        args, kwargs = tree_unflatten(leaves, self.spec)
+        return tuple(t for t in tree_flatten(self.module(*args, **kwargs))[0] if torch.is_tensor(t))
+
+
+def _call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return module(*args, **kwargs)
+
+
+def _own_frame() -> Callable[..., Any]:
+    """A copy of :func:`_call` with a code object of its own: dynamo keeps compiled code per code object."""
+    return types.FunctionType(_call.__code__.replace(), _call.__globals__, "_call")
+
+
+def _compiled(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], what: str) -> Callable[[list], Any]:
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+
+    fn = torch.compile(_own_frame(), backend="inductor", fullgraph=True, dynamic=False)
+    try:
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), inductor_config.patch(freezing=True), \
+                _quiet():
+            fn(module, *args, **kwargs)  # compiles now, under the caller's threads, dtype and inference mode
+    except Exception as error:  # noqa: BLE001 - any compiler failure becomes one message naming the module
+        raise RuntimeFailure(f"runtime=compile could not compile {what}: {_first_line(error)}") from error
+    leaves, spec = tree_flatten((tuple(args), dict(kwargs)))
+    constants = [None if torch.is_tensor(leaf) else leaf for leaf in leaves]
+
+    def run(tensors: list[torch.Tensor]) -> Any:
+        given = iter(tensors)
+        call_args, call_kwargs = tree_unflatten([next(given) if c is None else c for c in constants], spec)
+        return fn(module, *call_args, **call_kwargs)
+
+    return run
+
+
+CHATTY = ("onnx_ir", "onnxscript", "torch.onnx", "torch._dynamo", "torch._inductor", "torch_tensorrt")
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """The exporters' and compilers' chatter (prints, warnings, INFO logs) kept off the run's log."""
+    loggers = [logging.getLogger(name) for name in CHATTY]
+    levels = [log.level for log in loggers]
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        for log in loggers:
+            log.setLevel(max(log.level, logging.WARNING))
+        try:
+            yield
+        finally:
+            for log, level in zip(loggers, levels):
+                log.setLevel(level)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def onnx_bytes(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], what: str) -> tuple[bytes, int]:
+    """`module` exported to ONNX (as a function of the tensors among its arguments) and the number of inputs."""
+    bound = _Bound(module, args, kwargs).eval()
+    tensors = [leaf for leaf in tree_flatten((tuple(args), dict(kwargs)))[0] if torch.is_tensor(leaf)]
+    with torch.inference_mode(False), torch.no_grad(), _quiet():
+        inputs = tuple(t.clone() for t in tensors)  # inference tensors cannot be traced
+        try:
+            program = torch.onnx.export(bound, inputs, dynamo=True, external_data=False, verbose=False)
+            proto = program.model_proto
+        except Exception as error:  # noqa: BLE001
+            raise RuntimeFailure(f"runtime=onnxruntime could not export {what} to ONNX: {_first_line(error)}") \
+                from error
+    return proto.SerializeToString(), len(inputs)
+
+
+def _ort_session(model: bytes, providers: list[Any], threads: int, what: str) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(model, sess_options=options, providers=providers)
+    except Exception as error:  # noqa: BLE001
+        raise RuntimeFailure(f"onnxruntime could not load {what}: {_first_line(error)}") from error
+
+
+def _onnxruntime(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], device: torch.device, threads: int,
+                 what: str, tensorrt: bool = False) -> Callable[[list], Any]:
+    model, _ = onnx_bytes(module, args, kwargs, what)
+    if device.type == "cpu":
+        session = _ort_session(model, ["CPUExecutionProvider"], threads, what)
+        names = [i.name for i in session.get_inputs()]
+
+        def run_cpu(tensors: list[torch.Tensor]) -> Any:
+            return session.run(None, {n: t.contiguous().numpy() for n, t in zip(names, tensors)})
+
+        _check_runs(run_cpu, args, kwargs, what)
+        return run_cpu
+    stream = {"device_id": device.index or 0, "user_compute_stream": str(torch.cuda.current_stream(device).cuda_stream)}
+    provider = ("TensorrtExecutionProvider", {"device_id": device.index or 0, "trt_fp16_enable": False}) if tensorrt \
+        else ("CUDAExecutionProvider", stream)
+    session = _ort_session(model, [provider], threads, what)
+    names = [i.name for i in session.get_inputs()]
+    outputs = [o.name for o in session.get_outputs()]
+    binding = session.io_binding()
+    for name in outputs:
+        binding.bind_output(name, "cuda", device.index or 0)
+
+    def run_cuda(tensors: list[torch.Tensor]) -> Any:
+        for name, t in zip(names, tensors):
+            t = t.contiguous()
+            binding.bind_input(name, "cuda", device.index or 0, _numpy_dtype(t.dtype), list(t.shape), t.data_ptr())
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()
+
+    _check_runs(run_cuda, args, kwargs, what)
+    return run_cuda
+
+
+def _numpy_dtype(dtype: torch.dtype) -> Any:
+    import numpy as np
+
+    return {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32,
+            torch.float64: np.float64, torch.bool: np.bool_}[dtype]
+
+
+def _check_runs(run: Callable[[list], Any], args: tuple, kwargs: Mapping[str, Any], what: str) -> None:
+    try:
+        run([leaf for leaf in tree_flatten((tuple(args), dict(kwargs)))[0] if torch.is_tensor(leaf)])
+    except Exception as error:  # noqa: BLE001
+        raise RuntimeFailure(f"onnxruntime could not run {what}: {_first_line(error)}") from error
+
+
+def _torch_tensorrt(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], dtype: torch.dtype,
+                    what: str) -> Callable[[list], Any]:
+    import torch_tensorrt
+
+    bound = _Bound(module, args, kwargs).eval()
+    tensors = [leaf for leaf in tree_flatten((tuple(args), dict(kwargs)))[0] if torch.is_tensor(leaf)]
+    try:
+        with torch.inference_mode(False), torch.no_grad(), _quiet():
+            engine = torch_tensorrt.compile(bound, ir="dynamo", inputs=[t.clone() for t in tensors],
+                                            enabled_precisions={dtype}, min_block_size=1)
+            engine(*tensors)
+    except Exception as error:  # noqa: BLE001
+        raise RuntimeFailure(f"runtime=tensorrt could not build {what}: {_first_line(error)}") from error
+    return lambda given: engine(*given)
+
+
+def in_runtime(module: nn.Module, args: tuple, kwargs: Mapping[str, Any] | None, runtime: str, device: torch.device,
+               threads: int = 1, dtype: torch.dtype = torch.float32, what: str = "the module"
+               ) -> nn.Module | RuntimeCall:
+    """`module` (prepared: on `device`, eval) as `runtime` runs it on these arguments (static shapes); ``eager``
+    returns the module itself. Call inside :func:`~zoo.latency.device.timing_context` (a compiled kernel keeps the
+    thread count it was built with). Raises :class:`RuntimeFailure` naming `what` when the runtime cannot take it."""
+    if runtime == "eager":
+        return module
+    kwargs = dict(kwargs or {})
+    start = time.perf_counter()
+    if runtime == "compile":
+        run = _compiled(module, tuple(args), kwargs, what)
+    elif runtime == "onnxruntime":
+        run = _onnxruntime(module, tuple(args), kwargs, device, threads, what)
+    elif runtime == "tensorrt":
+        if tensorrt_backend() == "torch_tensorrt":
+            run = _torch_tensorrt(module, tuple(args), kwargs, dtype, what)
+        else:
+            run = _onnxruntime(module, tuple(args), kwargs, device, threads, what, tensorrt=True)
+    else:
+        raise RuntimeFailure(f"Unknown runtime {runtime!r}; allowed are {', '.join(RUNTIMES)}.")
+    return RuntimeCall(run, runtime, time.perf_counter() - start)
+
+
+__all__ = ["RUNTIMES", "RuntimeCall", "RuntimeFailure", "check_runtime", "in_runtime", "onnx_bytes",
+           "runtime_version", "tensorrt_backend"]
