@@ -84,6 +84,7 @@ def test_the_fixed_part_outside_eager_is_the_whole_network_less_its_intact_segme
     assert fixed["peak_mem_bytes"] is None
 
 
+@pytest.mark.slow
 def test_an_onnxruntime_table_is_its_own_condition_predicts_the_whole_network_and_calibrates(tmp_path):
     kwargs = dict(input_size=16, device="cpu", cache_dir=str(tmp_path), settings=FAST)
     table = build_table("mobilenetv2_035", runtime="onnxruntime", **kwargs)
