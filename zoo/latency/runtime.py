@@ -154,22 +154,16 @@ def _compiled(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], what: s
     import torch._dynamo
     import torch._inductor.config as inductor_config
 
+    bound = _Bound(module, args, kwargs)
+    tensors = [leaf for leaf in tree_flatten((tuple(args), dict(kwargs)))[0] if torch.is_tensor(leaf)]
     fn = torch.compile(_own_frame(), backend="inductor", fullgraph=True, dynamic=False)
     try:
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), inductor_config.patch(freezing=True), \
                 _quiet():
-            fn(module, *args, **kwargs)  # compiles now, under the caller's threads, dtype and inference mode
+            fn(bound, *tensors)  # compiles now, under the caller's threads, dtype and inference mode
     except Exception as error:  # noqa: BLE001 - any compiler failure becomes one message naming the module
         raise RuntimeFailure(f"runtime=compile could not compile {what}: {_first_line(error)}") from error
-    leaves, spec = tree_flatten((tuple(args), dict(kwargs)))
-    constants = [None if torch.is_tensor(leaf) else leaf for leaf in leaves]
-
-    def run(tensors: list[torch.Tensor]) -> Any:
-        given = iter(tensors)
-        call_args, call_kwargs = tree_unflatten([next(given) if c is None else c for c in constants], spec)
-        return fn(module, *call_args, **call_kwargs)
-
-    return run
+    return lambda given: fn(bound, *given)
 
 
 CHATTY = ("onnx_ir", "onnxscript", "torch.onnx", "torch._dynamo", "torch._inductor", "torch_tensorrt")
