@@ -113,6 +113,11 @@ def runtime_version(runtime: str) -> str:
     return f"{package} ?"
 
 
+def tensor_args(args: tuple, kwargs: Mapping[str, Any]) -> list[torch.Tensor]:
+    """The tensors among a call's arguments, in the order a runtime takes them as inputs."""
+    return [leaf for leaf in tree_flatten((tuple(args), dict(kwargs)))[0] if torch.is_tensor(leaf)]
+
+
 class RuntimeCall:
     """``fn(*args, **kwargs)`` run by a runtime: the tensors among the arguments are its inputs, everything else was
     fixed when it was built. ``build_s``: what making it cost (compile, export, engine build)."""
@@ -121,8 +126,7 @@ class RuntimeCall:
         self.run, self.runtime, self.build_s = run, runtime, build_s
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves = tree_flatten((args, kwargs))[0]
-        return self.run([leaf for leaf in leaves if torch.is_tensor(leaf)])
+        return self.run(tensor_args(args, kwargs))
 
 
 class _Bound(nn.Module):
@@ -155,7 +159,7 @@ def _compiled(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], what: s
     import torch._inductor.config as inductor_config
 
     bound = _Bound(module, args, kwargs)
-    tensors = [leaf for leaf in tree_flatten((tuple(args), dict(kwargs)))[0] if torch.is_tensor(leaf)]
+    tensors = tensor_args(args, kwargs)
     fn = torch.compile(_own_frame(), backend="inductor", fullgraph=True, dynamic=False)
     try:
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), inductor_config.patch(freezing=True), \
@@ -193,7 +197,7 @@ def _first_line(error: BaseException) -> str:
 def onnx_bytes(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], what: str) -> tuple[bytes, int]:
     """`module` exported to ONNX (as a function of the tensors among its arguments) and the number of inputs."""
     bound = _Bound(module, args, kwargs).eval()
-    tensors = [leaf for leaf in tree_flatten((tuple(args), dict(kwargs)))[0] if torch.is_tensor(leaf)]
+    tensors = tensor_args(args, kwargs)
     with torch.inference_mode(False), torch.no_grad(), _quiet():
         inputs = tuple(t.clone() for t in tensors)  # inference tensors cannot be traced
         try:
@@ -262,7 +266,7 @@ def _numpy_dtype(dtype: torch.dtype) -> Any:
 
 def _check_runs(run: Callable[[list], Any], args: tuple, kwargs: Mapping[str, Any], what: str) -> None:
     try:
-        run([leaf for leaf in tree_flatten((tuple(args), dict(kwargs)))[0] if torch.is_tensor(leaf)])
+        run(tensor_args(args, kwargs))
     except Exception as error:  # noqa: BLE001
         raise RuntimeFailure(f"onnxruntime could not run {what}: {_first_line(error)}") from error
 
@@ -272,7 +276,7 @@ def _torch_tensorrt(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], d
     import torch_tensorrt
 
     bound = _Bound(module, args, kwargs).eval()
-    tensors = [leaf for leaf in tree_flatten((tuple(args), dict(kwargs)))[0] if torch.is_tensor(leaf)]
+    tensors = tensor_args(args, kwargs)
     try:
         with torch.inference_mode(False), torch.no_grad(), _quiet():
             engine = torch_tensorrt.compile(bound, ir="dynamo", inputs=[t.clone() for t in tensors],

@@ -656,9 +656,9 @@ def _variant_entries(model: nn.Module, segs: Sequence[Segment], captures: Sequen
         prefixes.append(None)
     for i in range(1, len(segs)):  # a chained segment's prefix: the previous segment's intact entry alone
         if chained[i]:
-            prev = segs[i - 1]
-            prefixes[i] = entry_key("segment", build(prev, frozenset()), [], captures[i - 1])
-            built.setdefault(prefixes[i], Pending(prefixes[i], build(prev, frozenset()), captures[i - 1],
+            prev, alone = segs[i - 1], build(segs[i - 1], frozenset())
+            prefixes[i] = entry_key("segment", alone, [], captures[i - 1])
+            built.setdefault(prefixes[i], Pending(prefixes[i], alone, captures[i - 1],
                                                   f"{prev.name} [-] alone {describe(captures[i - 1].args)}"))
     return keys, list(built.values()), prefixes
 
