@@ -123,3 +123,74 @@ def test_runtime_tables_quick_computes_its_verdicts(tmp_path):
     assert result["passed"] == (all(t["passed"] for t in model["tables"].values())
                                 and all(s["passed"] for s in model["speedups"]))
     assert "| mobilenetv2_035 | onnxruntime |" in proc.stdout
+
+
+def quality_family(task: str, values: dict[str, list[float]], baseline: float) -> dict:
+    """A prune_quality family result whose cells hold `values[method]` (one per seed) at 2.0x in every stage."""
+    metric = "acc1" if task == "classification" else "ppl"
+    cells = [{"method": m, "target": 2.0, "seed": s, "plan": f"{m}{s}", "removed": 3, "speedup": 2.0,
+              "latency_ms": 5.0, **{stage: {metric: v, "agreement": 90.0, "kl": 0.1}
+                                    for stage in ("one_shot", "short", "full")}}
+             for m, seeds in values.items() for s, v in enumerate(seeds)]
+    base = {metric: baseline, **({"bpb": 2.0} if task == "lm" else {})}
+    return {"family": "f", "task": task, "metric": metric, "baseline": base, "cells": cells}
+
+
+def test_prune_quality_statistics_against_hand_computed_values():
+    """Paired differences, their spread and seed-sd size, the win rule, the best DP and the task verdicts."""
+    from benchmarks.prune_quality import paired, with_statistics
+
+    family = with_statistics(quality_family("classification", {
+        "dp_loss": [80.0, 82.0, 84.0], "dp_similarity": [70.0, 71.0, 72.0], "random": [70.0, 74.0, 72.0],
+        "greedy": [79.0, 83.0, 82.0]}, baseline=90.0))
+    pair = paired(family, "dp_loss", "random", 2.0, "short")
+    # diffs 10, 8, 12: mean 10, sd 2, se 2/sqrt(3); pooled sd of (80,82,84) and (70,74,72) = 2
+    assert pair["diff_mean"] == pytest.approx(10.0) and pair["diff_sd"] == pytest.approx(2.0)
+    assert pair["diff_se"] == pytest.approx(2.0 / 3 ** 0.5) and pair["in_seed_sds"] == pytest.approx(5.0)
+    assert pair["wins"] is True
+    greedy = paired(family, "dp_loss", "greedy", 2.0, "short")  # diffs 1, -1, 2: mean 2/3, sd 1.528 -> no win
+    assert greedy["diff_mean"] == pytest.approx(2 / 3) and greedy["wins"] is False
+    row = next(r for r in family["rows"] if r["method"] == "random" and r["stage"] == "one_shot")
+    assert (row["acc1_mean"], row["acc1_sd"], row["seeds"]) == (pytest.approx(72.0), pytest.approx(2.0), 3)
+    v = family["verdicts"]
+    assert v["best_dp"] == "dp_loss" and v["baseline_below_ceiling"] is True
+    assert v["random_one_shot_cost"] == pytest.approx(18.0) and v["separates"] is True
+    assert v["dp_wins_short"] == {"random": True, "greedy": False}
+    assert {(p["method"], p["stage"]) for p in family["pairs"]} >= {("dp_similarity", "short"), ("greedy", "full")}
+    saturated = with_statistics(quality_family("classification", {"dp_loss": [98.0, 98.5], "random": [97.0, 96.0]},
+                                               baseline=98.5))
+    assert saturated["verdicts"]["baseline_below_ceiling"] is False and saturated["verdicts"]["separates"] is False
+    lm = with_statistics(quality_family("lm", {"dp_loss": [12.0, 13.0, 14.0], "random": [15.0, 18.0, 16.0]},
+                                        baseline=10.0))
+    lm_pair = paired(lm, "dp_loss", "random", 2.0, "one_shot")  # lower perplexity is better: diffs 3, 5, 2
+    assert lm_pair["diff_mean"] == pytest.approx(10 / 3) and lm["verdicts"]["random_one_shot_cost"] == \
+        pytest.approx((49 / 3) / 10.0 - 1.0) and lm["verdicts"]["separates"] is True
+
+
+@pytest.mark.slow
+def test_prune_quality_quick_computes_its_verdicts(tmp_path):
+    """The suite end to end on the smallest task: every method and stage has its numbers, the verdicts follow them,
+    and a second run takes its finished cells from the work directory (tied to their inputs)."""
+    command = [sys.executable, "-m", "benchmarks.prune_quality", "--quick", "--seeds", "2", "--methods",
+               "dp_loss,dp_block_influence,greedy,random,sleb", "--out", str(tmp_path / "out"), "--workdir",
+               str(tmp_path / "work")]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "out" / "prune_quality.json").read_text())
+    (family,) = result["families"]
+    done = [c for c in family["cells"] if "plan" in c]
+    assert {c["method"] for c in done} == {"dp_loss", "dp_block_influence", "greedy", "random", "sleb"}
+    for cell in done:
+        assert {"one_shot", "short", "full"} <= set(cell) and 0 <= cell["short"]["agreement"] <= 100
+        assert cell["speedup"] > 0 and cell["plan"] in family["plans"]
+    v = family["verdicts"]
+    random_one_shot = next(r for r in family["rows"] if r["method"] == "random" and r["stage"] == "one_shot")
+    assert v["random_one_shot_cost"] == pytest.approx(family["baseline"]["acc1"] - random_one_shot["acc1_mean"])
+    assert v["separates"] == (v["random_one_shot_cost"] >= 5.0)
+    assert (tmp_path / "out" / "prune_quality.png").is_file()
+    cells = sorted((tmp_path / "work" / "cells").glob("*.json"))
+    assert len(cells) == len(done)
+    stamps = [p.stat().st_mtime_ns for p in cells]
+    again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "work" / "cells").glob("*.json"))] == stamps

@@ -258,6 +258,50 @@ def test_evaluate_distillation_and_callback_progress(tmp_path):
     metrics = evaluate(student, data.val, "classification")
     assert set(metrics) == {"loss", "acc1", "acc5"} and 0 <= metrics["acc1"] <= 100
     assert metrics["acc1"] == pytest.approx(result.metrics["val/acc1"])
+    assert all(p.requires_grad for p in teacher.parameters()), "the teacher is the caller's: fit must not freeze it"
+
+
+def test_patience_stops_a_run_whose_monitor_stopped_improving(tmp_path):
+    """trainer.patience: with a learning rate too small to change a prediction, the first epoch stays the best, so
+    the run stops `patience` epochs later (converged); without patience it runs every epoch."""
+    frozen = ("trainer.max_epochs=8", "trainer.limit_train_batches=1", "optim.lr=1e-12", "optim.min_lr=1e-13",
+              "optim.warmup_lr=1e-13")
+    stopped = fresh_trainer(tiny_cfg(tmp_path, *frozen, "trainer.patience=2")).fit()
+    assert (stopped.epochs, stopped.best_epoch, stopped.converged) == (3, 1, True)
+    full = fresh_trainer(tiny_cfg(tmp_path, *frozen)).fit()
+    assert (full.epochs, full.converged) == (8, False)
+
+
+def test_bits_per_byte_follow_the_bytes_per_token(tmp_path):
+    """val bpb = loss / ln 2 / bytes per token: byte tokens are one byte each; a tokenizer's tokens cover more."""
+    import math
+
+    from zoo.training.data import FixedWindows
+
+    data = build_loaders(compose(["data=bytes", "model=retnet_tiny", "data.seq_len=32", "data.val_samples=8"],
+                                 tmp_path).data, seed=0)
+    model = zoo.create_model("retnet_tiny")
+    metrics = evaluate(model, data.val, "lm")
+    assert data.info["bytes_per_token"] == 1.0
+    assert metrics["bpb"] == pytest.approx(metrics["loss"] / math.log(2))
+    windows = data.val.dataset
+    wider = torch.utils.data.DataLoader(FixedWindows(windows.tokens, 32, 8, bytes_per_token=4.0), batch_size=8)
+    assert evaluate(model, wider, "lm")["bpb"] == pytest.approx(metrics["bpb"] / 4.0)
+
+
+def test_digits_train_samples_is_a_fixed_stratified_subset(tmp_path):
+    """data.train_samples makes digits harder: that many training images, every class in proportion, the same on
+    every run; the validation split is untouched. Fewer than one image per class is refused."""
+    cfg = compose(["data.image_size=8", "data.train_samples=300", "data.shift=0"], tmp_path)
+    data = build_loaders(cfg.data, seed=0)
+    again = build_loaders(cfg.data, seed=5)
+    assert (data.info["train_size"], data.info["val_size"]) == (300, 360)
+    labels = data.train.dataset.dataset.targets
+    assert torch.equal(labels, again.train.dataset.dataset.targets)
+    counts = torch.bincount(labels, minlength=10)
+    assert counts.min() >= 28 and counts.max() <= 32, counts
+    with pytest.raises(DataError, match="train_samples=5 is fewer than the 10 classes"):
+        build_loaders(compose(["data.train_samples=5"], tmp_path).data, seed=0)
 
 
 BF16_RUN = """

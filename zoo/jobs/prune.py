@@ -357,7 +357,8 @@ def train_baseline(cfg: Any, data: Any, config: dict, directory: Path) -> Path:
     best = result.best_checkpoint or result.last_checkpoint
     write_sealed_json(directory / "trained.json", {
         "fingerprint": fingerprint(own), "checkpoint": str(best.relative_to(directory)),
-        "checkpoint_sha256": file_digest(best), "epochs": result.epochs, "metrics": result.metrics})
+        "checkpoint_sha256": file_digest(best), "epochs": result.epochs, "best_epoch": result.best_epoch,
+        "converged": result.converged, "metrics": result.metrics})
     return best
 
 

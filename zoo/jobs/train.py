@@ -134,7 +134,7 @@ def write_results(path: Path, cfg: Any, data: DataBundle, model: nn.Module, resu
         "task": data.task,
         "metrics": {k: v for k, v in result.metrics.items() if k.startswith("val/")},
         "monitor": result.monitor,
-        "best": {"value": result.best_value, "epoch": result.best_epoch},
+        "best": {"value": result.best_value, "epoch": result.best_epoch}, "converged": result.converged,
         "epochs": result.epochs,
         "steps": result.steps,
         "train_time_s": round(result.train_time_s, 3),

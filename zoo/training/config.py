@@ -78,6 +78,7 @@ class TrainerConfig:
     """Loop, precision, regularisation, checkpointing and resume settings."""
 
     max_epochs: int = 12
+    patience: int | None = None  # stop once the monitor has not improved for this many epochs (converged)
     limit_train_batches: int | None = None
     limit_val_batches: int | None = None
     device: str = "auto"
@@ -291,7 +292,8 @@ def check_keys(cfg: Any, schema: type) -> None:
 # (dotted key, lowest, highest, bounds excluded?) for every numeric setting with a range; a key whose value is null
 # is not checked. One table, so that every bound is stated once and reported the same way.
 RANGES = (
-    ("trainer.max_epochs", 1, None, False), ("trainer.accum_steps", 1, None, False),
+    ("trainer.max_epochs", 1, None, False), ("trainer.patience", 1, None, False),
+    ("trainer.accum_steps", 1, None, False),
     ("trainer.log_every", 1, None, False), ("trainer.eval_every", 0, None, False),
     ("trainer.limit_train_batches", 1, None, False), ("trainer.limit_val_batches", 1, None, False),
     ("trainer.label_smoothing", 0.0, 0.999, False), ("trainer.ema_decay", 0.0, 1.0, False),

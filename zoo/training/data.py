@@ -153,12 +153,15 @@ class RandomShift(Dataset):
 
 
 class RandomWindows(Dataset):
-    """`count` windows of ``seq_len + 1`` tokens at random offsets: ``(tokens[:-1], tokens[1:])``."""
+    """`count` windows of ``seq_len + 1`` tokens at random offsets: ``(tokens[:-1], tokens[1:])``.
 
-    def __init__(self, tokens: torch.Tensor, seq_len: int, count: int):
+    ``bytes_per_token`` (1 for byte tokens) turns a loss per token into bits per byte (:func:`evaluate`)."""
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int, count: int, bytes_per_token: float = 1.0):
         if len(tokens) <= seq_len + 1:
             raise DataError(f"The text has {len(tokens)} tokens, too few for data.seq_len={seq_len}.")
         self.tokens, self.seq_len, self.count = tokens, seq_len, count
+        self.bytes_per_token = bytes_per_token
 
     def __len__(self) -> int:
         return self.count
@@ -172,9 +175,9 @@ class RandomWindows(Dataset):
 class FixedWindows(RandomWindows):
     """Consecutive non-overlapping windows (evaluation)."""
 
-    def __init__(self, tokens: torch.Tensor, seq_len: int, limit: int | None = None):
+    def __init__(self, tokens: torch.Tensor, seq_len: int, limit: int | None = None, bytes_per_token: float = 1.0):
         count = (len(tokens) - 1) // seq_len
-        super().__init__(tokens, seq_len, min(count, limit) if limit else count)
+        super().__init__(tokens, seq_len, min(count, limit) if limit else count, bytes_per_token)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         window = self.tokens[index * self.seq_len:(index + 1) * self.seq_len + 1].long()
@@ -185,7 +188,8 @@ class FixedWindows(RandomWindows):
 def _digits(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
     """scikit-learn digits as normalised ``3 x S x S`` tensors, stratified fixed split (random_state=0).
 
-    Training images are shifted by up to ``data.shift`` pixels (0: no augmentation)."""
+    ``data.train_samples`` keeps a fixed stratified subset of the training images (null: all). Training images
+    are shifted by up to ``data.shift`` pixels (0: no augmentation)."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -201,6 +205,8 @@ def _digits(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
     except ValueError as exc:
         raise DataError(f"data.val_fraction={cfg.val_fraction} cannot split the {len(labels)} digits with every class "
                         f"on both sides ({exc}); use a fraction between 0.01 and 0.99.") from None
+    if cfg.get("train_samples"):  # a harder task: a fixed stratified subset of the training split
+        train_idx = _stratified_subset(train_idx, digits.target, cfg.train_samples)
     train_idx, val_idx = torch.tensor(train_idx), torch.tensor(val_idx)
     mean, std = images[train_idx].mean().item(), images[train_idx].std().item()
     images = ((images - mean) / std).expand(-1, 3, -1, -1).contiguous()
@@ -209,6 +215,20 @@ def _digits(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
     if cfg.shift:
         train = RandomShift(train, cfg.shift, fill=-mean / std)
     return train, TensorPairs(images[val_idx], labels[val_idx]), 10, info
+
+
+def _stratified_subset(indices: list[int], labels: Sequence[int], count: int) -> list[int]:
+    """`count` of `indices`, every class in proportion (fixed: random_state=0); all of them when count >= len."""
+    from sklearn.model_selection import train_test_split
+
+    if count >= len(indices):
+        return indices
+    classes = len(set(labels[i] for i in indices))
+    if count < classes:
+        raise DataError(f"data.train_samples={count} is fewer than the {classes} classes; give at least {classes} "
+                        f"(or null for all {len(indices)} training images).")
+    subset, _ = train_test_split(indices, train_size=count, random_state=0, stratify=[labels[i] for i in indices])
+    return sorted(subset)
 
 
 def _synthetic(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
@@ -359,7 +379,8 @@ def tokenize(blob: bytes, tokenizer: str) -> tuple[torch.Tensor, int, dict]:
     """(token ids, vocabulary size, facts) of text: raw bytes for ``bytes``, else the named tokenizer's ids of the
     UTF-8 text (undecodable bytes replaced)."""
     if tokenizer == "bytes":
-        return torch.frombuffer(bytearray(blob), dtype=torch.uint8), BYTE_VOCAB, {"tokenizer": "bytes"}
+        return (torch.frombuffer(bytearray(blob), dtype=torch.uint8), BYTE_VOCAB,
+                {"tokenizer": "bytes", "bytes_per_token": 1.0})
     tok = load_tokenizer(tokenizer)
     ids = tok(blob.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
     vocab = len(tok)
@@ -376,8 +397,9 @@ def _text(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
     count = cfg.train_samples or max((len(train_tokens) - 1) // cfg.seq_len, 1)
     info.update({"corpus_bytes": len(blob), "tokens": len(tokens), "unigram_entropy": unigram_entropy(tokens, vocab),
                  "train_unigram_entropy": unigram_entropy(train_tokens, vocab)})
-    return (RandomWindows(train_tokens, cfg.seq_len, count), FixedWindows(val_tokens, cfg.seq_len, cfg.val_samples),
-            vocab, info)
+    per_token = info["bytes_per_token"]
+    return (RandomWindows(train_tokens, cfg.seq_len, count, per_token),
+            FixedWindows(val_tokens, cfg.seq_len, cfg.val_samples, per_token), vocab, info)
 
 
 # ---------------------------------------------------------------------------------------------- loaders

@@ -68,6 +68,7 @@ class FitResult:
     best_value: float | None = None
     best_epoch: int | None = None
     memory: dict[str, Any] = field(default_factory=dict)  # peak memory of the training (see peak_memory)
+    converged: bool = False  # stopped by trainer.patience: the monitor stopped improving
 
 
 def peak_memory(device: torch.device) -> dict[str, float]:
@@ -155,7 +156,8 @@ def evaluate(model: nn.Module, loader: Iterable, task: str, device: torch.device
              limit_batches: int | None = None) -> dict[str, float]:
     """Metrics of `model` on `loader`, summed over all ranks.
 
-    classification: ``loss``, ``acc1``, ``acc5`` (percent); lm: ``loss`` (nats/token), ``ppl``, ``tokens_per_s``.
+    classification: ``loss``, ``acc1``, ``acc5`` (percent); lm: ``loss`` (nats/token), ``ppl``, ``bpb`` (bits per
+    byte of text, from the data set's ``bytes_per_token``), ``tokens_per_s``.
     """
     from timm.utils import accuracy
 
@@ -190,7 +192,9 @@ def evaluate(model: nn.Module, loader: Iterable, task: str, device: torch.device
     count = max(count, 1.0)
     if task == "lm":
         loss = loss_sum / count
-        return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "tokens_per_s": count / max(elapsed, 1e-9)}
+        per_token = getattr(getattr(loader, "dataset", None), "bytes_per_token", 1.0)
+        return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "bpb": loss / math.log(2) / per_token,
+                "tokens_per_s": count / max(elapsed, 1e-9)}
     return {"loss": loss_sum / count, "acc1": 100.0 * top1 / count, "acc5": 100.0 * top5 / count}
 
 
@@ -229,7 +233,7 @@ class Trainer:
                 raise ConfigError(f"trainer.grad_checkpointing=true: {type(self.model).__name__} has no "
                                   f"set_grad_checkpointing; every zoo model has.")
             self.model.set_grad_checkpointing(trainer_cfg.grad_checkpointing)  # true or a share of the blocks
-        self.teacher = teacher.to(self.device).eval().requires_grad_(False) if teacher is not None else None
+        self.teacher = teacher.to(self.device).eval() if teacher is not None else None  # run under no_grad
         if not 0.0 <= distill_weight <= 1.0:
             raise ConfigError(f"distill_weight={distill_weight} must lie in [0, 1].")
         self.distill_weight, self.distill_temperature = distill_weight, distill_temperature
@@ -536,7 +540,7 @@ class Trainer:
     def _summary_line(self, metrics: dict[str, float]) -> str:
         parts = [f"epoch {self.epoch}/{self.cfg.max_epochs}", f"train loss {metrics['train/loss']:.4f}"]
         for key, fmt in (("val/loss", "val loss {:.4f}"), ("val/acc1", "acc1 {:.2f}"), ("val/acc5", "acc5 {:.2f}"),
-                         ("val/ppl", "ppl {:.3f}"), ("val_ema/acc1", "ema acc1 {:.2f}"),
+                         ("val/ppl", "ppl {:.3f}"), ("val/bpb", "bpb {:.3f}"), ("val_ema/acc1", "ema acc1 {:.2f}"),
                          ("train/samples_per_s", "{:.0f} samples/s"), ("train/tokens_per_s", "{:.0f} tokens/s"),
                          ("train/epoch_time_s", "{:.1f} s")):
             if key in metrics:
@@ -585,6 +589,11 @@ class Trainer:
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
+    def converged(self) -> bool:
+        """``trainer.patience`` epochs have passed since the monitor last improved (a validated epoch each)."""
+        patience = self.cfg.get("patience")
+        return bool(patience) and self.best_epoch is not None and self.epoch - self.best_epoch >= patience
+
     def fit(self, resume_from: str | Path | None = None) -> FitResult:
         if resume_from is not None:
             self.resume(resume_from)
@@ -594,13 +603,18 @@ class Trainer:
             callback.on_train_start(self)
         memory_scope = reset_peak_memory(self.device)
         with self._signals_saved():
-            while self.epoch < self.cfg.max_epochs:
+            while self.epoch < self.cfg.max_epochs and not self.converged():
                 start = time.perf_counter()
                 train_metrics = self.train_one_epoch()
                 self.train_time_s += time.perf_counter() - start
                 self._end_epoch(train_metrics)
                 if self._stop_requested():
                     self._interrupt()
+        if self.converged() and self.dist.is_main:
+            _log.info("Converged: %s has not improved for %d epochs (best %.4f at epoch %d); stopped at epoch %d of "
+                      "%d.",
+                      self.monitor, self.cfg.patience, self.best_value, self.best_epoch, self.epoch,
+                      self.cfg.max_epochs)
         directory = self._checkpoint_dir()
         last = directory / "last.safetensors" if directory else None
         best = directory / "best.safetensors" if directory and (directory / "best.safetensors").exists() else None
@@ -611,7 +625,7 @@ class Trainer:
         if best is not None:
             self.logger.log_checkpoint(best, aliases=["best", f"epoch-{self.best_epoch}"])
         return FitResult(dict(self.metrics), last, best, self.epoch, self.step, self.train_time_s, list(self.history),
-                         self.monitor, self.best_value, self.best_epoch, memory)
+                         self.monitor, self.best_value, self.best_epoch, memory, self.converged())
 
 
 def fit(model: nn.Module, data: DataBundle, optim_cfg: Any, trainer_cfg: Any, logger: Any = None, *,
