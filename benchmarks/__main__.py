@@ -26,6 +26,8 @@ SUITES = {
     "export_parity": "ONNX (onnxruntime) and torch.export programs of every family against PyTorch",
     "runtime_tables": "latency tables built in each deploy runtime (eager, torch.compile, onnxruntime, TensorRT): "
                       "prediction error, and the chosen plans' speed-ups across runtimes",
+    "prune_quality": "pruning quality at equal measured latency: DP with each importance, greedy, random, SLEB, "
+                     "ShortGPT and angular runs, 3 seeds, one-shot / short / full fine-tune, converged baselines",
 }
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 

@@ -69,3 +69,34 @@ def test_block_influence_score_sums_over_the_removed_units():
         for removed, damage in seg_damages.items():
             assert damage == pytest.approx(sum(single[u] for u in removed))
     assert any(d > 0 for seg in damages for d in seg.values())
+
+
+def test_finetune_score_trains_on_batches_it_does_not_score_on(tmp_path):
+    """prune.importance=finetune: each variant's short fine-tune trains on the training batches that follow the
+    calibration batches and is scored on the calibration batches (an in-sample loss would reward overfitting), and
+    the cache key names both sets."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from zoo.importance import batches_digest
+    from zoo.jobs.prune import calibration_batches, importance_of
+    from zoo.training import build_loaders
+
+    data = build_loaders(OmegaConf.create({"name": "digits", "image_size": 8, "shift": 0, "batch_size": 8,
+                                           "num_workers": 0, "val_fraction": 0.2, "train_samples": 64,
+                                           "eval_batch_size": None}), seed=0)
+    scored, trained = calibration_batches(data, 2), calibration_batches(data, 2, skip=2)
+    assert len(scored) == len(trained) == 2 and batches_digest(scored) != batches_digest(trained)
+    assert torch.equal(torch.cat([b[0] for b in scored + trained]),
+                       torch.cat([b[0] for b in calibration_batches(data, 4)]))
+    torch.manual_seed(0)
+    model = zoo.create_model("mobilenetv2_035", num_classes=10).eval()
+    table = SimpleNamespace(segments=segments(model)[-2:])
+    cfg = OmegaConf.create({"prune": {"calib_batches": 2, "importance": "finetune", "cache_dir": str(tmp_path)},
+                            "paths": {"log_dir": str(tmp_path)}})
+    damages, cached = importance_of(cfg, {}, model, table, data)
+    held_out = score_variants(model, table.segments, scored, "finetune", train_batches=trained)
+    in_sample = score_variants(model, table.segments, scored, "finetune", train_batches=scored)
+    assert not cached and damages == pytest.approx(held_out) and damages != pytest.approx(in_sample)
+    assert importance_of(cfg, {}, model, table, data)[1] is True  # the same two sets: from the cache

@@ -156,29 +156,29 @@ def _bit_m() -> dict:
 
 @register_model("bit", **_cfg(interpolation="bicubic"))
 def resnetv2_50x1_bit(**kwargs) -> ResNetV2:
-    return ResNetV2(layers=(3, 4, 6, 3), width_factor=1, **kwargs)
+    return ResNetV2(**{"layers": (3, 4, 6, 3), "width_factor": 1, **kwargs})
 
 
 @register_model("bit", **_bit_m())
 def resnetv2_50x3_bit(**kwargs) -> ResNetV2:
-    return ResNetV2(layers=(3, 4, 6, 3), width_factor=3, **kwargs)
+    return ResNetV2(**{"layers": (3, 4, 6, 3), "width_factor": 3, **kwargs})
 
 
 @register_model("bit", **_bit_m())
 def resnetv2_101x1_bit(**kwargs) -> ResNetV2:
-    return ResNetV2(layers=(3, 4, 23, 3), width_factor=1, **kwargs)
+    return ResNetV2(**{"layers": (3, 4, 23, 3), "width_factor": 1, **kwargs})
 
 
 @register_model("bit", **_bit_m())
 def resnetv2_101x3_bit(**kwargs) -> ResNetV2:
-    return ResNetV2(layers=(3, 4, 23, 3), width_factor=3, **kwargs)
+    return ResNetV2(**{"layers": (3, 4, 23, 3), "width_factor": 3, **kwargs})
 
 
 @register_model("bit", **_bit_m())
 def resnetv2_152x2_bit(**kwargs) -> ResNetV2:
-    return ResNetV2(layers=(3, 8, 36, 3), width_factor=2, **kwargs)
+    return ResNetV2(**{"layers": (3, 8, 36, 3), "width_factor": 2, **kwargs})
 
 
 @register_model("bit", **_bit_m())
 def resnetv2_152x4_bit(**kwargs) -> ResNetV2:
-    return ResNetV2(layers=(3, 8, 36, 3), width_factor=4, **kwargs)
+    return ResNetV2(**{"layers": (3, 8, 36, 3), "width_factor": 4, **kwargs})

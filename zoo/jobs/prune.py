@@ -494,11 +494,13 @@ def read_plan(path: str | Path, baseline: nn.Module) -> dict[str, Any]:
     return {"remove": list(plan.get("remove", [])), "merge": bool(plan.get("merge", True))}
 
 
-def calibration_batches(data: Any, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The first `count` batches of the (epoch-0 ordered) training split: the importance calibration set."""
+def calibration_batches(data: Any, count: int, skip: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`count` batches of the (epoch-0 ordered) training split after the first `skip`: the importance calibration
+    set (skip 0) and, for the ``finetune`` score, the disjoint batches its short fine-tunes train on (skip count)."""
     batches = []
-    for inputs, targets in data.train:
-        batches.append((inputs, targets))
+    for index, (inputs, targets) in enumerate(data.train):
+        if index >= skip:
+            batches.append((inputs, targets))
         if len(batches) == count:
             break
     return batches
@@ -956,9 +958,17 @@ def importance_of(cfg: Any, config: dict, baseline: nn.Module, table: Any, data:
     batches = calibration_batches(data, cfg.prune.calib_batches)
     key = {"weights": weights_digest(baseline), "score": cfg.prune.importance, "batches": batches_digest(batches),
            "segments": [s.name for s in table.segments]}
+    train_batches = None
+    if cfg.prune.importance == "finetune":  # scored on batches it did not train on (in-sample loss says little)
+        train_batches = calibration_batches(data, cfg.prune.calib_batches, skip=cfg.prune.calib_batches)
+        if not train_batches:
+            raise ZooError(f"prune.importance=finetune needs {2 * cfg.prune.calib_batches} training batches "
+                           f"(prune.calib_batches={cfg.prune.calib_batches} to score on, as many to fine-tune on); "
+                           f"the training split has fewer: lower prune.calib_batches or data.batch_size.")
+        key["train_batches"] = batches_digest(train_batches)
     cache = Path(cfg.prune.cache_dir or Path(cfg.paths.log_dir) / "cache")
     return cached_scores(cache, key, table.segments, lambda: score_variants(
-        baseline, table.segments, batches, cfg.prune.importance, train_batches=batches))
+        baseline, table.segments, batches, cfg.prune.importance, train_batches=train_batches))
 
 
 def job_logger_cfg(cfg: Any) -> Any:
