@@ -86,7 +86,7 @@ def test_finetune_score_trains_on_batches_it_does_not_score_on(tmp_path):
     data = build_loaders(OmegaConf.create({"name": "digits", "image_size": 8, "shift": 0, "batch_size": 8,
                                            "num_workers": 0, "val_fraction": 0.2, "train_samples": 64,
                                            "eval_batch_size": None}), seed=0)
-    scored, trained = calibration_batches(data, 2), calibration_batches(data, 2, skip=2)
+    scored, trained = calibration_batches(data, 2), calibration_batches(data, 4)[2:]
     assert len(scored) == len(trained) == 2 and batches_digest(scored) != batches_digest(trained)
     assert torch.equal(torch.cat([b[0] for b in scored + trained]),
                        torch.cat([b[0] for b in calibration_batches(data, 4)]))

@@ -494,13 +494,11 @@ def read_plan(path: str | Path, baseline: nn.Module) -> dict[str, Any]:
     return {"remove": list(plan.get("remove", [])), "merge": bool(plan.get("merge", True))}
 
 
-def calibration_batches(data: Any, count: int, skip: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`count` batches of the (epoch-0 ordered) training split after the first `skip`: the importance calibration
-    set (skip 0) and, for the ``finetune`` score, the disjoint batches its short fine-tunes train on (skip count)."""
+def calibration_batches(data: Any, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The first `count` batches of the (epoch-0 ordered) training split: the importance calibration set."""
     batches = []
-    for index, (inputs, targets) in enumerate(data.train):
-        if index >= skip:
-            batches.append((inputs, targets))
+    for inputs, targets in data.train:
+        batches.append((inputs, targets))
         if len(batches) == count:
             break
     return batches
@@ -955,12 +953,13 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
 def importance_of(cfg: Any, config: dict, baseline: nn.Module, table: Any, data: Any
                   ) -> tuple[list[dict[frozenset[str], float]], bool]:
     """Damage of every segment variant (cached per weights, score, data and segments) and whether it was cached."""
-    batches = calibration_batches(data, cfg.prune.calib_batches)
+    count = cfg.prune.calib_batches
+    finetuned = cfg.prune.importance == "finetune"  # scored on batches it did not train on: the next `count` ones
+    batches = calibration_batches(data, 2 * count if finetuned else count)
+    batches, train_batches = batches[:count], (batches[count:] if finetuned else None)
     key = {"weights": weights_digest(baseline), "score": cfg.prune.importance, "batches": batches_digest(batches),
            "segments": [s.name for s in table.segments]}
-    train_batches = None
-    if cfg.prune.importance == "finetune":  # scored on batches it did not train on (in-sample loss says little)
-        train_batches = calibration_batches(data, cfg.prune.calib_batches, skip=cfg.prune.calib_batches)
+    if finetuned:
         if not train_batches:
             raise ZooError(f"prune.importance=finetune needs {2 * cfg.prune.calib_batches} training batches "
                            f"(prune.calib_batches={cfg.prune.calib_batches} to score on, as many to fine-tune on); "
