@@ -103,3 +103,14 @@ def snapshot(directory: Path) -> dict[str, str]:
         rel = str(path.relative_to(directory))
         state[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
     return state
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    """The two ``.safetensors`` files hold the same tensor names and bit-identical values."""
+    import torch
+    from safetensors.torch import load_file
+
+    ta, tb = load_file(str(a)), load_file(str(b))
+    assert ta.keys() == tb.keys()
+    different = [k for k in ta if not torch.equal(ta[k], tb[k])]
+    assert not different, f"{len(different)} tensors differ, first {different[:3]}"

@@ -17,10 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
-from .helpers import FAST_LUT, entry_cmd, env_for, run_entry, snapshot
+from .helpers import FAST_LUT, assert_same_weights, entry_cmd, env_for, run_entry, snapshot
 
 TRAIN_ARGS = ["model=mobilenetv2_035", "data.image_size=16", "data.batch_size=32", "trainer.max_epochs=3",
               "trainer.limit_train_batches=10", "trainer.progress=false", "optim.warmup_epochs=0", "logger=none",
@@ -28,17 +26,6 @@ TRAIN_ARGS = ["model=mobilenetv2_035", "data.image_size=16", "data.batch_size=32
 PRUNE_ARGS = [*(a for a in TRAIN_ARGS[:-1] if not a.startswith("trainer.max_epochs=")), "trainer.max_epochs=3",
               "prune.batch_size=2", "prune.calib_batches=2", "finetune.epochs=2", *FAST_LUT]
 PHASES = ("baseline", "latency_table", "importance", "finetune")
-
-
-def tensors(path: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(path))
-
-
-def assert_same_weights(a: Path, b: Path) -> None:
-    ta, tb = tensors(a), tensors(b)
-    assert ta.keys() == tb.keys()
-    different = [k for k in ta if not torch.equal(ta[k], tb[k])]
-    assert not different, f"{len(different)} tensors differ, first {different[:3]}"
 
 
 def kill_when(cmd: list[str], base: Path, *, after_line: str | None = None, after_file: str | None = None,

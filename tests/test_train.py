@@ -35,6 +35,7 @@ from zoo.training.config import register_configs, validate
 from zoo.training.data import read_text_files, stdlib_corpus, unigram_entropy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers import assert_same_weights  # noqa: E402
 from wandb_reader import find_run_files, read_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -363,6 +364,54 @@ def test_resume_mid_epoch_gives_the_same_weights(tmp_path):
                                                   resumed.ema.module.state_dict().values()))
     loaded = zoo.load(tmp_path / "b" / "checkpoints" / "last.safetensors")
     assert all(torch.equal(loaded.state_dict()[k], b[k]) for k in b)
+
+
+class SimulatedKill(BaseException):
+    """The process dying at a chosen file rename (nothing after it runs, the rename does not happen)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("lr", "best_epoch"), [("0.5", 1), ("0.05", 3)])
+def test_a_kill_between_checkpoint_writes_resumes_to_the_same_last_and_best(lr, best_epoch, tmp_path, monkeypatch):
+    """At every rename of a run's checkpoint saves, die; the resumed run must end with the uninterrupted run's
+    ``last`` and ``best`` (weights and epoch), whichever of the epoch's files were already in place. Two runs: one
+    whose best is an early epoch, one whose best is its last (then no later save settles a pending ``best``)."""
+    extra = ("trainer.max_epochs=3", "trainer.limit_train_batches=2", "trainer.limit_val_batches=2",
+             f"optim.lr={lr}")
+    reference = fresh_trainer(tiny_cfg(tmp_path / "ref", *extra), output_dir=tmp_path / "ref")
+    renames = []
+    real_replace = os.replace
+
+    def counting(src, dst, *args, **kwargs):
+        renames.append(Path(dst).name)
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", counting)
+    reference.fit()
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert reference.best_epoch == best_epoch, "the test needs this run's best epoch where it was"
+    expected = {name: zoo.read_checkpoint_meta(tmp_path / "ref" / "checkpoints" / name)["epoch"]
+                for name in ("last.safetensors", "best.safetensors")}
+    for kill_at in range(1, len(renames) + 1):
+        run = tmp_path / f"kill{kill_at}"
+        seen = []
+
+        def dying(src, dst, *args, kill_at=kill_at, seen=seen, **kwargs):
+            seen.append(dst)
+            if len(seen) == kill_at:
+                raise SimulatedKill
+            return real_replace(src, dst, *args, **kwargs)
+
+        monkeypatch.setattr(os, "replace", dying)
+        with pytest.raises(SimulatedKill):
+            fresh_trainer(tiny_cfg(run, *extra), output_dir=run).fit()
+        monkeypatch.setattr(os, "replace", real_replace)
+        fresh_trainer(tiny_cfg(run, *extra), output_dir=run).fit(resume_from=ckpt.resolve_resume("auto", run))
+        context = f"killed at rename {kill_at} ({renames[kill_at - 1]})"
+        for name, epoch in expected.items():
+            assert zoo.read_checkpoint_meta(run / "checkpoints" / name)["epoch"] == epoch, f"{context}: {name}"
+            assert_same_weights(run / "checkpoints" / name, tmp_path / "ref" / "checkpoints" / name)
+        assert not (run / "checkpoints" / ckpt.PENDING_BEST).exists(), context
 
 
 def test_resume_refuses_another_model(tmp_path):

@@ -363,7 +363,8 @@ class Trainer:
         return ckpt.checkpoint_dir(self.output_dir)
 
     def save(self, best: bool = False) -> Path | None:
-        """Write ``last`` (weights + state) and, with `best`, ``best`` weights; rank 0 only."""
+        """Write ``last`` (weights + state) and, with `best`, ``best`` weights; rank 0 only. The state is written
+        last and ``best`` renamed into place after it (see :mod:`zoo.training.state`)."""
         directory = self._checkpoint_dir()
         if directory is None or not self.dist.is_main:
             return None
@@ -375,10 +376,11 @@ class Trainer:
             )
         meta = {"epoch": self.epoch, "step": self.step, "metrics": self.metrics, "config": self.config,
                 "task": self.task}
-        ckpt.save_state(self.state_dict(), directory / f"last{ckpt.STATE_SUFFIX}")
         last = ckpt.save_weights(self.model, directory / "last.safetensors", **meta)
         if best:
-            ckpt.save_weights(self.model, directory / "best.safetensors", **meta)
+            ckpt.save_weights(self.model, directory / ckpt.PENDING_BEST, **meta)
+        ckpt.save_state(self.state_dict(), directory / f"last{ckpt.STATE_SUFFIX}")  # the commit point
+        ckpt.settle_best(directory, self.best_epoch)
         return last
 
     # ------------------------------------------------------------------------------------------- loop
@@ -599,6 +601,7 @@ class Trainer:
             self.resume(resume_from)
         if self._checkpoint_dir() is not None and self.dist.is_main:
             ckpt.remove_stale_temps(self._checkpoint_dir())
+            ckpt.settle_best(self._checkpoint_dir(), self.best_epoch)
         for callback in self.callbacks:
             callback.on_train_start(self)
         memory_scope = reset_peak_memory(self.device)

@@ -11,6 +11,11 @@ Layout of ``<run dir>/checkpoints/``:
 
 Every file is written to a temp file and renamed over the old one, so a kill -9 during a save leaves the
 previous checkpoint intact (plus a stale ``.*.tmp`` file, removed by :func:`remove_stale_temps`).
+
+``last.state.pt`` is the commit point of an epoch, written after the weights. A new ``best`` is first written as
+``best.pending.safetensors`` and renamed to ``best.safetensors`` only after the state that records it
+(:func:`settle_best`), so a kill between the writes never leaves ``best`` a step behind or ahead of the state
+that a resume continues from.
 """
 
 from __future__ import annotations
@@ -81,6 +86,25 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_weights(model: torch.nn.Module, path: str | Path, **meta: Any) -> Path:
     """Weights + metadata, atomically (see :func:`zoo.save_checkpoint`)."""
     return save_checkpoint(model, path, **meta)
+
+
+PENDING_BEST = "best.pending.safetensors"
+
+
+def settle_best(directory: str | Path, best_epoch: int | None) -> None:
+    """Finish or undo a ``best`` save that a kill interrupted: the pending weights become ``best.safetensors`` if the
+    committed state records them as best (their epoch is its ``best_epoch``), and are dropped otherwise."""
+    pending = Path(directory) / PENDING_BEST
+    if not pending.exists():
+        return
+    try:
+        epoch = (read_checkpoint_meta(pending) or {}).get("epoch")
+    except Exception:  # noqa: BLE001 - a damaged pending file was never committed
+        epoch = None
+    if epoch is not None and epoch == best_epoch:
+        pending.replace(pending.with_name("best.safetensors"))
+    else:
+        pending.unlink()
 
 
 def save_state(state: dict[str, Any], path: str | Path) -> Path:
