@@ -104,6 +104,34 @@ def test_docs_sections_are_replaced_in_place(tmp_path):
     assert text.startswith("# Benchmarks\n\nintro")
 
 
+def test_runtime_tables_verdicts_are_raw_and_anchored_errors_against_their_limits(tmp_path):
+    from benchmarks.runtime_tables import summarise_again
+
+    def table(mean, worst, mean_anchored, worst_anchored):
+        return {"limits": [0.05, 0.10], "mean_error": mean, "max_error": worst, "mean_error_anchored": mean_anchored,
+                "max_error_anchored": worst_anchored, "passed": None, "passed_anchored": None}
+
+    drifted = table(0.06, 0.07, 0.01, 0.02)      # the machine's drift: raw fails, anchored passes
+    bad = table(0.02, 0.12, 0.03, 0.11)          # one plan off: both fail on the max
+    good = table(0.02, 0.04, 0.02, 0.04)
+    result = {"models": [{"tables": {"compile": drifted, "eager": good}, "speedups": [{"passed": True}]}]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(result))
+    again = summarise_again(path)
+    tables = again["models"][0]["tables"]
+    assert (tables["compile"]["passed"], tables["compile"]["passed_anchored"]) == (False, True)
+    assert (tables["eager"]["passed"], tables["eager"]["passed_anchored"]) == (True, True)
+    assert (again["passed"], again["passed_anchored"]) == (False, True)
+    result["models"][0]["tables"]["eager"] = bad
+    path.write_text(json.dumps(result))
+    again = summarise_again(path)
+    assert (again["models"][0]["tables"]["eager"]["passed_anchored"], again["passed_anchored"]) == (False, False)
+    result["models"][0]["tables"]["eager"] = good
+    result["models"][0]["speedups"] = [{"passed": False}]
+    path.write_text(json.dumps(result))
+    assert summarise_again(path)["passed_anchored"] is False
+
+
 @pytest.mark.slow
 def test_runtime_tables_quick_computes_its_verdicts(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.runtime_tables", "--quick", "--runtimes",
@@ -116,12 +144,16 @@ def test_runtime_tables_quick_computes_its_verdicts(tmp_path):
     for table in model["tables"].values():  # each verdict is its numbers against its limits
         mean_limit, max_limit = max(0.05, 1.5 * table["noise_floor"]), max(0.10, 1.5 * table["noise_floor"])
         assert table["passed"] == (table["mean_error"] <= mean_limit and table["max_error"] <= max_limit)
+        assert table["passed_anchored"] == (table["mean_error_anchored"] <= mean_limit
+                                            and table["max_error_anchored"] <= max_limit)
     for s in model["speedups"]:
         own = [c for c in model["cross"] if c["chosen_in"] == c["measured_in"] == s["runtime"]
                and c["target"] == s["target"]]
         assert s["passed"] == bool(own and own[0]["measured_speedup"] >= 0.9 * s["target"])
     assert result["passed"] == (all(t["passed"] for t in model["tables"].values())
                                 and all(s["passed"] for s in model["speedups"]))
+    assert result["passed_anchored"] == (all(t["passed_anchored"] for t in model["tables"].values())
+                                         and all(s["passed"] for s in model["speedups"]))
     assert "| mobilenetv2_035 | onnxruntime |" in proc.stdout
 
 
