@@ -441,7 +441,7 @@ def test_cpu_tables_time_entries_in_context_by_default_and_isolated_on_request(t
     assert table.overhead_ms == 0.0 and table.fixed_raw_ms > 0
     isolated = build_table(MODEL, input_size=SIZE, device="cpu", cache_dir=str(tmp_path),
                            settings=replace(FAST, entries="isolated"))
-    assert isolated.condition["protocol"] == "round-robin-1" and isolated.overhead_ms > 0
+    assert isolated.condition["protocol"] == "round-robin-speed-1" and isolated.overhead_ms > 0
     assert len(list(tmp_path.glob("*.json"))) == 1  # one cache file per protocol: the context one is elsewhere
     with pytest.raises(ValueError, match="entries timing"):
         TableSettings(entries="sometimes")
@@ -479,3 +479,42 @@ def test_diagnosis_splits_each_networks_error_into_segments_and_rest() -> None:
     assert "| original |" in report(result)
     rows = drift_trace(MODEL, 1.0, window_s=0.5)
     assert rows and all(r["min_ms"] <= r["p10_ms"] <= r["median_ms"] for r in rows)
+
+
+class _Slowed(torch.nn.Module):
+    """Sleeps `ms`, twice as long once the shared machine turned slow (a stand-in for a co-tenant's slowdown)."""
+
+    def __init__(self, ms: float, machine: dict, gauge: bool = False):
+        super().__init__()
+        self.ms, self.machine, self.gauge = ms, machine, gauge
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gauge:
+            self.machine["calls"] += 1
+        time.sleep(self.ms * (2 if self.machine["calls"] > self.machine["slow_after"] else 1) / 1e3)
+        return x
+
+
+def test_isolated_rounds_divide_the_machines_drift_out_by_the_reference_network():
+    """A machine twice as slow in the last 60 % of the rounds: an entry of 2 ms (4 ms when slow) must be recorded
+    at the build's median speed (4 ms, the slow state here) in every statistic, so its p10 and median agree with
+    the reference's scale; timed without the reference, its p10 is the fast state's 2 ms."""
+    from zoo.latency.device import timing_context
+    from zoo.latency.table import Capture, Pending, measure_rounds
+
+    x = torch.zeros(1)
+    settings = TableSettings(min_rounds=20, max_rounds=20, entry_warmup_s=0.0, rel_tol=0.0)
+
+    def records(with_reference: bool) -> dict:
+        machine = {"calls": 0, "slow_after": 2 + 8}  # 2 warm-up calls, then 8 fast rounds of 20
+        gauge = Pending("ref", _Slowed(5.0, machine, gauge=True), Capture((x,), {}), "reference")
+        entry = Pending("entry", _Slowed(2.0, machine), Capture((x,), {}), "entry")
+        with timing_context(torch.device("cpu"), torch.float32, 1):
+            return measure_rounds([entry], torch.device("cpu"), settings, gauge if with_reference else None)
+
+    steady = records(True)["entry"]
+    assert set(steady) >= {"p10_ms", "median_ms"} and "ref" not in records(True)
+    assert steady["p10_ms"] == pytest.approx(4.0, rel=0.15) and steady["median_ms"] == pytest.approx(4.0, rel=0.15)
+    assert steady["speed_range"][0] == pytest.approx(0.5, rel=0.15)
+    drifting = records(False)["entry"]
+    assert drifting["p10_ms"] == pytest.approx(2.0, rel=0.2) and "speed_range" not in drifting

@@ -303,25 +303,46 @@ class Pending:
     what: str
 
 
-def measure_rounds(pending: Sequence[Pending], device: torch.device, settings: TableSettings
-                   ) -> dict[str, dict[str, Any]]:
-    """Time every pending entry in interleaved rounds; returns cache records keyed by entry key."""
+def measure_rounds(pending: Sequence[Pending], device: torch.device, settings: TableSettings,
+                   reference: Pending | None = None) -> dict[str, dict[str, Any]]:
+    """Time every pending entry in interleaved rounds; returns cache records keyed by entry key.
+
+    With a `reference` (the network-sized entry behind the fixed part: the replay network in eager, the whole
+    network elsewhere), drift inside the build is divided out as in context (:func:`measure_in_context`): the
+    reference runs first in every round (timed even when it is cached), every entry runs in every round until all
+    have converged, and each round's runs are divided by that round's :func:`machine_speed` from the reference. The
+    records hold times at the build's median speed, so the fixed part (whole less intact segments) and the entries
+    describe one machine state.
+    """
     queued = settings.cuda_timing == "queued"
+    timed = list(pending)
+    if reference is not None:
+        timed = [reference] + [p for p in pending if p.key != reference.key]
     calls = [in_runtime(p.module, p.capture.args, p.capture.kwargs, settings.runtime, device, settings.threads,
-                        what=p.what) for p in pending]
+                        what=p.what) for p in timed]
     benches = [Bench(call, p.capture.args, p.capture.kwargs, device, settings.cuda_graph, settings.clock, queued)
-               for p, call in zip(pending, calls)]
+               for p, call in zip(timed, calls)]
     for bench in benches:
         bench.warmup(settings.entry_warmup_s)
     caps = time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round,
-                       settings.rel_tol, settings.max_time_s)
+                       settings.rel_tol, settings.max_time_s, together=reference is not None)
+    speed = per_run_speed(benches[0].times_ms, settings.runs_per_round) if reference is not None else None
+    wanted = {p.key for p in pending}
     records = {}
-    for p, bench, cap_hit, call in zip(pending, benches, caps, calls):
+    for p, bench, cap_hit, call in zip(timed, benches, caps, calls):
+        if p.key not in wanted:
+            continue
+        times = np.asarray(bench.times_ms) if speed is None else np.asarray(bench.times_ms) / speed
         mem, estimated = peak_memory(p.module, p.capture.args, p.capture.kwargs, device)
-        records[p.key] = {**bench.summary(), "n_runs": len(bench.times_ms), "cap_hit": cap_hit,
+        records[p.key] = {**robust_summary(times.tolist()), "n_runs": len(bench.times_ms), "cap_hit": cap_hit,
                           "runtime_build_s": getattr(call, "build_s", 0.0),
                           "time_s": bench.time_s, "peak_mem_bytes": mem, "mem_estimated": estimated,
                           "what": p.what, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        if speed is not None:
+            records[p.key]["speed_range"] = [float(speed.min()), float(speed.max())]
+    if speed is not None:
+        logger.info("latency table: %d entries x %d rounds; machine speed ranged %.2f-%.2f of its median",
+                    len(pending), speed.size // settings.runs_per_round, speed.min(), speed.max())
     return records
 
 
@@ -349,6 +370,11 @@ def machine_speed(reference_ms: Sequence[float], runs_per_round: int, span: int 
     per_round = np.asarray(reference_ms, dtype=np.float64).reshape(-1, runs_per_round).mean(axis=1)
     smooth = np.array([np.median(per_round[max(0, r - span):r + span + 1]) for r in range(per_round.size)])
     return smooth / np.median(smooth)
+
+
+def per_run_speed(reference_ms: Sequence[float], runs_per_round: int) -> np.ndarray:
+    """:func:`machine_speed` repeated for each run of a round: what every bench's runs of that round divide by."""
+    return np.repeat(machine_speed(reference_ms, runs_per_round), runs_per_round)
 
 
 def measure_in_context(model: nn.Module, segs: Sequence[Segment], keys: Sequence[Mapping[frozenset[str], str | None]],
@@ -383,7 +409,7 @@ def measure_in_context(model: nn.Module, segs: Sequence[Segment], keys: Sequence
     finally:
         for bench in benches:
             bench.close()
-    speed = np.repeat(machine_speed(benches[0].times_ms, settings.runs_per_round), settings.runs_per_round)
+    speed = per_run_speed(benches[0].times_ms, settings.runs_per_round)
     hooks_ms = hook_overhead_ms(device, settings.clock) * len(names)
     parts: dict[str, dict[str, list[float]]] = {}  # key -> estimator -> per-network costs
     samples: dict[str, list[float]] = {}
@@ -590,7 +616,8 @@ def protocol_name(device: torch.device, settings: TableSettings) -> str:
     """How the entries of a cache file were timed (part of its condition)."""
     if settings.entries == "context":
         return f"context-{settings.runs_per_round}"
-    return f"round-robin-{settings.runs_per_round}" + (f"-{settings.cuda_timing}" if device.type == "cuda" else "")
+    return f"round-robin-speed-{settings.runs_per_round}" + (f"-{settings.cuda_timing}" if device.type == "cuda"
+                                                              else "")
 
 
 def condition_key(device: torch.device, dtype: torch.dtype, batch_size: int, input_size: Sequence[int],
@@ -894,7 +921,7 @@ def build_table(
                         wanted = {p.key for p in missing}
                         records = {k: v for k, v in records.items() if k in wanted}
                     else:
-                        records = measure_rounds(missing, dev, settings)
+                        records = measure_rounds(missing, dev, settings, reference=fixed)
                     known = _store(cache, records, known)
     measured = {p.key for p in missing}
     sources = {p.key: "measured" if p.key in measured else "cached" for p in pending}
