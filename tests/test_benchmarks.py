@@ -226,3 +226,20 @@ def test_prune_quality_quick_computes_its_verdicts(tmp_path):
     again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "work" / "cells").glob("*.json"))] == stamps
+
+
+@pytest.mark.slow
+def test_runtime_diagnosis_times_the_same_network_whole_and_segment_by_segment(tmp_path):
+    """The diagnosis runs each plan's network as one onnxruntime program and as one program per segment; it refuses
+    to time a segment-by-segment network that computes something else (checked inside), and reports both."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.runtime_diagnosis", "--model", "mobilenetv2_035",
+                           "--runtime", "onnxruntime", "--input-size", "32", "--plans", "0,1", "--rounds", "3",
+                           "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "runtime_diagnosis_mobilenetv2_035_onnxruntime.json").read_text())
+    assert [r["network"] for r in result["rows"]] == ["original", "plan 0", "plan 1"]
+    for row in result["rows"]:
+        assert row["whole_ms"] > 0 and row["segmented_ms"] > 0
+        assert row["anchored_error"] == pytest.approx(row["predicted_anchored_ms"] / row["whole_ms"] - 1)
+    assert result["rows"][0]["anchored_error"] == pytest.approx(0.0, abs=1e-9)
+    assert "| plan 1 |" in proc.stdout

@@ -93,10 +93,11 @@ class TableSettings:
         few probe networks that together use every variant, timed in interleaved rounds with hooks at the segment
         boundaries), so each entry starts from the cache and CPU state the network leaves it in and the fixed part
         is what the network spends outside its segments; ``isolated`` times each entry alone on its captured
-        inputs, all entries in interleaved rounds (:func:`measure_rounds`), and the fixed part as the network
-        with its segments replaced by replays; ``auto``: context on the CPU in eager, isolated on CUDA (where the
-        ``cuda_timing`` protocol applies) and in every other runtime. docs/latency.md has the measurements behind
-        the choice.
+        inputs, all entries in interleaved rounds (:func:`measure_rounds`, with the machine's drift divided out by
+        the fixed part's network timed in every round), and the fixed part as the network with its segments
+        replaced by replays (outside eager: the whole network less its intact segments); ``auto``: context on the
+        CPU in eager, isolated on CUDA (where the ``cuda_timing`` protocol applies) and in every other runtime.
+        docs/latency.md has the measurements behind the choice.
 
     warmup_s: one warm-up of the whole network before the first entry (CPU speed settles over seconds).
     entry_warmup_s: untimed calls of each entry (each probe network in context) before the rounds.
