@@ -36,6 +36,7 @@ from zoo.latency.context import ContextBench, hook_overhead_ms
 from zoo.latency.device import timing_context
 from zoo.latency.measure import Bench, measured_form, prepare, time_rounds
 from zoo.latency.runtime import check_runtime, in_runtime
+from zoo.latency.table import capture_segments
 from zoo.surgery import build_segment
 
 
@@ -50,29 +51,17 @@ class Program(nn.Module):
         return torch.as_tensor(self.call(x)[0])
 
 
-def segment_inputs(net: nn.Module, names: list[str], example: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Each segment's input inside `net` (one hooked forward)."""
-    seen: dict[str, torch.Tensor] = {}
-    handles = [net.get_submodule(n).register_forward_pre_hook(
-        lambda _m, args, n=n: seen.__setitem__(n, args[0].clone())) for n in names]
-    net(example)
-    for handle in handles:
-        handle.remove()
-    return seen
-
-
 def segmented(table: Any, plan: dict[str, Any], runtime: str, device: torch.device) -> nn.Module:
     """The plan's network with every kept segment replaced by its own program in `runtime` (checked: it computes
     what the plan's network computes, within 1e-4 relative)."""
     eager = pruned_network(table, plan)
     net = copy.deepcopy(eager)
-    names = [seg.name for seg in table.segments]
-    inputs = segment_inputs(net, names, table.example)
-    for seg, variant in zip(table.segments, table.variants_of(plan)):
+    captures = capture_segments(net, table.segments, table.example, {})  # each segment's input inside the network
+    for seg, variant, capture in zip(table.segments, table.variants_of(plan), captures):
         module = prepare(measured_form(build_segment(table.model, seg, variant, table.merge), table.settings), device,
                          False)
         if not isinstance(module, nn.Identity):
-            net.set_submodule(seg.name, Program(in_runtime(module, (inputs[seg.name],), {}, runtime, device, 1,
+            net.set_submodule(seg.name, Program(in_runtime(module, capture.args, {}, runtime, device, 1,
                                                            what=seg.name)))
     want, got = eager(table.example), net(table.example)
     error = float((got - want).abs().max() / want.abs().max())
