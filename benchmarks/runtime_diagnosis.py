@@ -51,10 +51,9 @@ class Program(nn.Module):
         return torch.as_tensor(self.call(x)[0])
 
 
-def segmented(table: Any, plan: dict[str, Any], runtime: str, device: torch.device) -> nn.Module:
-    """The plan's network with every kept segment replaced by its own program in `runtime` (checked: it computes
-    what the plan's network computes, within 1e-4 relative)."""
-    eager = pruned_network(table, plan)
+def segmented(table: Any, eager: nn.Module, plan: dict[str, Any], runtime: str, device: torch.device) -> nn.Module:
+    """The plan's network (`eager`) with every kept segment replaced by its own program in `runtime` (a copy, checked:
+    it computes what `eager` computes, within 1e-4 relative)."""
     net = copy.deepcopy(eager)
     captures = capture_segments(net, table.segments, table.example, {})  # each segment's input inside the network
     for seg, variant, capture in zip(table.segments, table.variants_of(plan), captures):
@@ -84,10 +83,11 @@ def diagnose(model: str, runtime: str, picks: list[int], n_plans: int = 20, roun
     with timing_context(device, torch.float32, 1):
         pairs = []
         for label, plan in chosen:
-            whole = in_runtime(pruned_network(table, plan), (table.example,), {}, runtime, device, 1, what=label)
+            eager = pruned_network(table, plan)
+            whole = in_runtime(eager, (table.example,), {}, runtime, device, 1, what=label)
             pairs.append((Bench(whole, (table.example,), {}, device, False, table.settings.clock),
-                          ContextBench(segmented(table, plan, runtime, device), names, (table.example,), {}, device,
-                                       table.settings.clock)))
+                          ContextBench(segmented(table, eager, plan, runtime, device), names, (table.example,), {},
+                                       device, table.settings.clock)))
         benches = [b for pair in pairs for b in pair]
         for bench in benches:
             bench.warmup(1.0)

@@ -127,7 +127,7 @@ class LatencyStats:
                 f"on {self.device_name} [{self.dtype}, batch {self.batch_size}, {self.threads} thread(s)]")
 
 
-def robust_summary(times_ms: Sequence[float]) -> dict[str, float]:
+def robust_summary(times_ms: Sequence[float] | np.ndarray) -> dict[str, float]:
     """Median, IQR, MAD, mean, min, 10th percentile and the median's relative standard error of a sample."""
     t = np.asarray(times_ms, dtype=np.float64)
     if t.size == 0:

@@ -335,7 +335,7 @@ def measure_rounds(pending: Sequence[Pending], device: torch.device, settings: T
             continue
         times = np.asarray(bench.times_ms) if speed is None else np.asarray(bench.times_ms) / speed
         mem, estimated = peak_memory(p.module, p.capture.args, p.capture.kwargs, device)
-        records[p.key] = {**robust_summary(times.tolist()), "n_runs": len(bench.times_ms), "cap_hit": cap_hit,
+        records[p.key] = {**robust_summary(times), "n_runs": len(bench.times_ms), "cap_hit": cap_hit,
                           "runtime_build_s": getattr(call, "build_s", 0.0),
                           "time_s": bench.time_s, "peak_mem_bytes": mem, "mem_estimated": estimated,
                           "what": p.what, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
