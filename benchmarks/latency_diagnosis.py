@@ -17,6 +17,8 @@ gap is drift between the build and the networks' measurement rather than isolati
 
     python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --batch-size 1 --plans 6 [--entries isolated]
     python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --drift 120   # the machine's own speed over time
+    python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --hooks 100   # the build's level vs a session's
+    python -m benchmarks.latency_diagnosis --model tresnet_m --sessions 2 --plans 12   # one table, K sessions
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from zoo.latency import CalibrationSettings, TableSettings, build_table, random_plans
+from zoo.latency import CalibrationSettings, TableSettings, build_table, evaluate, random_plans
 from zoo.latency.calibrate import pruned_network
 from zoo.latency.context import ContextBench, hook_overhead_ms
 from zoo.latency.device import timing_context
-from zoo.latency.measure import time_rounds
+from zoo.latency.measure import Bench, time_rounds
 from zoo.latency.table import estimator_runs, variant_label
 
 RESULTS = Path(__file__).parent / "results"
@@ -163,6 +165,53 @@ def drift_trace(model: str, seconds: float, batch_size: int = 1, window_s: float
     return rows
 
 
+def hook_check(model: str, rounds: int, batch_size: int = 1, input_size: int | None = None,
+               settings: TableSettings | None = None) -> dict[str, Any]:
+    """A cold table, then its intact network timed plain and with the segment hooks (a copy), interleaved for
+    `rounds` rounds: what the hooks cost, and how far the table's prediction of the original sits above the same
+    hooked network timed outside the build (the build's own level: probe networks between its runs)."""
+    settings = settings or TableSettings()
+    with tempfile.TemporaryDirectory() as cache_dir:
+        table = build_table(model, batch_size=batch_size, input_size=input_size, device="cpu", cache_dir=cache_dir,
+                            settings=settings)
+    plain = pruned_network(table, {"remove": [], "merge": table.merge})
+    hooked = pruned_network(table, {"remove": [], "merge": table.merge})
+    device, names = torch.device("cpu"), [seg.name for seg in table.segments]
+    with timing_context(device, torch.float32, settings.threads):
+        benches = [Bench(plain, (table.example,), table.forward_kwargs, device, False, settings.clock),
+                   ContextBench(hooked, names, (table.example,), table.forward_kwargs, device, settings.clock)]
+        benches[0].warmup(settings.warmup_s)
+        benches[1].warmup(settings.entry_warmup_s)
+        time_rounds(benches, (rounds, rounds), 1, 0.0, float("inf"), together=True)
+        benches[1].close()
+    est = settings.estimator
+    plain_ms, hooked_ms = (estimate(b.times_ms, est) for b in benches)
+    table_ms = table.predict({"remove": [], "merge": table.merge}, corrected=False)
+    subtracted_ms = hook_overhead_ms(device, settings.clock) * len(names)
+    return {"model": model, "batch_size": batch_size, "estimator": est, "rounds": rounds, "segments": len(names),
+            "table_ms": table_ms, "plain_ms": plain_ms, "hooked_ms": hooked_ms, "hooks_cost": hooked_ms / plain_ms - 1,
+            "hooks_subtracted_ms": subtracted_ms, "table_over_plain": table_ms / plain_ms - 1,
+            "table_over_hooked": (table_ms + subtracted_ms) / hooked_ms - 1, "table_s": table.build_s}
+
+
+def session_check(model: str, sessions: int, plans: int, seed: int, batch_size: int = 1,
+                  input_size: int | None = None, settings: TableSettings | None = None,
+                  calib: CalibrationSettings | None = None) -> list[dict[str, Any]]:
+    """One cold table, then the same `plans` random plans (``random_plans(seed)``; the benchmark's held-out plans
+    are seed 2) measured in `sessions` evaluation sessions one after the other: per session and plan the measured ms
+    and the anchored error. A plan whose own time moves between sessions bounds what any table can predict."""
+    with tempfile.TemporaryDirectory() as cache_dir:
+        table = build_table(model, batch_size=batch_size, input_size=input_size, device="cpu", cache_dir=cache_dir,
+                            settings=settings or TableSettings())
+    chosen = random_plans(table.segments, plans, seed=seed)
+    rows = []
+    for session in range(sessions):
+        evaluation = evaluate(table, chosen, calib or CalibrationSettings(max_rounds=60, max_time_s=240.0))
+        rows += [{"session": session, "network": r.label, "removed": r.plan.get("remove", []),
+                  "measured_ms": r.measured_ms, "anchored_error": r.anchored_error()} for r in evaluation.results]
+    return rows
+
+
 def report(result: dict[str, Any], top: int = 12) -> str:
     lines = [f"## {result['model']}, batch {result['batch_size']}, {result['clock']} clock, {result['estimator']}",
              f"fixed part {result['fixed_ms']:.3f} ms, call overhead {result['overhead_ms'] * 1e3:.1f} us, hook pair "
@@ -199,7 +248,26 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--drift", type=float, default=0.0, metavar="SECONDS",
                         help="instead: run the network back to back this long and print its speed per 10-s window")
+    parser.add_argument("--hooks", type=int, default=0, metavar="ROUNDS",
+                        help="instead: a cold table, then its intact network plain and hooked for this many rounds")
+    parser.add_argument("--sessions", type=int, default=0,
+                        help="instead: one cold table, then the same --plans (--seed) in this many sessions")
     args = parser.parse_args()
+    if args.sessions > 0:
+        rows = session_check(args.model, args.sessions, args.plans, args.seed, args.batch_size, args.input_size)
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"latency_sessions_{args.model}_b{args.batch_size}.json").write_text(json.dumps(rows, indent=1))
+        print("| session | network | removed | measured ms | anchored error |\n|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['session']} | {r['network']} | {len(r['removed'])} | {r['measured_ms']:.2f} "
+                  f"| {r['anchored_error']:+.1%} |")
+        return
+    if args.hooks > 0:
+        result = hook_check(args.model, args.hooks, args.batch_size, args.input_size)
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"latency_hooks_{args.model}_b{args.batch_size}.json").write_text(json.dumps(result, indent=1))
+        print("\n".join(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}" for k, v in result.items()))
+        return
     if args.drift > 0:
         rows = drift_trace(args.model, args.drift, args.batch_size, clock=args.clock)
         print("| from s | runs | min ms | p10 ms | median ms |\n|---|---|---|---|---|")

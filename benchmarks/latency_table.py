@@ -1,9 +1,10 @@
 """Latency lookup tables, run after run: N cold builds per model and the distribution of their prediction errors.
 
-For each model and each of `repeats` repetitions: build the table into a fresh cache (cold), build it again (cached:
-nothing measured), then measure the original (twice: the noise floor), a few calibration plans and `plans` other
-random plans end to end in one interleaved session; fit a correction on the calibration plans and compare the
-table's raw, anchored and corrected predictions with the other plans' measurements.
+For each model and each of `repeats` repetitions, in a fresh process (as each ``prune.py`` run is): build the table
+into a fresh cache (cold), build it again (cached: nothing measured), then measure the original (twice: the noise
+floor), a few calibration plans and `plans` other random plans end to end in one interleaved session; fit a
+correction on the calibration plans and compare the table's raw, anchored and corrected predictions with the other
+plans' measurements.
 A build passes when its raw error stays within the target, max(3 %, 1.5 x that build's noise floor), for the mean
 and for the worst plan; a model passes when at least 9 in 10 of its builds do.
 
@@ -18,9 +19,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import statistics
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -74,13 +77,22 @@ def one_build(name: str, device: str, batch_size: int, size: Any, settings: Tabl
             "session_s": evaluation.time_s}
 
 
+def in_fresh_process(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a new Python process (spawned), as a user's ``prune.py`` run builds its table: cold builds
+    that shared one process predicted slower and slower networks (MobileNetV2's original: 14.0 ms in the first
+    build, 15.2-16.3 ms in later ones, while it measured 13.4-14.8 ms; docs/latency.md)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def bench_model(name: str, device: str, batch_size: int, input_size: int | None, settings: TableSettings,
                 n_plans: int, n_calib: int, repeats: int, quick: bool) -> dict[str, Any]:
     """`repeats` cold builds of one model's table and the distribution of their errors."""
     calib = CalibrationSettings(warmup_s=0.2, min_rounds=3, max_rounds=5) if quick else CalibrationSettings(
         max_rounds=60, max_time_s=240.0)
     size = None if zoo.get_entry(name).family == "retnet" else input_size
-    builds = [one_build(name, device, batch_size, size, settings, calib, n_plans, n_calib, r) for r in range(repeats)]
+    builds = [in_fresh_process(one_build, name, device, batch_size, size, settings, calib, n_plans, n_calib, r)
+              for r in range(repeats)]
     passed, anchored = sum(b["passed"] for b in builds), sum(b["passed_anchored"] for b in builds)
 
     def dist(key: str) -> dict[str, float]:

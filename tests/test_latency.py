@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -437,11 +438,11 @@ def test_probe_networks_use_every_variant_and_estimator_windows_add_up(table) ->
 
 
 def test_cpu_tables_time_entries_in_context_by_default_and_isolated_on_request(table, tmp_path: Path) -> None:
-    assert table.condition["protocol"] == "context-1" and table.settings.entries == "context"
+    assert table.condition["protocol"] == "context-level-1" and table.settings.entries == "context"
     assert table.overhead_ms == 0.0 and table.fixed_raw_ms > 0
     isolated = build_table(MODEL, input_size=SIZE, device="cpu", cache_dir=str(tmp_path),
                            settings=replace(FAST, entries="isolated"))
-    assert isolated.condition["protocol"] == "round-robin-speed-1" and isolated.overhead_ms > 0
+    assert isolated.condition["protocol"] == "round-robin-level-1" and isolated.overhead_ms > 0
     assert len(list(tmp_path.glob("*.json"))) == 1  # one cache file per protocol: the context one is elsewhere
     with pytest.raises(ValueError, match="entries timing"):
         TableSettings(entries="sometimes")
@@ -466,7 +467,7 @@ def test_evaluation_anchors_predictions_to_the_original_measured_in_the_same_ses
 
 
 def test_diagnosis_splits_each_networks_error_into_segments_and_rest() -> None:
-    from benchmarks.latency_diagnosis import diagnose, drift_trace, report
+    from benchmarks.latency_diagnosis import diagnose, drift_trace, hook_check, report, session_check
 
     quick = replace(FAST, entries="isolated")
     calib = zoo.latency.CalibrationSettings(warmup_s=0.05, net_warmup_s=0.0, min_rounds=5, max_rounds=5)
@@ -477,6 +478,13 @@ def test_diagnosis_splits_each_networks_error_into_segments_and_rest() -> None:
         assert n["error"] == pytest.approx(n["predicted_ms"] / n["measured_ms"] - 1)
     assert result["networks"][0]["anchored_error"] == pytest.approx(0.0)
     assert "| original |" in report(result)
+    check = hook_check(MODEL, 5, 1, SIZE, replace(FAST, entries="context"))
+    assert check["segments"] > 0 and check["plain_ms"] > 0 and check["hooked_ms"] > 0
+    assert check["table_over_plain"] == pytest.approx(check["table_ms"] / check["plain_ms"] - 1)
+    sessions = session_check(MODEL, 2, 2, 0, 1, SIZE, replace(FAST, entries="context"), calib)
+    assert [r["session"] for r in sessions] == [0, 0, 0, 1, 1, 1]
+    assert sessions[0]["network"] == "original" and sessions[0]["anchored_error"] == pytest.approx(0.0)
+    assert sessions[1]["removed"] == sessions[4]["removed"]  # the same plans in every session
     rows = drift_trace(MODEL, 1.0, window_s=0.5)
     assert rows and all(r["min_ms"] <= r["p10_ms"] <= r["median_ms"] for r in rows)
 
@@ -496,9 +504,10 @@ class _Slowed(torch.nn.Module):
 
 
 def test_isolated_rounds_divide_the_machines_drift_out_by_the_reference_network():
-    """A machine twice as slow in the last 60 % of the rounds: an entry of 2 ms (4 ms when slow) must be recorded
-    at the build's median speed (4 ms, the slow state here) in every statistic, so its p10 and median agree with
-    the reference's scale; timed without the reference, its p10 is the fast state's 2 ms."""
+    """A machine twice as slow in the last 60 % of the rounds: an entry of 2 ms (4 ms when slow). Divided by the
+    reference's speed, its runs lose the drift (an IQR of about 0, where the raw runs' is 2 ms), and each
+    statistic is put back at the speed that statistic picks from the reference's raw runs: p10 at the fast state
+    (2 ms, as a whole network measured end to end reports it), the median at the slow one (4 ms)."""
     from zoo.latency.device import timing_context
     from zoo.latency.table import Capture, Pending, measure_rounds
 
@@ -514,7 +523,17 @@ def test_isolated_rounds_divide_the_machines_drift_out_by_the_reference_network(
 
     steady = records(True)["entry"]
     assert set(steady) >= {"p10_ms", "median_ms"} and "ref" not in records(True)
-    assert steady["p10_ms"] == pytest.approx(4.0, rel=0.15) and steady["median_ms"] == pytest.approx(4.0, rel=0.15)
-    assert steady["speed_range"][0] == pytest.approx(0.5, rel=0.15)
-    drifting = records(False)["entry"]
-    assert drifting["p10_ms"] == pytest.approx(2.0, rel=0.2) and "speed_range" not in drifting
+    assert steady["p10_ms"] == pytest.approx(2.0, rel=0.15) and steady["median_ms"] == pytest.approx(4.0, rel=0.15)
+    assert steady["iqr_ms"] < 0.5 and steady["speed_range"][0] == pytest.approx(0.5, rel=0.15)
+    assert "speed_range" not in records(False)["entry"]  # nothing to divide by without the reference
+
+
+def test_speed_levels_put_each_estimator_back_where_the_raw_reference_has_it():
+    """A reference at 10 ms for 30 rounds, then 20 % slower for 70: divided by its speed every run is at the median
+    (slow) state; the levels bring p10 and min back to the fast state and leave the median where it is."""
+    from zoo.latency.table import machine_speed, speed_levels
+
+    raw = np.r_[np.full(30, 10.0), np.full(70, 12.0)] + np.random.default_rng(0).uniform(0, 0.01, 100)
+    levels = speed_levels(raw, machine_speed(raw, 1))
+    assert levels["p10"] == pytest.approx(10 / 12, rel=0.01) and levels["min"] == pytest.approx(10 / 12, rel=0.01)
+    assert levels["median"] == pytest.approx(1.0, rel=0.01)

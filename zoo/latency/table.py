@@ -311,9 +311,10 @@ def measure_rounds(pending: Sequence[Pending], device: torch.device, settings: T
     With a `reference` (the network-sized entry behind the fixed part: the replay network in eager, the whole
     network elsewhere), drift inside the build is divided out as in context (:func:`measure_in_context`): the
     reference runs first in every round (timed even when it is cached), every entry runs in every round until all
-    have converged, and each round's runs are divided by that round's :func:`machine_speed` from the reference. The
-    records hold times at the build's median speed, so the fixed part (whole less intact segments) and the entries
-    describe one machine state.
+    have converged, and each round's runs are divided by that round's :func:`machine_speed` from the reference. Each
+    estimator's statistic is then put back at the speed that statistic picks out of the reference's raw runs
+    (:func:`speed_levels`; p10: the machine's fast state, as a whole network measured end to end reports it), so
+    the fixed part (whole less intact segments) and the entries describe one machine state.
     """
     queued = settings.cuda_timing == "queued"
     timed = list(pending)
@@ -328,14 +329,17 @@ def measure_rounds(pending: Sequence[Pending], device: torch.device, settings: T
     caps = time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round,
                        settings.rel_tol, settings.max_time_s, together=reference is not None)
     speed = per_run_speed(benches[0].times_ms, settings.runs_per_round) if reference is not None else None
+    levels = speed_levels(benches[0].times_ms, speed) if speed is not None else {}
     wanted = {p.key for p in pending}
     records = {}
     for p, bench, cap_hit, call in zip(timed, benches, caps, calls):
         if p.key not in wanted:
             continue
         times = np.asarray(bench.times_ms) if speed is None else np.asarray(bench.times_ms) / speed
+        summary = robust_summary(times)
+        summary.update({f"{est}_ms": summary[f"{est}_ms"] * level for est, level in levels.items()})
         mem, estimated = peak_memory(p.module, p.capture.args, p.capture.kwargs, device)
-        records[p.key] = {**robust_summary(times), "n_runs": len(bench.times_ms), "cap_hit": cap_hit,
+        records[p.key] = {**summary, "n_runs": len(bench.times_ms), "cap_hit": cap_hit,
                           "runtime_build_s": getattr(call, "build_s", 0.0),
                           "time_s": bench.time_s, "peak_mem_bytes": mem, "mem_estimated": estimated,
                           "what": p.what, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -373,6 +377,21 @@ def machine_speed(reference_ms: Sequence[float], runs_per_round: int, span: int 
     return smooth / np.median(smooth)
 
 
+def speed_levels(reference_ms: Sequence[float], speed: np.ndarray) -> dict[str, float]:
+    """Per estimator: where its runs of the reference sit raw, over where they sit once divided by the machine's speed
+    (the mean over the estimator's window of runs, :func:`estimator_runs`).
+
+    Dividing by :func:`machine_speed` puts every run at the build's median speed. A whole network measured end to
+    end (calibration, ``prune.py``) reports the estimator of its raw runs, which on a drifting machine sits at the
+    speed of its fast rounds (p10, min). Multiplying by this level puts the entries at that same speed, so a table
+    and a measurement report the same machine state (docs/latency.md).
+    """
+    raw = np.asarray(reference_ms, dtype=np.float64)
+    normalised = raw / speed
+    return {est: float(raw[estimator_runs(raw, est)].mean() / normalised[estimator_runs(normalised, est)].mean())
+            for est in ESTIMATORS}
+
+
 def per_run_speed(reference_ms: Sequence[float], runs_per_round: int) -> np.ndarray:
     """:func:`machine_speed` repeated for each run of a round: what every bench's runs of that round divide by."""
     return np.repeat(machine_speed(reference_ms, runs_per_round), runs_per_round)
@@ -386,8 +405,9 @@ def measure_in_context(model: nn.Module, segs: Sequence[Segment], keys: Sequence
     The intact network and the probe networks (:func:`probe_variants`) run in interleaved rounds, every network
     once per round (``runs_per_round`` times), with a hook pair at every segment boundary
     (:class:`~zoo.latency.context.ContextBench`). The machine's speed drifts over seconds (docs/latency.md), so each
-    round's runs are divided by that round's :func:`machine_speed`, from the intact network: the table holds
-    times at the build's median speed. For each estimator, a part's cost is its mean over the runs in the
+    round's runs are divided by that round's :func:`machine_speed`, from the intact network, and each estimator's
+    costs are put back at the speed that estimator picks out of the intact network's raw runs
+    (:func:`speed_levels`). For each estimator, a part's cost is its mean over the runs in the
     estimator's window of its network's totals (:func:`estimator_runs`), so a network's parts add up to its
     estimated total; entries met in several networks (or segments) average their per-network costs. The fixed
     part is the time outside the segments, less the hooks' own cost (:func:`~zoo.latency.context.hook_overhead_ms`).
@@ -411,6 +431,7 @@ def measure_in_context(model: nn.Module, segs: Sequence[Segment], keys: Sequence
         for bench in benches:
             bench.close()
     speed = per_run_speed(benches[0].times_ms, settings.runs_per_round)
+    levels = speed_levels(benches[0].times_ms, speed)
     hooks_ms = hook_overhead_ms(device, settings.clock) * len(names)
     parts: dict[str, dict[str, list[float]]] = {}  # key -> estimator -> per-network costs
     samples: dict[str, list[float]] = {}
@@ -421,7 +442,7 @@ def measure_in_context(model: nn.Module, segs: Sequence[Segment], keys: Sequence
         for key, times in series:
             values = np.asarray(times) / speed
             for est, runs in windows.items():
-                parts.setdefault(key, {}).setdefault(est, []).append(max(0.0, float(values[runs].mean())))
+                parts.setdefault(key, {}).setdefault(est, []).append(max(0.0, float(values[runs].mean()) * levels[est]))
             samples.setdefault(key, []).extend(values.tolist())
     stamp, spent = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter() - start
     logger.info("latency table: %d networks x %d rounds in %.0f s; machine speed ranged %.2f-%.2f of its median",
@@ -616,8 +637,8 @@ class LatencyTable:
 def protocol_name(device: torch.device, settings: TableSettings) -> str:
     """How the entries of a cache file were timed (part of its condition)."""
     if settings.entries == "context":
-        return f"context-{settings.runs_per_round}"
-    return f"round-robin-speed-{settings.runs_per_round}" + (f"-{settings.cuda_timing}" if device.type == "cuda"
+        return f"context-level-{settings.runs_per_round}"
+    return f"round-robin-level-{settings.runs_per_round}" + (f"-{settings.cuda_timing}" if device.type == "cuda"
                                                               else "")
 
 
