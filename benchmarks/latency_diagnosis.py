@@ -180,10 +180,12 @@ def hook_check(model: str, rounds: int, batch_size: int = 1, input_size: int | N
     with timing_context(device, torch.float32, settings.threads):
         benches = [Bench(plain, (table.example,), table.forward_kwargs, device, False, settings.clock),
                    ContextBench(hooked, names, (table.example,), table.forward_kwargs, device, settings.clock)]
-        benches[0].warmup(settings.warmup_s)
-        benches[1].warmup(settings.entry_warmup_s)
-        time_rounds(benches, (rounds, rounds), 1, 0.0, float("inf"), together=True)
-        benches[1].close()
+        try:
+            benches[0].warmup(settings.warmup_s)
+            benches[1].warmup(settings.entry_warmup_s)
+            time_rounds(benches, (rounds, rounds), 1, 0.0, float("inf"), together=True)
+        finally:
+            benches[1].close()
     est = settings.estimator
     plain_ms, hooked_ms = (estimate(b.times_ms, est) for b in benches)
     table_ms = table.predict({"remove": [], "merge": table.merge}, corrected=False)
@@ -253,8 +255,12 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=0,
                         help="instead: one cold table, then the same --plans (--seed) in this many sessions")
     args = parser.parse_args()
+    settings = TableSettings(clock=args.clock, estimator=args.estimator)
+    if args.entries:
+        settings = replace(settings, entries=args.entries)
     if args.sessions > 0:
-        rows = session_check(args.model, args.sessions, args.plans, args.seed, args.batch_size, args.input_size)
+        rows = session_check(args.model, args.sessions, args.plans, args.seed, args.batch_size, args.input_size,
+                             settings)
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / f"latency_sessions_{args.model}_b{args.batch_size}.json").write_text(json.dumps(rows, indent=1))
         print("| session | network | removed | measured ms | anchored error |\n|---|---|---|---|---|")
@@ -263,7 +269,8 @@ def main() -> None:
                   f"| {r['anchored_error']:+.1%} |")
         return
     if args.hooks > 0:
-        result = hook_check(args.model, args.hooks, args.batch_size, args.input_size)
+        result = hook_check(args.model, args.hooks, args.batch_size, args.input_size,
+                            replace(settings, entries="context"))
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / f"latency_hooks_{args.model}_b{args.batch_size}.json").write_text(json.dumps(result, indent=1))
         print("\n".join(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}" for k, v in result.items()))
@@ -274,9 +281,6 @@ def main() -> None:
         for r in rows:
             print(f"| {r['from_s']:.0f} | {r['runs']} | {r['min_ms']:.3f} | {r['p10_ms']:.3f} | {r['median_ms']:.3f} |")
         return
-    settings = TableSettings(clock=args.clock, estimator=args.estimator)
-    if args.entries:
-        settings = replace(settings, entries=args.entries)
     calib = CalibrationSettings(max_rounds=60, max_time_s=180.0)
     if args.quick:
         settings = replace(settings, warmup_s=0.3, min_rounds=3, max_rounds=5)

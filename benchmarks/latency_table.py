@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import multiprocessing
+import os
 import statistics
 import tempfile
 import time
@@ -74,7 +75,7 @@ def one_build(name: str, device: str, batch_size: int, size: Any, settings: Tabl
             "passed": max(stats["mean_abs_error_raw"], stats["max_abs_error_raw"]) <= limit,
             "passed_anchored": max(stats["mean_abs_error_anchored"], stats["max_abs_error_anchored"]) <= limit,
             "corrected_no_worse": stats["mean_abs_error_corrected"] <= stats["mean_abs_error_raw"] + 1e-12,
-            "session_s": evaluation.time_s}
+            "session_s": evaluation.time_s, "pid": os.getpid()}
 
 
 def in_fresh_process(fn: Any, *args: Any) -> Any:

@@ -276,6 +276,7 @@ def test_benchmark_quick_smoke(tmp_path: Path) -> None:
     result = run(quick=True, out=tmp_path / "latency_table.json")
     row = result["rows"][0]
     assert row["repeats"] == len(row["builds"]) == 2 and row["clock"] == "wall" and row["entries_timing"] == "auto"
+    assert len({build["pid"] for build in row["builds"]} | {os.getpid()}) == 3  # every build in a process of its own
     for build in row["builds"]:
         assert build["cached_measured"] == 0 and build["entries"] > 0
         limit = max(0.03, 1.5 * build["noise_floor"])  # the verdict is computed from the target
@@ -479,12 +480,13 @@ def test_diagnosis_splits_each_networks_error_into_segments_and_rest() -> None:
     assert result["networks"][0]["anchored_error"] == pytest.approx(0.0)
     assert "| original |" in report(result)
     check = hook_check(MODEL, 5, 1, SIZE, replace(FAST, entries="context"))
-    assert check["segments"] > 0 and check["plain_ms"] > 0 and check["hooked_ms"] > 0
-    assert check["table_over_plain"] == pytest.approx(check["table_ms"] / check["plain_ms"] - 1)
+    assert check["segments"] > 0 and 0 < check["table_ms"]
+    assert 0.5 < check["hooked_ms"] / check["plain_ms"] < 2  # the same network, hooked or not
     sessions = session_check(MODEL, 2, 2, 0, 1, SIZE, replace(FAST, entries="context"), calib)
-    assert [r["session"] for r in sessions] == [0, 0, 0, 1, 1, 1]
-    assert sessions[0]["network"] == "original" and sessions[0]["anchored_error"] == pytest.approx(0.0)
-    assert sessions[1]["removed"] == sessions[4]["removed"]  # the same plans in every session
+    assert [(r["session"], r["network"]) for r in sessions] == [
+        (s, n) for s in (0, 1) for n in ("original", "plan 0", "plan 1")]
+    assert all(r["removed"] for r in sessions if r["network"] != "original")  # pruned plans, measured twice
+    assert sessions[1]["measured_ms"] != sessions[4]["measured_ms"]  # two sessions, two measurements
     rows = drift_trace(MODEL, 1.0, window_s=0.5)
     assert rows and all(r["min_ms"] <= r["p10_ms"] <= r["median_ms"] for r in rows)
 

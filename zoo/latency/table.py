@@ -314,7 +314,8 @@ def measure_rounds(pending: Sequence[Pending], device: torch.device, settings: T
     have converged, and each round's runs are divided by that round's :func:`machine_speed` from the reference. Each
     estimator's statistic is then put back at the speed that statistic picks out of the reference's raw runs
     (:func:`speed_levels`; p10: the machine's fast state, as a whole network measured end to end reports it), so
-    the fixed part (whole less intact segments) and the entries describe one machine state.
+    the fixed part (whole less intact segments) and the entries timed in one call describe one machine state
+    (entries reused from the cache keep the level of the build that timed them).
     """
     queued = settings.cuda_timing == "queued"
     timed = list(pending)
@@ -384,7 +385,8 @@ def speed_levels(reference_ms: Sequence[float], speed: np.ndarray) -> dict[str, 
     Dividing by :func:`machine_speed` puts every run at the build's median speed. A whole network measured end to
     end (calibration, ``prune.py``) reports the estimator of its raw runs, which on a drifting machine sits at the
     speed of its fast rounds (p10, min). Multiplying by this level puts the entries at that same speed, so a table
-    and a measurement report the same machine state (docs/latency.md).
+    and a measurement report the same machine state (docs/latency.md). Only these statistics are levelled; a
+    record's mean, IQR and MAD stay at the median speed.
     """
     raw = np.asarray(reference_ms, dtype=np.float64)
     normalised = raw / speed
