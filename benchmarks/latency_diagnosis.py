@@ -165,15 +165,20 @@ def drift_trace(model: str, seconds: float, batch_size: int = 1, window_s: float
     return rows
 
 
+def cold_table(model: str, batch_size: int, input_size: int | None, settings: TableSettings) -> Any:
+    """A table built on the CPU into a fresh cache (every entry measured now)."""
+    with tempfile.TemporaryDirectory() as cache_dir:
+        return build_table(model, batch_size=batch_size, input_size=input_size, device="cpu", cache_dir=cache_dir,
+                           settings=settings)
+
+
 def hook_check(model: str, rounds: int, batch_size: int = 1, input_size: int | None = None,
                settings: TableSettings | None = None) -> dict[str, Any]:
     """A cold table, then its intact network timed plain and with the segment hooks (a copy), interleaved for
     `rounds` rounds: what the hooks cost, and how far the table's prediction of the original sits above the same
     hooked network timed outside the build (the build's own level: probe networks between its runs)."""
     settings = settings or TableSettings()
-    with tempfile.TemporaryDirectory() as cache_dir:
-        table = build_table(model, batch_size=batch_size, input_size=input_size, device="cpu", cache_dir=cache_dir,
-                            settings=settings)
+    table = cold_table(model, batch_size, input_size, settings)
     plain = pruned_network(table, {"remove": [], "merge": table.merge})
     hooked = pruned_network(table, {"remove": [], "merge": table.merge})
     device, names = torch.device("cpu"), [seg.name for seg in table.segments]
@@ -202,9 +207,7 @@ def session_check(model: str, sessions: int, plans: int, seed: int, batch_size: 
     """One cold table, then the same `plans` random plans (``random_plans(seed)``; the benchmark's held-out plans
     are seed 2) measured in `sessions` evaluation sessions one after the other: per session and plan the measured ms
     and the anchored error. A plan whose own time moves between sessions bounds what any table can predict."""
-    with tempfile.TemporaryDirectory() as cache_dir:
-        table = build_table(model, batch_size=batch_size, input_size=input_size, device="cpu", cache_dir=cache_dir,
-                            settings=settings or TableSettings())
+    table = cold_table(model, batch_size, input_size, settings or TableSettings())
     chosen = random_plans(table.segments, plans, seed=seed)
     rows = []
     for session in range(sessions):
