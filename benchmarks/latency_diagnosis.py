@@ -19,6 +19,7 @@ gap is drift between the build and the networks' measurement rather than isolati
     python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --drift 120   # the machine's own speed over time
     python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --hooks 100   # the build's level vs a session's
     python -m benchmarks.latency_diagnosis --model tresnet_m --sessions 2 --plans 12   # one table, K sessions
+    python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --neighbours 6   # the previous network's effect
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def time_in_context(table: Any, plans: list[dict[str, Any]], calib: CalibrationS
         benches[0].warmup(calib.warmup_s)
         for bench in benches:
             bench.warmup(calib.net_warmup_s)
-        time_rounds(benches, (calib.min_rounds, calib.max_rounds), 1, calib.rel_tol, calib.max_time_s)
+        time_rounds(benches, (calib.min_rounds, calib.max_rounds), 1, calib.rel_tol, calib.max_time_s,
+                    warm_calls=calib.warm_calls)
     return benches
 
 
@@ -188,7 +190,7 @@ def hook_check(model: str, rounds: int, batch_size: int = 1, input_size: int | N
         try:
             benches[0].warmup(settings.warmup_s)
             benches[1].warmup(settings.entry_warmup_s)
-            time_rounds(benches, (rounds, rounds), 1, 0.0, float("inf"), together=True)
+            time_rounds(benches, (rounds, rounds), 1, 0.0, float("inf"), together=True, warm_calls=settings.warm_calls)
         finally:
             benches[1].close()
     est = settings.estimator
@@ -214,6 +216,35 @@ def session_check(model: str, sessions: int, plans: int, seed: int, batch_size: 
         evaluation = evaluate(table, chosen, calib or CalibrationSettings(max_rounds=60, max_time_s=240.0))
         rows += [{"session": session, "network": r.label, "removed": r.plan.get("remove", []),
                   "measured_ms": r.measured_ms, "anchored_error": r.anchored_error()} for r in evaluation.results]
+    return rows
+
+
+def neighbour_check(model: str, copies: int, rounds: int, sessions: int, batch_size: int = 1,
+                    input_size: int | None = None, settings: TableSettings | None = None) -> list[dict[str, Any]]:
+    """Does a network's time depend on the network that ran just before it? The original timed as `copies` copies
+    per round, alone (back to back) and between `copies` random plans (seed 2), with and without one warm call per
+    network and round: per session, each copy's p10 over their mean (a pattern by position that repeats from
+    session to session is the predecessor's effect) and the plans' p10s."""
+    settings = settings or TableSettings()
+    table = cold_table(model, batch_size, input_size, settings)
+    original = pruned_network(table, {"remove": [], "merge": table.merge})
+    plans = [pruned_network(table, plan) for plan in random_plans(table.segments, copies, seed=2)]
+    device, rows = torch.device("cpu"), []
+    with timing_context(device, torch.float32, settings.threads):
+        for session in range(sessions):
+            for mode, warm_calls in (("alone", 0), ("between plans", 0), ("between plans", 1)):
+                nets = [original] * copies if mode == "alone" else [n for pair in zip([original] * copies, plans)
+                                                                     for n in pair]
+                benches = [Bench(net, (table.example,), table.forward_kwargs, device, False, settings.clock)
+                           for net in nets]
+                benches[0].warmup(settings.warmup_s)
+                time_rounds(benches, (rounds, rounds), 1, 0.0, float("inf"), together=True, warm_calls=warm_calls)
+                p10 = [estimate(b.times_ms, "p10") for b in benches]
+                ours = np.asarray(p10 if mode == "alone" else p10[0::2])
+                rows.append({"session": session, "mode": mode, "warm_calls": warm_calls,
+                             "copies_relative": (ours / ours.mean()).tolist(), "copies_sd": float(ours.std() /
+                                                                                               ours.mean()),
+                             "original_ms": float(ours.mean()), "plans_ms": [] if mode == "alone" else p10[1::2]})
     return rows
 
 
@@ -249,18 +280,36 @@ def main() -> None:
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall")
     parser.add_argument("--estimator", choices=("median", "p10", "min"), default="p10")
     parser.add_argument("--entries", default=None, help="TableSettings.entries: auto, context or isolated")
+    parser.add_argument("--probe-spacing", type=int, default=None, help="TableSettings.probe_spacing")
+    parser.add_argument("--warm-calls", type=int, default=0,
+                        help="TableSettings.warm_calls, also for the networks timed after the build")
     parser.add_argument("--rebuild", action="store_true", help="time the isolated entries once more afterwards")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--drift", type=float, default=0.0, metavar="SECONDS",
                         help="instead: run the network back to back this long and print its speed per 10-s window")
     parser.add_argument("--hooks", type=int, default=0, metavar="ROUNDS",
                         help="instead: a cold table, then its intact network plain and hooked for this many rounds")
+    parser.add_argument("--neighbours", type=int, default=0, metavar="COPIES",
+                        help="instead: the original as COPIES copies per round, alone and between plans, 3 sessions")
     parser.add_argument("--sessions", type=int, default=0,
                         help="instead: one cold table, then the same --plans (--seed) in this many sessions")
     args = parser.parse_args()
-    settings = TableSettings(clock=args.clock, estimator=args.estimator)
+    settings = TableSettings(clock=args.clock, estimator=args.estimator, warm_calls=args.warm_calls)
+    if args.probe_spacing:
+        settings = replace(settings, probe_spacing=args.probe_spacing)
     if args.entries:
         settings = replace(settings, entries=args.entries)
+    if args.neighbours > 0:
+        rows = neighbour_check(args.model, args.neighbours, 80, 3, args.batch_size, args.input_size, settings)
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"latency_neighbours_{args.model}_b{args.batch_size}.json").write_text(json.dumps(rows, indent=1))
+        print("| session | timed | warm calls | copies' p10 / their mean, by position | sd | plans' p10 ms |\n"
+              "|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['session']} | {r['mode']} | {r['warm_calls']} | "
+                  f"{' '.join(f'{v:.3f}' for v in r['copies_relative'])} | {r['copies_sd']:.2%} | "
+                  f"{' '.join(f'{v:.2f}' for v in r['plans_ms'])} |")
+        return
     if args.sessions > 0:
         rows = session_check(args.model, args.sessions, args.plans, args.seed, args.batch_size, args.input_size,
                              settings)
@@ -284,16 +333,18 @@ def main() -> None:
         for r in rows:
             print(f"| {r['from_s']:.0f} | {r['runs']} | {r['min_ms']:.3f} | {r['p10_ms']:.3f} | {r['median_ms']:.3f} |")
         return
-    calib = CalibrationSettings(max_rounds=60, max_time_s=180.0)
+    calib = CalibrationSettings(max_rounds=60, max_time_s=180.0, warm_calls=args.warm_calls)
     if args.quick:
         settings = replace(settings, warmup_s=0.3, min_rounds=3, max_rounds=5)
-        calib = CalibrationSettings(warmup_s=0.2, min_rounds=3, max_rounds=5)
+        calib = CalibrationSettings(warmup_s=0.2, min_rounds=3, max_rounds=5, warm_calls=args.warm_calls)
     start = time.perf_counter()
     result = diagnose(args.model, args.batch_size, args.input_size, args.plans, args.seed, settings, calib,
                       args.rebuild)
     result["total_s"] = time.perf_counter() - start
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"latency_diagnosis_{args.model}_b{args.batch_size}_{args.clock}_{args.entries or 'auto'}.json"
+    warm = f"_warm{args.warm_calls}" if args.warm_calls else ""
+    out = RESULTS / (f"latency_diagnosis_{args.model}_b{args.batch_size}_{args.clock}_{args.entries or 'auto'}"
+                     f"_spaced{settings.probe_spacing}{warm}.json")
     out.write_text(json.dumps(result, indent=1, default=str))
     print(report(result))
 

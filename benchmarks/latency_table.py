@@ -75,7 +75,28 @@ def one_build(name: str, device: str, batch_size: int, size: Any, settings: Tabl
             "passed": max(stats["mean_abs_error_raw"], stats["max_abs_error_raw"]) <= limit,
             "passed_anchored": max(stats["mean_abs_error_anchored"], stats["max_abs_error_anchored"]) <= limit,
             "corrected_no_worse": stats["mean_abs_error_corrected"] <= stats["mean_abs_error_raw"] + 1e-12,
-            "session_s": evaluation.time_s, "pid": os.getpid()}
+            "session_s": evaluation.time_s, "pid": os.getpid(), "plans": [plan_record(r) for r in held_out]}
+
+
+def plan_record(result: Any) -> dict[str, Any]:
+    """One held-out plan's measurement and errors: the same plans (seed 2) in every build, so a plan that is off in
+    every build (a table error) can be told from one that is off in a single session (measurement noise)."""
+    return {"label": result.label, "remove": list(result.plan["remove"]), "predicted_raw_ms": result.predicted_raw_ms,
+            "measured_ms": result.measured_ms, "rel_uncertainty": result.rel_uncertainty,
+            "error_raw": result.error(False), "error_anchored": result.anchored_error()}
+
+
+def per_plan(builds: list[dict[str, Any]], key: str = "error_anchored") -> list[dict[str, float]]:
+    """Per held-out plan, its signed error's median over the builds, its range and the share of builds with the same
+    sign as the median: a systematic table error is large with one sign in every build, noise is not."""
+    rows = []
+    for plans in zip(*(b["plans"] for b in builds)):
+        errors = [p[key] for p in plans]
+        mid = statistics.median(errors)
+        rows.append({"label": plans[0]["label"], "removed": len(plans[0]["remove"]), "median": mid,
+                     "min": min(errors), "max": max(errors),
+                     "same_sign": sum((e > 0) == (mid > 0) for e in errors) / len(errors)})
+    return rows
 
 
 def in_fresh_process(fn: Any, *args: Any) -> Any:
@@ -91,6 +112,7 @@ def bench_model(name: str, device: str, batch_size: int, input_size: int | None,
     """`repeats` cold builds of one model's table and the distribution of their errors."""
     calib = CalibrationSettings(warmup_s=0.2, min_rounds=3, max_rounds=5) if quick else CalibrationSettings(
         max_rounds=60, max_time_s=240.0)
+    calib = replace(calib, warm_calls=settings.warm_calls)  # whole networks are timed as the table's were
     size = None if zoo.get_entry(name).family == "retnet" else input_size
     builds = [in_fresh_process(one_build, name, device, batch_size, size, settings, calib, n_plans, n_calib, r)
               for r in range(repeats)]
@@ -102,7 +124,9 @@ def bench_model(name: str, device: str, batch_size: int, input_size: int | None,
 
     return {"model": name, "batch_size": batch_size, "input_size": builds[0]["input_size"], "device": device,
             "clock": settings.clock, "entries_timing": settings.entries, "estimator": settings.estimator,
-            "threads": settings.threads, "repeats": repeats, "n_plans": n_plans,
+            "threads": settings.threads, "probe_spacing": settings.probe_spacing,
+            "warm_calls": settings.warm_calls, "repeats": repeats,
+            "n_plans": n_plans,
             "mean_error_raw": dist("mean_abs_error_raw"), "max_error_raw": dist("max_abs_error_raw"),
             "mean_error": dist("mean_abs_error_corrected"), "max_error": dist("max_abs_error_corrected"),
             "mean_error_anchored": dist("mean_abs_error_anchored"),
@@ -115,12 +139,13 @@ def bench_model(name: str, device: str, batch_size: int, input_size: int | None,
             "builds_passed": passed, "passed": passed >= PASS_SHARE * repeats,
             "builds_passed_anchored": anchored, "passed_anchored": anchored >= PASS_SHARE * repeats,
             "cold_build_s": dist("cold_build_s"), "cached_build_s": dist("cached_build_s"),
-            "original_ms": dist("original_ms"), "builds": builds}
+            "original_ms": dist("original_ms"), "plans_anchored": per_plan(builds), "builds": builds}
 
 
 def run(quick: bool = False, device: str = "cpu", models: list[str] | None = None, batch_size: int = 1,
         input_size: int = 224, threads: int = 1, clock: str | None = None, entries: str | None = None,
-        n_plans: int = 20, n_calib: int = 5, repeats: int = 10, out: str | Path | None = RESULTS) -> dict[str, Any]:
+        n_plans: int = 20, n_calib: int = 5, repeats: int = 10, out: str | Path | None = RESULTS,
+        probe_spacing: int | None = None, warm_calls: int | None = None) -> dict[str, Any]:
     """Benchmark every model (``quick``: mobilenetv2_035 at 64 px, 3 plans, 2 builds); write JSON to `out`."""
     if quick:
         models, input_size, n_plans, n_calib, repeats = models or ["mobilenetv2_035"], 64, 3, 2, 2
@@ -128,7 +153,8 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
     settings = TableSettings(threads=threads)
     if quick:
         settings = replace(settings, warmup_s=0.5, min_rounds=5, max_rounds=10)
-    settings = replace(settings, **{k: v for k, v in (("clock", clock), ("entries", entries)) if v})
+    settings = replace(settings, **{k: v for k, v in (("clock", clock), ("entries", entries), ("probe_spacing",
+                                                      probe_spacing), ("warm_calls", warm_calls)) if v is not None})
     start = time.perf_counter()
     rows = [bench_model(m, device, batch_size, input_size, settings, n_plans, n_calib, repeats, quick) for m in models]
     result = {"benchmark": "latency_table", "quick": quick, "torch": torch.__version__, "rows": rows,
@@ -170,6 +196,12 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {', '.join(f'{k} {n}' for k, n in kinds.items())}; no worse than raw in {r['corrected_no_worse']}"
             f"/{r['repeats']} | {verdict(r['builds_passed'], r['passed'])} "
             f"| {verdict(r['builds_passed_anchored'], r['passed_anchored'])} |")
+    for r in result["rows"]:
+        worst = sorted(r["plans_anchored"], key=lambda p: -abs(p["median"]))[:3]
+        lines.append(f"\n{r['model']}, batch {r['batch_size']}: plans with the largest median anchored error over the "
+                     "builds: " + "; ".join(f"{p['label']} ({p['removed']} removed) {p['median']:+.1%}, range "
+                                             f"{p['min']:+.1%} to {p['max']:+.1%}, same sign in {p['same_sign']:.0%}"
+                                             for p in worst) + ".")
     n_plans = result["rows"][0]["n_plans"] if result["rows"] else 0
     lines.append(f"\nEach build: a cold table (fresh cache), a correction fitted on 5 calibration plans, errors over "
                  f"{n_plans} other random plans, all measured end to end in one interleaved session. Raw: the "
@@ -195,12 +227,19 @@ def main() -> None:
     parser.add_argument("--clock", choices=("wall", "thread"), default=None, help="default: prune.py's (wall)")
     parser.add_argument("--entries", choices=("auto", "context", "isolated"), default=None,
                         help="how entries are timed; default: prune.py's (auto: in context on the CPU)")
+    parser.add_argument("--probe-spacing", type=int, default=None,
+                        help="TableSettings.probe_spacing (in-context probe networks); default: prune.py's")
+    parser.add_argument("--warm-calls", type=int, default=None,
+                        help="TableSettings.warm_calls, also for the measured networks; default: prune.py's (0)")
     parser.add_argument("--plans", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=10, help="cold builds per model")
     args = parser.parse_args()
+    if args.probe_spacing is not None and args.probe_spacing < 1 or args.warm_calls is not None and args.warm_calls < 0:
+        parser.error("--probe-spacing must be >= 1 and --warm-calls >= 0")
     models = args.models.split(",") if args.models else None
     result = run(args.quick, args.device, models, args.batch_size, args.input_size, args.threads, args.clock,
-                 args.entries, args.plans, repeats=args.repeats, out=args.out)
+                 args.entries, args.plans, repeats=args.repeats, out=args.out, probe_spacing=args.probe_spacing,
+                 warm_calls=args.warm_calls)
     print(markdown(result))
     raise SystemExit(0 if result["passed"] else 1)
 

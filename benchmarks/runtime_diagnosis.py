@@ -91,7 +91,7 @@ def diagnose(model: str, runtime: str, picks: list[int], n_plans: int = 20, roun
         benches = [b for pair in pairs for b in pair]
         for bench in benches:
             bench.warmup(1.0)
-        time_rounds(benches, (rounds, rounds), 1, 0.0, 600.0)
+        time_rounds(benches, (rounds, rounds), 1, 0.0, 600.0, warm_calls=table.settings.warm_calls)
         hooks_ms = hook_overhead_ms(device, table.settings.clock)
     estimate = f"{table.settings.estimator}_ms"
     original_ms = pairs[0][0].summary()[estimate]

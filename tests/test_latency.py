@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -288,6 +289,14 @@ def test_benchmark_quick_smoke(tmp_path: Path) -> None:
     for build in row["builds"]:  # the anchored verdict, too, is computed from the target
         anchored = max(build["mean_abs_error_anchored"], build["max_abs_error_anchored"])
         assert build["passed_anchored"] == (anchored <= build["target"])
+    for build in row["builds"]:  # per-plan records are the ones the verdicts were computed from
+        assert len(build["plans"]) == row["n_plans"]
+        assert max(abs(p["error_anchored"]) for p in build["plans"]) == build["max_abs_error_anchored"]
+    for i, summary in enumerate(row["plans_anchored"]):  # the same held-out plans in every build
+        assert len({tuple(b["plans"][i]["remove"]) for b in row["builds"]}) == 1
+        errors = [b["plans"][i]["error_anchored"] for b in row["builds"]]
+        assert (summary["min"], summary["median"], summary["max"]) == (min(errors), statistics.median(errors),
+                                                                      max(errors))
     assert json.loads((tmp_path / "latency_table.json").read_text())["rows"]
 
 
@@ -425,10 +434,17 @@ def test_probe_networks_use_every_variant_and_estimator_windows_add_up(table) ->
 
     from zoo.latency.table import estimator_runs, probe_variants
 
-    choices = probe_variants(table.keys)
-    for i, seg_keys in enumerate(table.keys):
-        measured = {v for v, key in seg_keys.items() if key is not None}
-        assert {choice[i] for choice in choices} == measured  # every measured variant is in some probe network
+    for spacing in (1, 2, 3):
+        choices = probe_variants(table.keys, spacing)
+        for i, seg_keys in enumerate(table.keys):
+            measured = {v for v, key in seg_keys.items() if key is not None}
+            # every measured variant is in some probe network (the intact one is the intact network's)
+            assert {choice[i] for choice in choices} | {frozenset()} == measured
+        if spacing > 1:  # changed segments sit `spacing` apart, intact in between
+            for choice in choices:
+                changed = [i for i, variant in enumerate(choice) if variant]
+                assert changed and all(b - a >= spacing for a, b in zip(changed, changed[1:]))
+            assert len(choices) == len({tuple(c) for c in choices})
     rng = np.random.default_rng(0)
     parts = rng.gamma(4.0, 1.0, size=(3, 200))  # three parts of a network, 200 runs
     totals = parts.sum(axis=0)
@@ -439,7 +455,9 @@ def test_probe_networks_use_every_variant_and_estimator_windows_add_up(table) ->
 
 
 def test_cpu_tables_time_entries_in_context_by_default_and_isolated_on_request(table, tmp_path: Path) -> None:
-    assert table.condition["protocol"] == "context-level-1" and table.settings.entries == "context"
+    assert table.condition["protocol"] == "context-level-1-spaced-2" and table.settings.entries == "context"
+    probes = zoo.latency.table.probe_variants(table.keys, table.settings.probe_spacing)
+    assert table.records[table.fixed_key]["networks"] == 1 + len(probes)  # the intact network and each probe one
     assert table.overhead_ms == 0.0 and table.fixed_raw_ms > 0
     isolated = build_table(MODEL, input_size=SIZE, device="cpu", cache_dir=str(tmp_path),
                            settings=replace(FAST, entries="isolated"))
@@ -447,6 +465,34 @@ def test_cpu_tables_time_entries_in_context_by_default_and_isolated_on_request(t
     assert len(list(tmp_path.glob("*.json"))) == 1  # one cache file per protocol: the context one is elsewhere
     with pytest.raises(ValueError, match="entries timing"):
         TableSettings(entries="sometimes")
+    with pytest.raises(ValueError, match="probe_spacing=0 must be >= 1"):
+        TableSettings(probe_spacing=0)
+    with pytest.raises(ValueError, match="warm_calls=-1 must be >= 0"):
+        TableSettings(warm_calls=-1)
+    keys = {TableSettings(entries="context", **kw): None for kw in ({}, {"probe_spacing": 1}, {"warm_calls": 1})}
+    assert len({zoo.latency.table.protocol_name(torch.device("cpu"), s) for s in keys}) == 3  # no cache mixes them
+
+
+def test_warm_calls_keep_the_previous_network_in_the_round_out_of_the_timing() -> None:
+    """A deterministic synthetic predecessor effect: a callable costs 3 ms more when another one ran just before
+    it. Interleaved rounds time every run at +3 ms; one warm call per round times none of them there."""
+    from zoo.latency.measure import Bench, time_rounds
+
+    last: list[str] = [""]
+
+    def network(name: str):
+        def call() -> None:
+            if last[0] != name:
+                time.sleep(0.003)
+            last[0] = name
+        return call
+
+    for warm_calls, slow in ((0, True), (1, False)):
+        benches = [Bench(network(name)) for name in "ab"]
+        time_rounds(benches, (6, 6), 1, 0.0, 60.0, together=True, warm_calls=warm_calls)
+        for bench in benches:
+            assert len(bench.times_ms) == 6
+            assert all((ms >= 3.0) == slow for ms in bench.times_ms), (warm_calls, bench.times_ms)
 
 
 def test_evaluation_anchors_predictions_to_the_original_measured_in_the_same_session(table) -> None:
@@ -468,7 +514,7 @@ def test_evaluation_anchors_predictions_to_the_original_measured_in_the_same_ses
 
 
 def test_diagnosis_splits_each_networks_error_into_segments_and_rest() -> None:
-    from benchmarks.latency_diagnosis import diagnose, drift_trace, hook_check, report, session_check
+    from benchmarks.latency_diagnosis import diagnose, drift_trace, hook_check, neighbour_check, report, session_check
 
     quick = replace(FAST, entries="isolated")
     calib = zoo.latency.CalibrationSettings(warmup_s=0.05, net_warmup_s=0.0, min_rounds=5, max_rounds=5)
@@ -489,6 +535,11 @@ def test_diagnosis_splits_each_networks_error_into_segments_and_rest() -> None:
     assert sessions[1]["measured_ms"] != sessions[4]["measured_ms"]  # two sessions, two measurements
     rows = drift_trace(MODEL, 1.0, window_s=0.5)
     assert rows and all(r["min_ms"] <= r["p10_ms"] <= r["median_ms"] for r in rows)
+    rows = neighbour_check(MODEL, 2, 3, 1, 1, SIZE, replace(FAST, entries="context"))
+    assert [(r["mode"], r["warm_calls"]) for r in rows] == [("alone", 0), ("between plans", 0), ("between plans", 1)]
+    for r in rows:
+        assert len(r["copies_relative"]) == 2 and sum(r["copies_relative"]) == pytest.approx(2.0)
+        assert len(r["plans_ms"]) == (0 if r["mode"] == "alone" else 2)
 
 
 class _Slowed(torch.nn.Module):

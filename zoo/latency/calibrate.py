@@ -44,7 +44,10 @@ class Correction:
 
 @dataclass(frozen=True)
 class CalibrationSettings:
-    """Interleaved timing of whole networks: every round runs each network `runs_per_round` times.
+    """Interleaved timing of whole networks: every round runs each network `warm_calls` times untimed (none by
+    default), then `runs_per_round` times timed. A warm call keeps the previous network in the round out of the
+    timing; it is off by default because a table built the same way then predicted MobileNetV2's speed-ups worse
+    (docs/latency.md, "Neighbours").
 
     Rounds continue (at least `min_rounds`) until every network's median has a relative standard error of at
     most `rel_tol`, or `max_rounds` / `max_time_s` is reached. The table's estimator summarises the runs.
@@ -53,6 +56,7 @@ class CalibrationSettings:
     warmup_s: float = 2.0
     net_warmup_s: float = 0.1
     runs_per_round: int = 1
+    warm_calls: int = 0
     min_rounds: int = 20
     max_rounds: int = 100
     rel_tol: float = 0.005
@@ -174,7 +178,7 @@ def time_interleaved(callables: Sequence[Any], args: Sequence[Any], kwargs: Mapp
         for bench in benches:
             bench.warmup(settings.net_warmup_s)
         time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round, settings.rel_tol,
-                    settings.max_time_s)
+                    settings.max_time_s, warm_calls=settings.warm_calls)
     return benches
 
 

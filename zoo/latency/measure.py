@@ -73,7 +73,7 @@ def check_rounds(settings: Any, name: str) -> None:
         ("min_rounds", settings.min_rounds >= 1, ">= 1"), ("runs_per_round", settings.runs_per_round >= 1, ">= 1"),
         ("max_rounds", settings.max_rounds >= settings.min_rounds, ">= min_rounds"),
         ("rel_tol", settings.rel_tol >= 0, ">= 0"), ("max_time_s", settings.max_time_s > 0, "> 0"),
-        ("warmup_s", settings.warmup_s >= 0, ">= 0")) if not ok]
+        ("warmup_s", settings.warmup_s >= 0, ">= 0"), ("warm_calls", settings.warm_calls >= 0, ">= 0")) if not ok]
     if problems:
         raise ZooError(f"{name}: {'; '.join(problems)}.")
 
@@ -401,10 +401,14 @@ def measure(
 
 
 def time_rounds(benches: Sequence[Bench], rounds: tuple[int, int], runs_per_round: int, rel_tol: float,
-                max_time_s: float, together: bool = False) -> list[bool]:
+                max_time_s: float, together: bool = False, warm_calls: int = 0) -> list[bool]:
     """Time benches in interleaved rounds until each converged (after the minimum rounds) or a cap hit.
 
     ``together``: every bench runs in every round until all have converged (runs line up round by round).
+    ``warm_calls``: untimed calls of each bench right before its timed runs in every round, so a run starts from
+    the state its own call leaves (as when a network serves request after request), not from the state the
+    previous bench in the round left (docs/latency.md: one network timed after different networks was up to
+    2 % apart by its predecessor alone).
     Returns per bench whether a cap (max rounds or time) stopped it before its median converged.
     """
     min_rounds, max_rounds = rounds
@@ -412,7 +416,7 @@ def time_rounds(benches: Sequence[Bench], rounds: tuple[int, int], runs_per_roun
     start = time.perf_counter()
     for round_index in range(max_rounds):
         for i in active:
-            benches[i].run(min_runs=runs_per_round)
+            benches[i].run(min_runs=runs_per_round, discard=warm_calls)
         if round_index + 1 >= min_rounds:
             pending = [i for i in active if not benches[i].converged(rel_tol, min_rounds * runs_per_round)]
             active = (active if pending else []) if together else pending

@@ -102,12 +102,23 @@ class TableSettings:
     warmup_s: one warm-up of the whole network before the first entry (CPU speed settles over seconds).
     entry_warmup_s: untimed calls of each entry (each probe network in context) before the rounds.
     runs_per_round: timed calls of an entry (a probe network) per round.
+    warm_calls: in context, untimed calls of each network right before its timed calls in every round, so its
+        segments start from the state the network's own previous call leaves, not the one the previous network in
+        the round leaves. Off by default: measured, it lowered the noise but biased MobileNetV2's predicted
+        speed-ups (docs/latency.md, "Neighbours"). Isolated entries take none: a second call of an entry alone
+        would time its weights hot, which inside a network they are not.
     min_rounds / max_rounds: every entry gets at least / at most this many rounds; in between, an entry leaves
         once its median's relative standard error is at most `rel_tol`; `max_time_s` caps the rounds' time.
     estimator: which statistic of the runs the costs use: ``median``, ``p10`` (10th percentile; robust to a
         busy machine, whose interference only ever adds time) or ``min``. In context, a part's cost is its mean
         over the runs whose whole-network time is near that statistic of the totals, so the parts add up to it.
     clock: CPU ``wall`` or ``thread`` time (see :class:`~zoo.latency.measure.MeasureSettings`).
+    probe_spacing: in context, how far apart the segments that take a changed variant are in each probe network
+        (:func:`probe_variants`): 1 changes every segment in every probe network (the fewest networks); ``m`` changes
+        every m-th segment and leaves the others intact, so a changed entry is timed between intact neighbours, as
+        in a pruning plan that changes a few segments (up to m times as many probe networks). 2 by default: it
+        cut the part of MobileNetV2's per-plan error that repeats from build to build by a third
+        (docs/latency.md, "Neighbours").
     deploy: measure every entry (and every whole network in calibration) in its deploy form, :func:`zoo.fuse`
         (BatchNorm folded, weight standardisation precomputed), the form a pruned network is served in.
     cuda_timing: on CUDA, ``queued`` times each entry's device time with its kernels already queued (as inside a
@@ -122,6 +133,7 @@ class TableSettings:
     warmup_s: float = 3.0
     entry_warmup_s: float = 0.05
     runs_per_round: int = 1
+    warm_calls: int = 0
     min_rounds: int = 30
     max_rounds: int = 400
     rel_tol: float = 0.01
@@ -134,11 +146,14 @@ class TableSettings:
     cuda_timing: str = "auto"
     entries: str = "auto"
     runtime: str = "eager"
+    probe_spacing: int = 2
 
     def __post_init__(self) -> None:
         check_rounds(self, "TableSettings (prune.lut)")
         if self.threads < 1:
             raise ZooError(f"TableSettings (prune.lut): threads={self.threads} must be >= 1.")
+        if self.probe_spacing < 1:
+            raise ZooError(f"TableSettings (prune.lut): probe_spacing={self.probe_spacing} must be >= 1.")
         if self.entry_warmup_s < 0:
             raise ZooError(f"TableSettings (prune.lut): entry_warmup_s={self.entry_warmup_s} must be >= 0.")
         if self.clock not in CLOCKS:
@@ -352,11 +367,27 @@ def measure_rounds(pending: Sequence[Pending], device: torch.device, settings: T
     return records
 
 
-def probe_variants(keys: Sequence[Mapping[frozenset[str], str | None]]) -> list[list[frozenset[str]]]:
+def probe_variants(keys: Sequence[Mapping[frozenset[str], str | None]], spacing: int = 1
+                   ) -> list[list[frozenset[str]]]:
     """Variant choices for the probe networks of in-context timing: together they use every measured variant of
-    every segment (segment i takes its variant ``(k + i) mod n_i`` in network k, so neighbours vary)."""
+    every segment.
+
+    ``spacing=1``: segment i takes its variant ``(k + i) mod n_i`` in network k, so every segment changes and
+    neighbours vary. ``spacing=m``: network k changes only the segments with ``(i + k) mod m == 0`` (to their
+    ``k // m``-th changed variant, cycling) and keeps the others intact, so each changed entry runs between intact
+    neighbours; up to m times as many networks.
+    """
     options = [[variant for variant, key in seg_keys.items() if key is not None] for seg_keys in keys]
-    return [[opts[(k + i) % len(opts)] for i, opts in enumerate(options)] for k in range(max(map(len, options)))]
+    if spacing == 1:
+        return [[opts[(k + i) % len(opts)] for i, opts in enumerate(options)] for k in range(max(map(len, options)))]
+    changed = [[variant for variant in opts if variant] for opts in options]
+    probes: list[list[frozenset[str]]] = []
+    for k in range(spacing * max(map(len, changed), default=0)):
+        choice = [ch[(k // spacing) % len(ch)] if ch and (i + k) % spacing == 0 else frozenset()
+                  for i, ch in enumerate(changed)]
+        if any(choice) and choice not in probes:  # the intact network and repeats add nothing
+            probes.append(choice)
+    return probes
 
 
 ESTIMATOR_WINDOWS = {"median": (40.0, 60.0), "p10": (0.0, 20.0), "min": (0.0, 5.0)}
@@ -415,7 +446,7 @@ def measure_in_context(model: nn.Module, segs: Sequence[Segment], keys: Sequence
     part is the time outside the segments, less the hooks' own cost (:func:`~zoo.latency.context.hook_overhead_ms`).
     """
     names = [seg.name for seg in segs]
-    choices = [[frozenset()] * len(segs), *probe_variants(keys)]
+    choices = [[frozenset()] * len(segs), *probe_variants(keys, settings.probe_spacing)]
     benches = []
     for variants in choices:
         net = copy.deepcopy(model)
@@ -428,7 +459,8 @@ def measure_in_context(model: nn.Module, segs: Sequence[Segment], keys: Sequence
         for bench in benches:
             bench.warmup(settings.entry_warmup_s)
         cap_hit = any(time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round,
-                                  settings.rel_tol, settings.max_time_s, together=True))
+                                  settings.rel_tol, settings.max_time_s, together=True,
+                                  warm_calls=settings.warm_calls))
     finally:
         for bench in benches:
             bench.close()
@@ -639,7 +671,9 @@ class LatencyTable:
 def protocol_name(device: torch.device, settings: TableSettings) -> str:
     """How the entries of a cache file were timed (part of its condition)."""
     if settings.entries == "context":
-        return f"context-level-{settings.runs_per_round}"
+        warm = f"-warm-{settings.warm_calls}" if settings.warm_calls else ""
+        spacing = f"-spaced-{settings.probe_spacing}" if settings.probe_spacing > 1 else ""
+        return f"context-level-{settings.runs_per_round}{warm}{spacing}"
     return f"round-robin-level-{settings.runs_per_round}" + (f"-{settings.cuda_timing}" if device.type == "cuda"
                                                               else "")
 
