@@ -294,8 +294,10 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=0,
                         help="instead: one cold table, then the same --plans (--seed) in this many sessions")
     args = parser.parse_args()
+    if args.probe_spacing is not None and args.probe_spacing < 1 or args.warm_calls < 0:
+        parser.error("--probe-spacing must be >= 1 and --warm-calls >= 0")
     settings = TableSettings(clock=args.clock, estimator=args.estimator, warm_calls=args.warm_calls)
-    if args.probe_spacing:
+    if args.probe_spacing is not None:
         settings = replace(settings, probe_spacing=args.probe_spacing)
     if args.entries:
         settings = replace(settings, entries=args.entries)
@@ -312,7 +314,7 @@ def main() -> None:
         return
     if args.sessions > 0:
         rows = session_check(args.model, args.sessions, args.plans, args.seed, args.batch_size, args.input_size,
-                             settings)
+                             settings, CalibrationSettings(max_rounds=60, max_time_s=240.0, warm_calls=args.warm_calls))
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / f"latency_sessions_{args.model}_b{args.batch_size}.json").write_text(json.dumps(rows, indent=1))
         print("| session | network | removed | measured ms | anchored error |\n|---|---|---|---|---|")
@@ -343,8 +345,9 @@ def main() -> None:
     result["total_s"] = time.perf_counter() - start
     RESULTS.mkdir(exist_ok=True)
     warm = f"_warm{args.warm_calls}" if args.warm_calls else ""
+    spacing = "" if args.entries == "isolated" else f"_spaced{settings.probe_spacing}"
     out = RESULTS / (f"latency_diagnosis_{args.model}_b{args.batch_size}_{args.clock}_{args.entries or 'auto'}"
-                     f"_spaced{settings.probe_spacing}{warm}.json")
+                     f"{spacing}{warm}.json")
     out.write_text(json.dumps(result, indent=1, default=str))
     print(report(result))
 

@@ -297,6 +297,7 @@ def test_benchmark_quick_smoke(tmp_path: Path) -> None:
         errors = [b["plans"][i]["error_anchored"] for b in row["builds"]]
         assert (summary["min"], summary["median"], summary["max"]) == (min(errors), statistics.median(errors),
                                                                       max(errors))
+        assert summary["same_sign"] == sum((e > 0) == (summary["median"] > 0) for e in errors) / len(errors)
     assert json.loads((tmp_path / "latency_table.json").read_text())["rows"]
 
 
@@ -434,17 +435,24 @@ def test_probe_networks_use_every_variant_and_estimator_windows_add_up(table) ->
 
     from zoo.latency.table import estimator_runs, probe_variants
 
+    assert probe_variants(table.keys, 2) != probe_variants(table.keys, 1)
     for spacing in (1, 2, 3):
         choices = probe_variants(table.keys, spacing)
         for i, seg_keys in enumerate(table.keys):
             measured = {v for v, key in seg_keys.items() if key is not None}
-            # every measured variant is in some probe network (the intact one is the intact network's)
-            assert {choice[i] for choice in choices} | {frozenset()} == measured
+            seen = {choice[i] for choice in choices}
+            # every measured variant is in some probe network (spacing > 1: the intact one is the intact network's)
+            assert (seen if spacing == 1 else seen | {frozenset()}) == measured
         if spacing > 1:  # changed segments sit `spacing` apart, intact in between
             for choice in choices:
                 changed = [i for i, variant in enumerate(choice) if variant]
                 assert changed and all(b - a >= spacing for a, b in zip(changed, changed[1:]))
             assert len(choices) == len({tuple(c) for c in choices})
+    intact, a, b, gone = frozenset(), frozenset({"a"}), frozenset({"b"}), frozenset({"s"})
+    keys = [{intact: "k0", a: "k1", b: "k2", gone: None}, {intact: "k3"}, {intact: "k4", a: "k5"}]
+    assert probe_variants(keys, 2) == [[a, intact, a], [b, intact, a]]  # no probe repeats one, none is intact
+    assert probe_variants([{intact: "k"}] * 3, 2) == []  # nothing to change: the intact network alone
+    assert probe_variants([], 2) == probe_variants([], 1) == []
     rng = np.random.default_rng(0)
     parts = rng.gamma(4.0, 1.0, size=(3, 200))  # three parts of a network, 200 runs
     totals = parts.sum(axis=0)
@@ -538,8 +546,9 @@ def test_diagnosis_splits_each_networks_error_into_segments_and_rest() -> None:
     rows = neighbour_check(MODEL, 2, 3, 1, 1, SIZE, replace(FAST, entries="context"))
     assert [(r["mode"], r["warm_calls"]) for r in rows] == [("alone", 0), ("between plans", 0), ("between plans", 1)]
     for r in rows:
-        assert len(r["copies_relative"]) == 2 and sum(r["copies_relative"]) == pytest.approx(2.0)
+        assert len(r["copies_relative"]) == 2 and r["copies_sd"] == pytest.approx(float(np.std(r["copies_relative"])))
         assert len(r["plans_ms"]) == (0 if r["mode"] == "alone" else 2)
+        assert 0.5 < r["original_ms"] / rows[0]["original_ms"] < 2  # the copies are the original in every mode
 
 
 class _Slowed(torch.nn.Module):

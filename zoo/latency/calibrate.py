@@ -46,8 +46,8 @@ class Correction:
 class CalibrationSettings:
     """Interleaved timing of whole networks: every round runs each network `warm_calls` times untimed (none by
     default), then `runs_per_round` times timed. A warm call keeps the previous network in the round out of the
-    timing; it is off by default because a table built the same way then predicted MobileNetV2's speed-ups worse
-    (docs/latency.md, "Neighbours").
+    timing; it is off by default because with it (and a table built the same way) MobileNetV2's speed-up errors
+    moved by -3.2 % on average (docs/latency.md, "Neighbours").
 
     Rounds continue (at least `min_rounds`) until every network's median has a relative standard error of at
     most `rel_tol`, or `max_rounds` / `max_time_s` is reached. The table's estimator summarises the runs.

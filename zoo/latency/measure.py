@@ -407,8 +407,8 @@ def time_rounds(benches: Sequence[Bench], rounds: tuple[int, int], runs_per_roun
     ``together``: every bench runs in every round until all have converged (runs line up round by round).
     ``warm_calls``: untimed calls of each bench right before its timed runs in every round, so a run starts from
     the state its own call leaves (as when a network serves request after request), not from the state the
-    previous bench in the round left (docs/latency.md: one network timed after different networks was up to
-    2 % apart by its predecessor alone).
+    previous bench in the round left (docs/latency.md, "Neighbours": one network timed after different networks
+    sat up to 1.8 % either side of its mean by its predecessor alone).
     Returns per bench whether a cap (max rounds or time) stopped it before its median converged.
     """
     min_rounds, max_rounds = rounds

@@ -104,8 +104,9 @@ class TableSettings:
     runs_per_round: timed calls of an entry (a probe network) per round.
     warm_calls: in context, untimed calls of each network right before its timed calls in every round, so its
         segments start from the state the network's own previous call leaves, not the one the previous network in
-        the round leaves. Off by default: measured, it lowered the noise but biased MobileNetV2's predicted
-        speed-ups (docs/latency.md, "Neighbours"). Isolated entries take none: a second call of an entry alone
+        the round leaves. Off by default: measured on MobileNetV2 (with the measured networks warmed alike), it
+        lowered the noise but moved every plan's speed-up error by -3.2 % on average (docs/latency.md,
+        "Neighbours"). Isolated entries take none: a second call of an entry alone
         would time its weights hot, which inside a network they are not.
     min_rounds / max_rounds: every entry gets at least / at most this many rounds; in between, an entry leaves
         once its median's relative standard error is at most `rel_tol`; `max_time_s` caps the rounds' time.
@@ -117,7 +118,7 @@ class TableSettings:
         (:func:`probe_variants`): 1 changes every segment in every probe network (the fewest networks); ``m`` changes
         every m-th segment and leaves the others intact, so a changed entry is timed between intact neighbours, as
         in a pruning plan that changes a few segments (up to m times as many probe networks). 2 by default: it
-        cut the part of MobileNetV2's per-plan error that repeats from build to build by a third
+        cut the part of MobileNetV2's per-plan error that repeats from build to build by 30-43 %
         (docs/latency.md, "Neighbours").
     deploy: measure every entry (and every whole network in calibration) in its deploy form, :func:`zoo.fuse`
         (BatchNorm folded, weight standardisation precomputed), the form a pruned network is served in.
@@ -379,7 +380,8 @@ def probe_variants(keys: Sequence[Mapping[frozenset[str], str | None]], spacing:
     """
     options = [[variant for variant, key in seg_keys.items() if key is not None] for seg_keys in keys]
     if spacing == 1:
-        return [[opts[(k + i) % len(opts)] for i, opts in enumerate(options)] for k in range(max(map(len, options)))]
+        return [[opts[(k + i) % len(opts)] for i, opts in enumerate(options)]
+                for k in range(max(map(len, options), default=0))]
     changed = [[variant for variant in opts if variant] for opts in options]
     probes: list[list[frozenset[str]]] = []
     for k in range(spacing * max(map(len, changed), default=0)):
