@@ -463,7 +463,7 @@ def test_probe_networks_use_every_variant_and_estimator_windows_add_up(table) ->
 
 
 def test_cpu_tables_time_entries_in_context_by_default_and_isolated_on_request(table, tmp_path: Path) -> None:
-    assert table.condition["protocol"] == "context-level-1-spaced-2" and table.settings.entries == "context"
+    assert table.condition["protocol"] == "context-level-1" and table.settings.entries == "context"
     probes = zoo.latency.table.probe_variants(table.keys, table.settings.probe_spacing)
     assert table.records[table.fixed_key]["networks"] == 1 + len(probes)  # the intact network and each probe one
     assert table.overhead_ms == 0.0 and table.fixed_raw_ms > 0
@@ -477,7 +477,7 @@ def test_cpu_tables_time_entries_in_context_by_default_and_isolated_on_request(t
         TableSettings(probe_spacing=0)
     with pytest.raises(ValueError, match="warm_calls=-1 must be >= 0"):
         TableSettings(warm_calls=-1)
-    keys = {TableSettings(entries="context", **kw): None for kw in ({}, {"probe_spacing": 1}, {"warm_calls": 1})}
+    keys = {TableSettings(entries="context", **kw): None for kw in ({}, {"probe_spacing": 2}, {"warm_calls": 1})}
     assert len({zoo.latency.table.protocol_name(torch.device("cpu"), s) for s in keys}) == 3  # no cache mixes them
 
 

@@ -117,9 +117,9 @@ class TableSettings:
     probe_spacing: in context, how far apart the segments that take a changed variant are in each probe network
         (:func:`probe_variants`): 1 changes every segment in every probe network (the fewest networks); ``m`` changes
         every m-th segment and leaves the others intact, so a changed entry is timed between intact neighbours, as
-        in a pruning plan that changes a few segments (up to m times as many probe networks). 2 by default: it
-        cut the part of MobileNetV2's per-plan error that repeats from build to build by 30-43 %
-        (docs/latency.md, "Neighbours").
+        in a pruning plan that changes a few segments (up to m times as many probe networks). 1 by default: 2
+        cut the part of MobileNetV2's per-plan error that repeats from build to build by 30-43 % at batch 1, but
+        at batch 32 it made the table worse (anchored 2.4 / 4.6 % -> 6.0 / 12.0 %; docs/latency.md, "Neighbours").
     deploy: measure every entry (and every whole network in calibration) in its deploy form, :func:`zoo.fuse`
         (BatchNorm folded, weight standardisation precomputed), the form a pruned network is served in.
     cuda_timing: on CUDA, ``queued`` times each entry's device time with its kernels already queued (as inside a
@@ -147,7 +147,7 @@ class TableSettings:
     cuda_timing: str = "auto"
     entries: str = "auto"
     runtime: str = "eager"
-    probe_spacing: int = 2
+    probe_spacing: int = 1
 
     def __post_init__(self) -> None:
         check_rounds(self, "TableSettings (prune.lut)")
