@@ -40,7 +40,7 @@ from zoo.latency import CalibrationSettings, TableSettings, build_table, evaluat
 from zoo.latency.calibrate import pruned_network
 from zoo.latency.context import ContextBench, hook_overhead_ms
 from zoo.latency.device import timing_context
-from zoo.latency.measure import Bench, time_rounds
+from zoo.latency.measure import ROUND_ORDERS, Bench, time_rounds
 from zoo.latency.table import estimator_runs, variant_label
 
 RESULTS = Path(__file__).parent / "results"
@@ -222,9 +222,10 @@ def session_check(model: str, sessions: int, plans: int, seed: int, batch_size: 
 def neighbour_check(model: str, copies: int, rounds: int, sessions: int, batch_size: int = 1,
                     input_size: int | None = None, settings: TableSettings | None = None) -> list[dict[str, Any]]:
     """Does a network's time depend on the network that ran just before it? The original timed as `copies` copies
-    per round, alone (back to back) and between `copies` random plans (seed 2), with and without one warm call per
-    network and round: per session, each copy's p10 over their mean (a pattern by position that repeats from
-    session to session is the predecessor's effect) and the plans' p10s."""
+    per round, alone (back to back) and between `copies` random plans (seed 2): in a fixed order without and with one
+    warm call per network and round, and in a new order every round (``round_order=shuffled``): per session, each
+    copy's p10 over their mean (a pattern by position that repeats from session to session is the predecessor's
+    effect) and the plans' p10s."""
     settings = settings or TableSettings()
     table = cold_table(model, batch_size, input_size, settings)
     original = pruned_network(table, {"remove": [], "merge": table.merge})
@@ -232,16 +233,18 @@ def neighbour_check(model: str, copies: int, rounds: int, sessions: int, batch_s
     device, rows = torch.device("cpu"), []
     with timing_context(device, torch.float32, settings.threads):
         for session in range(sessions):
-            for mode, warm_calls in (("alone", 0), ("between plans", 0), ("between plans", 1)):
+            for mode, warm_calls, order in (("alone", 0, "fixed"), ("between plans", 0, "fixed"),
+                                            ("between plans", 1, "fixed"), ("between plans", 0, "shuffled")):
                 nets = [original] * copies if mode == "alone" else [n for pair in zip([original] * copies, plans)
                                                                      for n in pair]
                 benches = [Bench(net, (table.example,), table.forward_kwargs, device, False, settings.clock)
                            for net in nets]
                 benches[0].warmup(settings.warmup_s)
-                time_rounds(benches, (rounds, rounds), 1, 0.0, float("inf"), together=True, warm_calls=warm_calls)
+                time_rounds(benches, (rounds, rounds), 1, 0.0, float("inf"), together=True, warm_calls=warm_calls,
+                            order=order)
                 p10 = [estimate(b.times_ms, "p10") for b in benches]
                 ours = np.asarray(p10 if mode == "alone" else p10[0::2])
-                rows.append({"session": session, "mode": mode, "warm_calls": warm_calls,
+                rows.append({"session": session, "mode": mode, "warm_calls": warm_calls, "round_order": order,
                              "copies_relative": (ours / ours.mean()).tolist(), "copies_sd": float(ours.std() /
                                                                                                ours.mean()),
                              "original_ms": float(ours.mean()), "plans_ms": [] if mode == "alone" else p10[1::2]})
@@ -283,6 +286,11 @@ def main() -> None:
     parser.add_argument("--probe-spacing", type=int, default=None, help="TableSettings.probe_spacing")
     parser.add_argument("--warm-calls", type=int, default=0,
                         help="TableSettings.warm_calls, also for the networks timed after the build")
+    parser.add_argument("--round-order", choices=ROUND_ORDERS, default="fixed",
+                        help="TableSettings.round_order, also for the networks timed after the build")
+    parser.add_argument("--session-rounds", type=int, default=0, metavar="ROUNDS",
+                        help="with --sessions: every network exactly this many rounds per session (default: the "
+                             "benchmark's 20-60 rounds, each network until its median converged)")
     parser.add_argument("--rebuild", action="store_true", help="time the isolated entries once more afterwards")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--drift", type=float, default=0.0, metavar="SECONDS",
@@ -294,9 +302,10 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=0,
                         help="instead: one cold table, then the same --plans (--seed) in this many sessions")
     args = parser.parse_args()
-    if args.probe_spacing is not None and args.probe_spacing < 1 or args.warm_calls < 0:
-        parser.error("--probe-spacing must be >= 1 and --warm-calls >= 0")
-    settings = TableSettings(clock=args.clock, estimator=args.estimator, warm_calls=args.warm_calls)
+    if args.probe_spacing is not None and args.probe_spacing < 1 or args.warm_calls < 0 or args.session_rounds < 0:
+        parser.error("--probe-spacing must be >= 1, --warm-calls and --session-rounds >= 0")
+    settings = TableSettings(clock=args.clock, estimator=args.estimator, warm_calls=args.warm_calls,
+                             round_order=args.round_order)
     if args.probe_spacing is not None:
         settings = replace(settings, probe_spacing=args.probe_spacing)
     if args.entries:
@@ -305,18 +314,24 @@ def main() -> None:
         rows = neighbour_check(args.model, args.neighbours, 80, 3, args.batch_size, args.input_size, settings)
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / f"latency_neighbours_{args.model}_b{args.batch_size}.json").write_text(json.dumps(rows, indent=1))
-        print("| session | timed | warm calls | copies' p10 / their mean, by position | sd | plans' p10 ms |\n"
-              "|---|---|---|---|---|---|")
+        print("| session | timed | warm calls | order | copies' p10 / their mean, by position | sd | plans' p10 ms |\n"
+              "|---|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['session']} | {r['mode']} | {r['warm_calls']} | "
+            print(f"| {r['session']} | {r['mode']} | {r['warm_calls']} | {r['round_order']} | "
                   f"{' '.join(f'{v:.3f}' for v in r['copies_relative'])} | {r['copies_sd']:.2%} | "
                   f"{' '.join(f'{v:.2f}' for v in r['plans_ms'])} |")
         return
     if args.sessions > 0:
+        calib = CalibrationSettings(max_rounds=60, max_time_s=240.0, warm_calls=args.warm_calls,
+                                    round_order=args.round_order)
+        if args.session_rounds:
+            calib = replace(calib, min_rounds=args.session_rounds, max_rounds=args.session_rounds, max_time_s=3600.0)
         rows = session_check(args.model, args.sessions, args.plans, args.seed, args.batch_size, args.input_size,
-                             settings, CalibrationSettings(max_rounds=60, max_time_s=240.0, warm_calls=args.warm_calls))
+                             settings, calib)
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / f"latency_sessions_{args.model}_b{args.batch_size}.json").write_text(json.dumps(rows, indent=1))
+        name = f"latency_sessions_{args.model}_b{args.batch_size}"
+        name += f"_{args.round_order}_{args.session_rounds}rounds" if args.session_rounds else ""
+        (RESULTS / f"{name}.json").write_text(json.dumps(rows, indent=1))
         print("| session | network | removed | measured ms | anchored error |\n|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['session']} | {r['network']} | {len(r['removed'])} | {r['measured_ms']:.2f} "

@@ -29,11 +29,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 import zoo
 from zoo.latency import CalibrationSettings, TableSettings, build_table, evaluate, random_plans
 from zoo.latency.calibrate import fit_correction
+from zoo.latency.measure import ROUND_ORDERS
 
 with contextlib.suppress(ImportError):  # RetNet registers itself on import, if present
     import zoo.retnet  # noqa: F401
@@ -99,6 +101,23 @@ def per_plan(builds: list[dict[str, Any]], key: str = "error_anchored") -> list[
     return rows
 
 
+def error_components(builds: list[dict[str, Any]], key: str = "error_anchored") -> dict[str, float] | None:
+    """The signed errors of the held-out plans (builds x plans) split three ways, each as a standard deviation:
+    ``common``, the shift every plan of a build shares (the original's prediction against its measurement, for
+    anchored errors), with its mean over the builds; ``plan``, the part of a plan's error that repeats in every build
+    (the table's error for that plan); ``rest``, what is left (each build's own table noise and measurement noise).
+    None with fewer than 2 builds or plans."""
+    errors = np.array([[p[key] for p in b["plans"]] for b in builds], dtype=np.float64)
+    if errors.ndim != 2 or min(errors.shape) < 2:
+        return None
+    common = errors.mean(axis=1, keepdims=True)
+    plan = (errors - common).mean(axis=0, keepdims=True)
+    rest = errors - common - plan
+    dof = (errors.shape[0] - 1) * (errors.shape[1] - 1)  # what the two means leave free
+    return {"common_mean": float(common.mean()), "common_sd": float(common.std(ddof=1)),
+            "plan_sd": float(plan.std(ddof=1)), "rest_sd": float(np.sqrt((rest ** 2).sum() / dof))}
+
+
 def in_fresh_process(fn: Any, *args: Any) -> Any:
     """``fn(*args)`` in a new Python process (spawned), as a user's ``prune.py`` run builds its table: cold builds
     that shared one process predicted slower and slower networks (MobileNetV2's original: 14.0 ms in the first
@@ -108,11 +127,15 @@ def in_fresh_process(fn: Any, *args: Any) -> Any:
 
 
 def bench_model(name: str, device: str, batch_size: int, input_size: int | None, settings: TableSettings,
-                n_plans: int, n_calib: int, repeats: int, quick: bool) -> dict[str, Any]:
-    """`repeats` cold builds of one model's table and the distribution of their errors."""
+                n_plans: int, n_calib: int, repeats: int, quick: bool, session_rounds: int = 0) -> dict[str, Any]:
+    """`repeats` cold builds of one model's table and the distribution of their errors. `session_rounds`: every
+    measured network exactly this many rounds (0: 20-60, each until its median converged, as prune.py measures)."""
     calib = CalibrationSettings(warmup_s=0.2, min_rounds=3, max_rounds=5) if quick else CalibrationSettings(
         max_rounds=60, max_time_s=240.0)
-    calib = replace(calib, warm_calls=settings.warm_calls)  # whole networks are timed as the table's were
+    if session_rounds:
+        calib = replace(calib, min_rounds=session_rounds, max_rounds=session_rounds, max_time_s=3600.0)
+    # whole networks are timed as the table's were
+    calib = replace(calib, warm_calls=settings.warm_calls, round_order=settings.round_order)
     size = None if zoo.get_entry(name).family == "retnet" else input_size
     builds = [in_fresh_process(one_build, name, device, batch_size, size, settings, calib, n_plans, n_calib, r)
               for r in range(repeats)]
@@ -125,7 +148,9 @@ def bench_model(name: str, device: str, batch_size: int, input_size: int | None,
     return {"model": name, "batch_size": batch_size, "input_size": builds[0]["input_size"], "device": device,
             "clock": settings.clock, "entries_timing": settings.entries, "estimator": settings.estimator,
             "threads": settings.threads, "probe_spacing": settings.probe_spacing,
-            "warm_calls": settings.warm_calls, "repeats": repeats,
+            "table_rounds": [settings.min_rounds, settings.max_rounds],
+            "warm_calls": settings.warm_calls, "round_order": settings.round_order,
+            "session_rounds": [calib.min_rounds, calib.max_rounds], "repeats": repeats,
             "n_plans": n_plans,
             "mean_error_raw": dist("mean_abs_error_raw"), "max_error_raw": dist("max_abs_error_raw"),
             "mean_error": dist("mean_abs_error_corrected"), "max_error": dist("max_abs_error_corrected"),
@@ -139,13 +164,15 @@ def bench_model(name: str, device: str, batch_size: int, input_size: int | None,
             "builds_passed": passed, "passed": passed >= PASS_SHARE * repeats,
             "builds_passed_anchored": anchored, "passed_anchored": anchored >= PASS_SHARE * repeats,
             "cold_build_s": dist("cold_build_s"), "cached_build_s": dist("cached_build_s"),
-            "original_ms": dist("original_ms"), "plans_anchored": per_plan(builds), "builds": builds}
+            "original_ms": dist("original_ms"), "plans_anchored": per_plan(builds),
+            "components_anchored": error_components(builds), "builds": builds}
 
 
 def run(quick: bool = False, device: str = "cpu", models: list[str] | None = None, batch_size: int = 1,
         input_size: int = 224, threads: int = 1, clock: str | None = None, entries: str | None = None,
         n_plans: int = 20, n_calib: int = 5, repeats: int = 10, out: str | Path | None = RESULTS,
-        probe_spacing: int | None = None, warm_calls: int | None = None) -> dict[str, Any]:
+        probe_spacing: int | None = None, warm_calls: int | None = None, round_order: str | None = None,
+        session_rounds: int = 0, table_rounds: int | None = None) -> dict[str, Any]:
     """Benchmark every model (``quick``: mobilenetv2_035 at 64 px, 3 plans, 2 builds); write JSON to `out`."""
     if quick:
         models, input_size, n_plans, n_calib, repeats = models or ["mobilenetv2_035"], 64, 3, 2, 2
@@ -154,9 +181,13 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
     if quick:
         settings = replace(settings, warmup_s=0.5, min_rounds=5, max_rounds=10)
     settings = replace(settings, **{k: v for k, v in (("clock", clock), ("entries", entries), ("probe_spacing",
-                                                      probe_spacing), ("warm_calls", warm_calls)) if v is not None})
+                                                      probe_spacing), ("warm_calls", warm_calls),
+                                                     ("round_order", round_order), ("min_rounds", table_rounds))
+                                  if v is not None})
+    settings = replace(settings, max_rounds=max(settings.max_rounds, settings.min_rounds))
     start = time.perf_counter()
-    rows = [bench_model(m, device, batch_size, input_size, settings, n_plans, n_calib, repeats, quick) for m in models]
+    rows = [bench_model(m, device, batch_size, input_size, settings, n_plans, n_calib, repeats, quick, session_rounds)
+            for m in models]
     result = {"benchmark": "latency_table", "quick": quick, "torch": torch.__version__, "rows": rows,
               "passed": all(r["passed"] for r in rows), "passed_anchored": all(r["passed_anchored"] for r in rows),
               "total_s": time.perf_counter() - start,
@@ -202,6 +233,11 @@ def markdown(result: dict[str, Any]) -> str:
                      "builds: " + "; ".join(f"{p['label']} ({p['removed']} removed) {p['median']:+.1%}, range "
                                              f"{p['min']:+.1%} to {p['max']:+.1%}, same sign in {p['same_sign']:.0%}"
                                              for p in worst) + ".")
+        if parts := r.get("components_anchored"):
+            lines.append(f"Its anchored errors split into a shift every plan of a build shares "
+                         f"({parts['common_mean']:+.1%} on average, {parts['common_sd']:.1%} sd over the builds), "
+                         f"a part each plan repeats in every build ({parts['plan_sd']:.1%} sd over the plans) "
+                         f"and the rest ({parts['rest_sd']:.1%} sd).")
     n_plans = result["rows"][0]["n_plans"] if result["rows"] else 0
     lines.append(f"\nEach build: a cold table (fresh cache), a correction fitted on 5 calibration plans, errors over "
                  f"{n_plans} other random plans, all measured end to end in one interleaved session. Raw: the "
@@ -231,15 +267,24 @@ def main() -> None:
                         help="TableSettings.probe_spacing (in-context probe networks); default: prune.py's")
     parser.add_argument("--warm-calls", type=int, default=None,
                         help="TableSettings.warm_calls, also for the measured networks; default: prune.py's (0)")
+    parser.add_argument("--round-order", choices=ROUND_ORDERS, default=None,
+                        help="TableSettings.round_order, also for the measured networks; default: prune.py's")
+    parser.add_argument("--session-rounds", type=int, default=0, metavar="ROUNDS",
+                        help="every measured network exactly this many rounds (default: 20-60, until converged)")
+    parser.add_argument("--table-rounds", type=int, default=None, metavar="ROUNDS",
+                        help="TableSettings.min_rounds: every network (entry) of the build at least this many rounds; "
+                             "default: prune.py's (TableSettings.min_rounds)")
     parser.add_argument("--plans", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=10, help="cold builds per model")
     args = parser.parse_args()
-    if args.probe_spacing is not None and args.probe_spacing < 1 or args.warm_calls is not None and args.warm_calls < 0:
-        parser.error("--probe-spacing must be >= 1 and --warm-calls >= 0")
+    if (args.probe_spacing is not None and args.probe_spacing < 1 or args.warm_calls is not None and args.warm_calls < 0
+            or args.session_rounds < 0 or args.table_rounds is not None and args.table_rounds < 1):
+        parser.error("--probe-spacing and --table-rounds must be >= 1, --warm-calls and --session-rounds >= 0")
     models = args.models.split(",") if args.models else None
     result = run(args.quick, args.device, models, args.batch_size, args.input_size, args.threads, args.clock,
                  args.entries, args.plans, repeats=args.repeats, out=args.out, probe_spacing=args.probe_spacing,
-                 warm_calls=args.warm_calls)
+                 warm_calls=args.warm_calls, round_order=args.round_order, session_rounds=args.session_rounds,
+                 table_rounds=args.table_rounds)
     print(markdown(result))
     raise SystemExit(0 if result["passed"] else 1)
 

@@ -463,13 +463,13 @@ def test_probe_networks_use_every_variant_and_estimator_windows_add_up(table) ->
 
 
 def test_cpu_tables_time_entries_in_context_by_default_and_isolated_on_request(table, tmp_path: Path) -> None:
-    assert table.condition["protocol"] == "context-level-1" and table.settings.entries == "context"
+    assert table.condition["protocol"] == "context-peers-1" and table.settings.entries == "context"
     probes = zoo.latency.table.probe_variants(table.keys, table.settings.probe_spacing)
     assert table.records[table.fixed_key]["networks"] == 1 + len(probes)  # the intact network and each probe one
     assert table.overhead_ms == 0.0 and table.fixed_raw_ms > 0
     isolated = build_table(MODEL, input_size=SIZE, device="cpu", cache_dir=str(tmp_path),
                            settings=replace(FAST, entries="isolated"))
-    assert isolated.condition["protocol"] == "round-robin-level-1" and isolated.overhead_ms > 0
+    assert isolated.condition["protocol"] == "round-robin-peers-1" and isolated.overhead_ms > 0
     assert len(list(tmp_path.glob("*.json"))) == 1  # one cache file per protocol: the context one is elsewhere
     with pytest.raises(ValueError, match="entries timing"):
         TableSettings(entries="sometimes")
@@ -477,8 +477,15 @@ def test_cpu_tables_time_entries_in_context_by_default_and_isolated_on_request(t
         TableSettings(probe_spacing=0)
     with pytest.raises(ValueError, match="warm_calls=-1 must be >= 0"):
         TableSettings(warm_calls=-1)
-    keys = {TableSettings(entries="context", **kw): None for kw in ({}, {"probe_spacing": 2}, {"warm_calls": 1})}
-    assert len({zoo.latency.table.protocol_name(torch.device("cpu"), s) for s in keys}) == 3  # no cache mixes them
+    with pytest.raises(ValueError, match="round_order='random' must be one of fixed, shuffled"):
+        TableSettings(round_order="random")
+    with pytest.raises(ValueError, match="round_order='random'"):
+        zoo.latency.CalibrationSettings(round_order="random")
+    keys = {TableSettings(entries="context", **kw): None for kw in ({}, {"probe_spacing": 2}, {"warm_calls": 1},
+                                                                    {"round_order": "shuffled"})}
+    assert len({zoo.latency.table.protocol_name(torch.device("cpu"), s) for s in keys}) == 4  # no cache mixes them
+    isolated = [TableSettings(entries="isolated", round_order=order) for order in ("fixed", "shuffled")]
+    assert len({zoo.latency.table.protocol_name(torch.device("cpu"), s) for s in isolated}) == 2
 
 
 def test_warm_calls_keep_the_previous_network_in_the_round_out_of_the_timing() -> None:
@@ -501,6 +508,58 @@ def test_warm_calls_keep_the_previous_network_in_the_round_out_of_the_timing() -
         for bench in benches:
             assert len(bench.times_ms) == 6
             assert all((ms >= 3.0) == slow for ms in bench.times_ms), (warm_calls, bench.times_ms)
+
+
+def test_error_components_split_a_shift_per_build_a_bias_per_plan_and_the_rest() -> None:
+    """Synthetic errors with known parts: build b shifts every plan by common[b], plan p is off by bias[p] in every
+    build, and a small rest. The split recovers each part's spread (and the shift's mean); None for one build."""
+    from benchmarks.latency_table import error_components
+
+    rng = np.random.default_rng(0)
+    common, bias = rng.normal(-0.02, 0.015, 40), rng.normal(0.0, 0.01, 30)
+    bias -= bias.mean()  # a plan bias with a mean would be part of every build's shift
+    rest = rng.normal(0.0, 0.002, (40, 30))
+    builds = [{"plans": [{"error_anchored": common[b] + bias[p] + rest[b, p]} for p in range(30)]} for b in range(40)]
+    parts = error_components(builds)
+    assert parts["common_mean"] == pytest.approx(common.mean(), abs=0.001)
+    assert parts["common_sd"] == pytest.approx(common.std(ddof=1), rel=0.05)
+    assert parts["plan_sd"] == pytest.approx(bias.std(ddof=1), rel=0.05)
+    assert parts["rest_sd"] == pytest.approx(0.002, rel=0.1)
+    assert error_components(builds[:1]) is None
+
+
+def test_shuffled_rounds_spread_the_previous_networks_effect_over_every_network() -> None:
+    """A deterministic synthetic predecessor effect: `b` costs 3 ms more right after `a`. In a fixed order
+    (a b c a b c ...) every run of `b` pays it and no other bench does; shuffled, each bench follows every other one
+    in turn, `b` pays it in a share of its runs only, and the seeded order repeats from session to session."""
+    from zoo.latency.measure import Bench, time_rounds
+
+    def session(order: str) -> tuple[list[Bench], list[str]]:
+        calls: list[str] = [""]
+
+        def network(name: str):
+            def call() -> None:
+                if name == "b" and calls[-1] == "a":
+                    time.sleep(0.003)
+                calls.append(name)
+            return call
+
+        benches = [Bench(network(name)) for name in "abc"]
+        time_rounds(benches, (30, 30), 1, 0.0, 60.0, together=True, order=order)
+        return benches, calls
+
+    def slow_share(bench: Bench) -> float:
+        return float(np.mean(np.asarray(bench.times_ms) >= 3.0))
+
+    fixed, _ = session("fixed")
+    assert [slow_share(b) for b in fixed] == [0.0, 1.0, 0.0]
+    shuffled, calls = session("shuffled")
+    assert all(len(b.times_ms) == 30 for b in shuffled)
+    assert 0.1 < slow_share(shuffled[1]) < 0.7 and slow_share(shuffled[0]) == slow_share(shuffled[2]) == 0.0
+    assert session("shuffled")[1] == calls  # seeded: the same orders again
+    assert len({tuple(calls[i:i + 3]) for i in range(1, len(calls), 3)}) > 1  # a new order in some rounds
+    with pytest.raises(ValueError, match="round order"):
+        time_rounds(shuffled, (1, 1), 1, 0.0, 1.0, order="random")
 
 
 def test_evaluation_anchors_predictions_to_the_original_measured_in_the_same_session(table) -> None:
@@ -544,7 +603,9 @@ def test_diagnosis_splits_each_networks_error_into_segments_and_rest() -> None:
     rows = drift_trace(MODEL, 1.0, window_s=0.5)
     assert rows and all(r["min_ms"] <= r["p10_ms"] <= r["median_ms"] for r in rows)
     rows = neighbour_check(MODEL, 2, 3, 1, 1, SIZE, replace(FAST, entries="context"))
-    assert [(r["mode"], r["warm_calls"]) for r in rows] == [("alone", 0), ("between plans", 0), ("between plans", 1)]
+    assert [(r["mode"], r["warm_calls"], r["round_order"]) for r in rows] == [
+        ("alone", 0, "fixed"), ("between plans", 0, "fixed"), ("between plans", 1, "fixed"),
+        ("between plans", 0, "shuffled")]
     for r in rows:
         assert len(r["copies_relative"]) == 2 and r["copies_sd"] == pytest.approx(float(np.std(r["copies_relative"])))
         assert len(r["plans_ms"]) == (0 if r["mode"] == "alone" else 2)
@@ -588,6 +649,26 @@ def test_isolated_rounds_divide_the_machines_drift_out_by_the_reference_network(
     assert steady["p10_ms"] == pytest.approx(2.0, rel=0.15) and steady["median_ms"] == pytest.approx(4.0, rel=0.15)
     assert steady["iqr_ms"] < 0.5 and steady["speed_range"][0] == pytest.approx(0.5, rel=0.15)
     assert "speed_range" not in records(False)["entry"]  # nothing to divide by without the reference
+
+
+def test_each_bench_is_divided_by_the_speed_the_other_benches_saw():
+    """Four networks on a machine that turns 20 % slower halfway; network A also turns 10 % slower on its own after
+    a quarter. Every network loses the machine's step once divided by its speed, and A keeps its own step: its own
+    runs do not set its speed (divided by itself, its step would vanish and its costs drift toward its median)."""
+    from zoo.latency.table import speeds_from_others
+
+    rounds = np.arange(100)
+    machine = np.where(rounds < 50, 1.0, 1.2)
+    own = np.where(rounds < 25, 1.0, 1.1)
+    times = [10.0 * machine * own, 5.0 * machine, 7.0 * machine, 3.0 * machine]
+    speeds = speeds_from_others(times, 1)
+    assert len(speeds) == 4 and all(s.shape == (100,) for s in speeds)
+    for t, speed in zip(times[1:], speeds[1:]):  # one network's own change does not move the others' speed
+        assert np.ptp(t / speed) == pytest.approx(0.0, abs=1e-9)
+    a = times[0] / speeds[0]
+    assert a[25:].mean() / a[:25].mean() == pytest.approx(1.1) and np.ptp(a[25:]) == pytest.approx(0.0, abs=1e-9)
+    paired = speeds_from_others([np.r_[machine, machine], np.r_[machine, machine]], 2)  # 2 runs per round
+    assert paired[0].shape == (200,) and np.ptp(np.r_[machine, machine] / paired[0]) == pytest.approx(0.0, abs=1e-9)
 
 
 def test_speed_levels_put_each_estimator_back_where_the_raw_reference_has_it():

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ZooError
+from .table import TableSettings
+
+_TABLE = TableSettings()  # the defaults are prune.py's, declared once
 
 
 @dataclass
@@ -29,19 +32,19 @@ class LatencyConfig:
     device: str = "auto"
     dtype: str = "float32"
     channels_last: bool = False
-    threads: int = 1
+    threads: int = _TABLE.threads
     cache_dir: Any = None
     calibrate: int = 0
     seed: int = 0
-    clock: str = "wall"
-    estimator: str = "p10"
-    warmup_s: float = 3.0
-    min_rounds: int = 30
-    max_rounds: int = 400
-    entries: str = "auto"
-    cuda_timing: str = "auto"
-    cuda_graph: bool = False
-    runtime: str = "eager"
+    clock: str = _TABLE.clock
+    estimator: str = _TABLE.estimator
+    warmup_s: float = _TABLE.warmup_s
+    min_rounds: int = _TABLE.min_rounds
+    max_rounds: int = _TABLE.max_rounds
+    entries: str = _TABLE.entries
+    cuda_timing: str = _TABLE.cuda_timing
+    cuda_graph: bool = _TABLE.cuda_graph
+    runtime: str = _TABLE.runtime
     json: Any = None
 
 

@@ -47,7 +47,8 @@ class CalibrationSettings:
     """Interleaved timing of whole networks: every round runs each network `warm_calls` times untimed (none by
     default), then `runs_per_round` times timed. A warm call keeps the previous network in the round out of the
     timing; it is off by default because with it (and a table built the same way) MobileNetV2's speed-up errors
-    moved by -3.2 % on average (docs/latency.md, "Neighbours").
+    moved by -3.2 % on average (docs/latency.md, "Neighbours"). `round_order` ``shuffled`` draws a new order of
+    the networks every round, so none follows the same predecessor every time.
 
     Rounds continue (at least `min_rounds`) until every network's median has a relative standard error of at
     most `rel_tol`, or `max_rounds` / `max_time_s` is reached. The table's estimator summarises the runs.
@@ -57,6 +58,7 @@ class CalibrationSettings:
     net_warmup_s: float = 0.1
     runs_per_round: int = 1
     warm_calls: int = 0
+    round_order: str = "fixed"
     min_rounds: int = 20
     max_rounds: int = 100
     rel_tol: float = 0.005
@@ -178,7 +180,7 @@ def time_interleaved(callables: Sequence[Any], args: Sequence[Any], kwargs: Mapp
         for bench in benches:
             bench.warmup(settings.net_warmup_s)
         time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round, settings.rel_tol,
-                    settings.max_time_s, warm_calls=settings.warm_calls)
+                    settings.max_time_s, warm_calls=settings.warm_calls, order=settings.round_order)
     return benches
 
 

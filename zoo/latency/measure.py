@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import random
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -63,6 +64,7 @@ class MeasureSettings:
 
 
 CLOCKS = ("wall", "thread")
+ROUND_ORDERS = ("fixed", "shuffled")
 
 
 def check_rounds(settings: Any, name: str) -> None:
@@ -74,6 +76,8 @@ def check_rounds(settings: Any, name: str) -> None:
         ("max_rounds", settings.max_rounds >= settings.min_rounds, ">= min_rounds"),
         ("rel_tol", settings.rel_tol >= 0, ">= 0"), ("max_time_s", settings.max_time_s > 0, "> 0"),
         ("warmup_s", settings.warmup_s >= 0, ">= 0"), ("warm_calls", settings.warm_calls >= 0, ">= 0")) if not ok]
+    if settings.round_order not in ROUND_ORDERS:
+        problems.append(f"round_order={settings.round_order!r} must be one of {', '.join(ROUND_ORDERS)}")
     if problems:
         raise ZooError(f"{name}: {'; '.join(problems)}.")
 
@@ -401,7 +405,7 @@ def measure(
 
 
 def time_rounds(benches: Sequence[Bench], rounds: tuple[int, int], runs_per_round: int, rel_tol: float,
-                max_time_s: float, together: bool = False, warm_calls: int = 0) -> list[bool]:
+                max_time_s: float, together: bool = False, warm_calls: int = 0, order: str = "fixed") -> list[bool]:
     """Time benches in interleaved rounds until each converged (after the minimum rounds) or a cap hit.
 
     ``together``: every bench runs in every round until all have converged (runs line up round by round).
@@ -409,13 +413,20 @@ def time_rounds(benches: Sequence[Bench], rounds: tuple[int, int], runs_per_roun
     the state its own call leaves (as when a network serves request after request), not from the state the
     previous bench in the round left (docs/latency.md, "Neighbours": one network timed after different networks
     sat up to 1.8 % either side of its mean by its predecessor alone).
+    ``order``: ``fixed`` runs the benches in the same order every round (A B C A B C ...), so each one follows the
+    same predecessor in every round; ``shuffled`` draws a new random order for every round (seeded, so a session's
+    orders repeat), so a bench's predecessor changes from round to round instead of adding the same bias to every
+    one of its runs.
     Returns per bench whether a cap (max rounds or time) stopped it before its median converged.
     """
+    if order not in ROUND_ORDERS:
+        raise ValueError(f"Unknown round order {order!r}; allowed are {', '.join(ROUND_ORDERS)}.")
     min_rounds, max_rounds = rounds
     active = list(range(len(benches)))
+    shuffler = random.Random(0)
     start = time.perf_counter()
     for round_index in range(max_rounds):
-        for i in active:
+        for i in (shuffler.sample(active, len(active)) if order == "shuffled" else active):
             benches[i].run(min_runs=runs_per_round, discard=warm_calls)
         if round_index + 1 >= min_rounds:
             pending = [i for i in active if not benches[i].converged(rel_tol, min_rounds * runs_per_round)]

@@ -108,8 +108,16 @@ class TableSettings:
         lowered the noise but moved every plan's speed-up error by -3.2 % on average (docs/latency.md,
         "Neighbours"). Isolated entries take none: a second call of an entry alone
         would time its weights hot, which inside a network they are not.
+    round_order: ``fixed`` runs the networks (entries) in the same order every round, so each follows the same
+        predecessor every time; ``shuffled`` draws a new (seeded) order each round, so the predecessor changes from
+        round to round (:func:`~zoo.latency.measure.time_rounds`). An option: in one MobileNetV2 run it was no
+        better end to end than the fixed order (docs/latency.md, "Where the error sits").
     min_rounds / max_rounds: every entry gets at least / at most this many rounds; in between, an entry leaves
-        once its median's relative standard error is at most `rel_tol`; `max_time_s` caps the rounds' time.
+        once its median's relative standard error is at most `rel_tol`; `max_time_s` caps the rounds' time. 150 by
+        default: in the one MobileNetV2 pair that changed only this (30 -> 150), the shift a build's table gives
+        every plan's speed-up fell from 1.6 to 0.9 % (sd over 10 builds) and the worst build's anchored max from
+        8.1 to 5.1 %; the runs with 150 had 0.7-1.3 %, the eight before with 30 1.2-2.1 % (docs/latency.md, "Where
+        the error sits"). Builds take about twice as long.
     estimator: which statistic of the runs the costs use: ``median``, ``p10`` (10th percentile; robust to a
         busy machine, whose interference only ever adds time) or ``min``. In context, a part's cost is its mean
         over the runs whose whole-network time is near that statistic of the totals, so the parts add up to it.
@@ -135,7 +143,8 @@ class TableSettings:
     entry_warmup_s: float = 0.05
     runs_per_round: int = 1
     warm_calls: int = 0
-    min_rounds: int = 30
+    round_order: str = "fixed"
+    min_rounds: int = 150
     max_rounds: int = 400
     rel_tol: float = 0.01
     max_time_s: float = 240.0
@@ -326,8 +335,9 @@ def measure_rounds(pending: Sequence[Pending], device: torch.device, settings: T
 
     With a `reference` (the network-sized entry behind the fixed part: the replay network in eager, the whole
     network elsewhere), drift inside the build is divided out as in context (:func:`measure_in_context`): the
-    reference runs first in every round (timed even when it is cached), every entry runs in every round until all
-    have converged, and each round's runs are divided by that round's :func:`machine_speed` from the reference. Each
+    reference runs in every round (first, unless ``round_order`` shuffles it; timed even when it is cached), every
+    entry runs in every round until all have converged, and each entry's runs of a round are divided by that round's
+    :func:`machine_speed` as the other entries (the reference among them) saw it (:func:`speeds_from_others`). Each
     estimator's statistic is then put back at the speed that statistic picks out of the reference's raw runs
     (:func:`speed_levels`; p10: the machine's fast state, as a whole network measured end to end reports it), so
     the fixed part (whole less intact segments) and the entries timed in one call describe one machine state
@@ -344,15 +354,18 @@ def measure_rounds(pending: Sequence[Pending], device: torch.device, settings: T
     for bench in benches:
         bench.warmup(settings.entry_warmup_s)
     caps = time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round,
-                       settings.rel_tol, settings.max_time_s, together=reference is not None)
-    speed = per_run_speed(benches[0].times_ms, settings.runs_per_round) if reference is not None else None
+                       settings.rel_tol, settings.max_time_s, together=reference is not None,
+                       order=settings.round_order)
+    speeds = (speeds_from_others([b.times_ms for b in benches], settings.runs_per_round) if reference is not None
+              else [None] * len(benches))
+    speed = speeds[0]
     levels = speed_levels(benches[0].times_ms, speed) if speed is not None else {}
     wanted = {p.key for p in pending}
     records = {}
-    for p, bench, cap_hit, call in zip(timed, benches, caps, calls):
+    for p, bench, cap_hit, call, own_speed in zip(timed, benches, caps, calls, speeds):
         if p.key not in wanted:
             continue
-        times = np.asarray(bench.times_ms) if speed is None else np.asarray(bench.times_ms) / speed
+        times = np.asarray(bench.times_ms) if own_speed is None else np.asarray(bench.times_ms) / own_speed
         summary = robust_summary(times)
         summary.update({f"{est}_ms": summary[f"{est}_ms"] * level for est, level in levels.items()})
         mem, estimated = peak_memory(p.module, p.capture.args, p.capture.kwargs, device)
@@ -360,8 +373,8 @@ def measure_rounds(pending: Sequence[Pending], device: torch.device, settings: T
                           "runtime_build_s": getattr(call, "build_s", 0.0),
                           "time_s": bench.time_s, "peak_mem_bytes": mem, "mem_estimated": estimated,
                           "what": p.what, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        if speed is not None:
-            records[p.key]["speed_range"] = [float(speed.min()), float(speed.max())]
+        if own_speed is not None:
+            records[p.key]["speed_range"] = [float(own_speed.min()), float(own_speed.max())]
     if speed is not None:
         logger.info("latency table: %d entries x %d rounds; machine speed ranged %.2f-%.2f of its median",
                     len(pending), speed.size // settings.runs_per_round, speed.min(), speed.max())
@@ -427,9 +440,23 @@ def speed_levels(reference_ms: Sequence[float], speed: np.ndarray) -> dict[str, 
             for est in ESTIMATORS}
 
 
-def per_run_speed(reference_ms: Sequence[float], runs_per_round: int) -> np.ndarray:
-    """:func:`machine_speed` repeated for each run of a round: what every bench's runs of that round divide by."""
-    return np.repeat(machine_speed(reference_ms, runs_per_round), runs_per_round)
+def speeds_from_others(times_ms: Sequence[Sequence[float]], runs_per_round: int) -> list[np.ndarray]:
+    """Per bench, per run: the :func:`machine_speed` of that run's round as the *other* benches timed in the same
+    rounds saw it (per round, the median over them of their time over their own median), repeated for each run
+    of the round: what that bench's runs divide by.
+
+    No bench is divided by its own times. A network whose own runs set the speed has part of its own noise divided
+    out with the drift, so its fastest runs sit closer to its median than any other network's, and its entries
+    would come out slower than theirs (docs/latency.md, "Where the error sits"). With one bench, it is its own.
+    """
+    per_round = np.stack([np.asarray(t, dtype=np.float64).reshape(-1, runs_per_round).mean(axis=1)
+                          for t in times_ms])
+    relative = per_round / np.median(per_round, axis=1, keepdims=True)
+    speeds = []
+    for j in range(len(relative)):
+        others = np.delete(relative, j, axis=0) if len(relative) > 1 else relative
+        speeds.append(np.repeat(machine_speed(np.median(others, axis=0), 1), runs_per_round))
+    return speeds
 
 
 def measure_in_context(model: nn.Module, segs: Sequence[Segment], keys: Sequence[Mapping[frozenset[str], str | None]],
@@ -440,8 +467,9 @@ def measure_in_context(model: nn.Module, segs: Sequence[Segment], keys: Sequence
     The intact network and the probe networks (:func:`probe_variants`) run in interleaved rounds, every network
     once per round (``runs_per_round`` times), with a hook pair at every segment boundary
     (:class:`~zoo.latency.context.ContextBench`). The machine's speed drifts over seconds (docs/latency.md), so each
-    round's runs are divided by that round's :func:`machine_speed`, from the intact network, and each estimator's
-    costs are put back at the speed that estimator picks out of the intact network's raw runs
+    network's runs of a round are divided by that round's :func:`machine_speed` as the other networks saw it
+    (:func:`speeds_from_others`), and each estimator's costs are put back at the speed that estimator picks out of
+    the intact network's raw runs
     (:func:`speed_levels`). For each estimator, a part's cost is its mean over the runs in the
     estimator's window of its network's totals (:func:`estimator_runs`), so a network's parts add up to its
     estimated total; entries met in several networks (or segments) average their per-network costs. The fixed
@@ -462,21 +490,22 @@ def measure_in_context(model: nn.Module, segs: Sequence[Segment], keys: Sequence
             bench.warmup(settings.entry_warmup_s)
         cap_hit = any(time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round,
                                   settings.rel_tol, settings.max_time_s, together=True,
-                                  warm_calls=settings.warm_calls))
+                                  warm_calls=settings.warm_calls, order=settings.round_order))
     finally:
         for bench in benches:
             bench.close()
-    speed = per_run_speed(benches[0].times_ms, settings.runs_per_round)
+    speeds = speeds_from_others([b.times_ms for b in benches], settings.runs_per_round)
+    speed = speeds[0]
     levels = speed_levels(benches[0].times_ms, speed)
     hooks_ms = hook_overhead_ms(device, settings.clock) * len(names)
     parts: dict[str, dict[str, list[float]]] = {}  # key -> estimator -> per-network costs
     samples: dict[str, list[float]] = {}
-    for variants, bench in zip(choices, benches):
-        windows = {est: estimator_runs(np.asarray(bench.times_ms) / speed, est) for est in ESTIMATORS}
+    for variants, bench, own_speed in zip(choices, benches, speeds):
+        windows = {est: estimator_runs(np.asarray(bench.times_ms) / own_speed, est) for est in ESTIMATORS}
         series = [(keys[i][v], bench.segment_ms[name]) for i, (name, v) in enumerate(zip(names, variants))]
         series.append((fixed_key, [ms - hooks_ms for ms in bench.rest_ms]))
         for key, times in series:
-            values = np.asarray(times) / speed
+            values = np.asarray(times) / own_speed
             for est, runs in windows.items():
                 parts.setdefault(key, {}).setdefault(est, []).append(max(0.0, float(values[runs].mean()) * levels[est]))
             samples.setdefault(key, []).extend(values.tolist())
@@ -672,12 +701,13 @@ class LatencyTable:
 
 def protocol_name(device: torch.device, settings: TableSettings) -> str:
     """How the entries of a cache file were timed (part of its condition)."""
+    shuffled = "-shuffled" if settings.round_order == "shuffled" else ""
     if settings.entries == "context":
         warm = f"-warm-{settings.warm_calls}" if settings.warm_calls else ""
         spacing = f"-spaced-{settings.probe_spacing}" if settings.probe_spacing > 1 else ""
-        return f"context-level-{settings.runs_per_round}{warm}{spacing}"
-    return f"round-robin-level-{settings.runs_per_round}" + (f"-{settings.cuda_timing}" if device.type == "cuda"
-                                                              else "")
+        return f"context-peers-{settings.runs_per_round}{warm}{spacing}{shuffled}"
+    return (f"round-robin-peers-{settings.runs_per_round}" + (f"-{settings.cuda_timing}" if device.type == "cuda"
+                                                               else "") + shuffled)
 
 
 def condition_key(device: torch.device, dtype: torch.dtype, batch_size: int, input_size: Sequence[int],
