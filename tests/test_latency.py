@@ -677,6 +677,6 @@ def test_speed_levels_put_each_estimator_back_where_the_raw_reference_has_it():
     from zoo.latency.table import machine_speed, speed_levels
 
     raw = np.r_[np.full(30, 10.0), np.full(70, 12.0)] + np.random.default_rng(0).uniform(0, 0.01, 100)
-    levels = speed_levels(raw, machine_speed(raw, 1))
+    levels = speed_levels(raw, machine_speed(raw))
     assert levels["p10"] == pytest.approx(10 / 12, rel=0.01) and levels["min"] == pytest.approx(10 / 12, rel=0.01)
     assert levels["median"] == pytest.approx(1.0, rel=0.01)

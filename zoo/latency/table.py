@@ -416,10 +416,10 @@ def estimator_runs(totals: Sequence[float], estimator: str) -> np.ndarray:
     return chosen if chosen.size else np.array([int(np.argmin(np.abs(t - np.median(t))))])
 
 
-def machine_speed(reference_ms: Sequence[float], runs_per_round: int, span: int = 3) -> np.ndarray:
-    """Per round, how slow the machine was: the reference network's time in that round (a running median over
-    ``2 * span + 1`` rounds, which keeps one slow run from counting as a slow machine) over its median."""
-    per_round = np.asarray(reference_ms, dtype=np.float64).reshape(-1, runs_per_round).mean(axis=1)
+def machine_speed(per_round: Sequence[float], span: int = 3) -> np.ndarray:
+    """Per round, how slow the machine was: a time per round (a running median over ``2 * span + 1`` rounds, which
+    keeps one slow run from counting as a slow machine) over its median."""
+    per_round = np.asarray(per_round, dtype=np.float64)
     smooth = np.array([np.median(per_round[max(0, r - span):r + span + 1]) for r in range(per_round.size)])
     return smooth / np.median(smooth)
 
@@ -455,7 +455,7 @@ def speeds_from_others(times_ms: Sequence[Sequence[float]], runs_per_round: int)
     speeds = []
     for j in range(len(relative)):
         others = np.delete(relative, j, axis=0) if len(relative) > 1 else relative
-        speeds.append(np.repeat(machine_speed(np.median(others, axis=0), 1), runs_per_round))
+        speeds.append(np.repeat(machine_speed(np.median(others, axis=0)), runs_per_round))
     return speeds
 
 
