@@ -11,9 +11,11 @@ isolated table takes them) minus the estimate of the total (a 10th percentile of
 percentiles). In-context parts are means over the runs whose totals sit at the estimator's statistic, so segments
 and rest add up to the measured total exactly.
 
-Per entry it lists the largest isolated - in-context gaps with the kind of module (intact, activations merged,
-dense merged kernels). Afterwards the isolated entries are timed once more (``--rebuild``) to show how much of the
-gap is drift between the build and the networks' measurement rather than isolation.
+Per entry it lists the largest table - in-context gaps with the kind of module (intact, activations merged,
+dense merged kernels), also anchored (the table scaled by the original's measured / predicted time, as the
+benchmark's anchored error is), and per network the three segments with the largest anchored gaps. Afterwards the
+isolated entries are timed once more (``--rebuild``) to show how much of the gap is drift between the build and the
+networks' measurement rather than isolation.
 
     python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --batch-size 1 --plans 6 [--entries isolated]
     python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --drift 120   # the machine's own speed over time
@@ -98,12 +100,14 @@ def diagnose(model: str, batch_size: int, input_size: int | None, plans: int, se
             return float(np.asarray(values)[runs].mean())
 
         seg_iso = seg_ctx = per_part = 0.0
+        parts = []
         for i, (seg, variant) in enumerate(zip(table.segments, variants)):
             if seg.name in variant:
                 continue
             iso, ctx = table.raw_cost(i, variant), window(bench.segment_ms[seg.name])
             per_part += estimate(bench.segment_ms[seg.name], est)
             seg_iso, seg_ctx = seg_iso + iso, seg_ctx + ctx
+            parts.append((f"{seg.name} {variant_label(seg, variant)}", iso, ctx))
             row = entries.setdefault((seg.name, variant), {"segment": seg.name, "variant": variant_label(seg, variant),
                                                           "kind": kind_of(table, i, variant), "isolated_ms": iso,
                                                           "again_ms": again.raw_cost(i, variant) if again else None,
@@ -120,20 +124,26 @@ def diagnose(model: str, batch_size: int, input_size: int | None, plans: int, se
             "estimator_gap_ms": per_part - total,
             "median_error": by_median.predict(plan, corrected=False) / (estimate(bench.times_ms, "median")
                                                                        - hooks_ms * len(bench.names)) - 1,
+            "parts": parts,
         })
     anchor = networks[0]["measured_ms"] / networks[0]["predicted_ms"]
     for n in networks:
         n["anchored_error"] = n["predicted_ms"] * anchor / n["measured_ms"] - 1
+        gaps = sorted(((name, iso * anchor - ctx) for name, iso, ctx in n.pop("parts")), key=lambda g: -abs(g[1]))
+        n["segments_gap_anchored_ms"] = sum(gap for _, gap in gaps)
+        n["rest_gap_anchored_ms"] = n["rest_gap_ms"] + table.fixed_raw_ms * (anchor - 1)
+        n["largest_gaps_anchored_ms"] = gaps[:3]  # the segments that carry most of this network's anchored error
     for row in entries.values():
         row["context_ms"] = statistics.median(row["context_ms"])
         row["gap"] = row["isolated_ms"] / row["context_ms"] - 1 if row["context_ms"] > 0 else float("nan")
-    rows = sorted(entries.values(), key=lambda r: -abs(r["isolated_ms"] - r["context_ms"]))
+        row["gap_anchored_ms"] = row["isolated_ms"] * anchor - row["context_ms"]
+    rows = sorted(entries.values(), key=lambda r: -abs(r["gap_anchored_ms"]))
     by_kind: dict[str, list[float]] = {}
     for row in rows:
         by_kind.setdefault(row["kind"], []).append(row["gap"])
     noise = abs(networks[0]["measured_ms"] - estimate(benches[0].times_ms[::2], est)) / networks[0]["measured_ms"]
     return {"model": model, "batch_size": batch_size, "input_size": table.condition["input_size"],
-            "clock": settings.clock, "estimator": est, "fixed_ms": table.fixed_raw_ms,
+            "clock": settings.clock, "estimator": est, "anchor": anchor, "fixed_ms": table.fixed_raw_ms,
             "overhead_ms": table.overhead_ms, "hook_pair_ms": hooks_ms, "networks": networks,
             "gap_by_kind": {k: {"n": len(v), "median": statistics.median(v), "max_abs": max(map(abs, v))}
                             for k, v in by_kind.items()},
@@ -256,20 +266,22 @@ def report(result: dict[str, Any], top: int = 12) -> str:
              f"fixed part {result['fixed_ms']:.3f} ms, call overhead {result['overhead_ms'] * 1e3:.1f} us, hook pair "
              f"{result['hook_pair_ms'] * 1e3:.2f} us, table built in {result['table_s']:.0f} s", "",
              "| network | removed | measured ms | error | anchored error | segments gap ms | rest gap ms "
-             "| estimator effect ms | error, all medians |", "|---|---|---|---|---|---|---|---|---|"]
+             "| estimator effect ms | error, all medians | largest anchored gaps ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for i, n in enumerate(result["networks"]):
+        largest = ", ".join(f"{name} {gap:+.3f}" for name, gap in n["largest_gaps_anchored_ms"])
         lines.append(f"| {'original' if i == 0 else f'plan {i}'} | {n['removed']} | {n['measured_ms']:.3f} | "
                      f"{n['error']:+.1%} | {n['anchored_error']:+.1%} | {n['segments_gap_ms']:+.3f} | "
                      f"{n['rest_gap_ms']:+.3f} | "
-                     f"{n['estimator_gap_ms']:+.3f} | {n['median_error']:+.1%} |")
+                     f"{n['estimator_gap_ms']:+.3f} | {n['median_error']:+.1%} | {largest} |")
     lines += ["", "| kind | entries | median isolated/context - 1 | max abs |", "|---|---|---|---|"]
     lines += [f"| {k} | {v['n']} | {v['median']:+.1%} | {v['max_abs']:.1%} |" for k, v in result["gap_by_kind"].items()]
-    lines += ["", "| segment | variant | kind | isolated ms | rebuilt ms | in context ms | gap |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "| segment | variant | kind | table ms | rebuilt ms | in context ms | gap | anchored gap ms |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in result["entries"][:top]:
         again = f"{r['again_ms']:.3f}" if r["again_ms"] is not None else "-"
         lines.append(f"| {r['segment']} | {r['variant']} | {r['kind']} | {r['isolated_ms']:.3f} | {again} | "
-                     f"{r['context_ms']:.3f} | {r['gap']:+.1%} |")
+                     f"{r['context_ms']:.3f} | {r['gap']:+.1%} | {r['gap_anchored_ms']:+.3f} |")
     return "\n".join(lines)
 
 
@@ -289,8 +301,8 @@ def main() -> None:
     parser.add_argument("--round-order", choices=ROUND_ORDERS, default="fixed",
                         help="TableSettings.round_order, also for the networks timed after the build")
     parser.add_argument("--session-rounds", type=int, default=0, metavar="ROUNDS",
-                        help="with --sessions: every network exactly this many rounds per session (default: the "
-                             "benchmark's 20-60 rounds, each network until its median converged)")
+                        help="every measured network exactly this many rounds (per session with --sessions; default: "
+                             "20-60 rounds, each network until its median converged)")
     parser.add_argument("--rebuild", action="store_true", help="time the isolated entries once more afterwards")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--drift", type=float, default=0.0, metavar="SECONDS",
@@ -351,6 +363,8 @@ def main() -> None:
             print(f"| {r['from_s']:.0f} | {r['runs']} | {r['min_ms']:.3f} | {r['p10_ms']:.3f} | {r['median_ms']:.3f} |")
         return
     calib = CalibrationSettings(max_rounds=60, max_time_s=180.0, warm_calls=args.warm_calls)
+    if args.session_rounds:
+        calib = replace(calib, min_rounds=args.session_rounds, max_rounds=args.session_rounds, max_time_s=3600.0)
     if args.quick:
         settings = replace(settings, warmup_s=0.3, min_rounds=3, max_rounds=5)
         calib = CalibrationSettings(warmup_s=0.2, min_rounds=3, max_rounds=5, warm_calls=args.warm_calls)

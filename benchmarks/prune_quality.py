@@ -499,7 +499,9 @@ def run(quick: bool = False, device: str = "auto", out: str | None = None, famil
     seeds = seeds or (2 if quick else 3)
     names = families or (["mobilenetv2_035"] if quick else list(FAMILIES))
     methods = methods or list(METHODS)
-    targets = (2.0,) if quick else TARGETS
+    # quick: the lower target, which whole-segment rules (sleb) reach on the tiny task whatever its 3-round table
+    # measured; at 2.0x, removing every removable block of MobileNetV2-0.35 at 8 px sits near the budget
+    targets = TARGETS[:1] if quick else TARGETS
     root = Path(workdir or tempfile.mkdtemp(prefix="prune_quality-"))
     start = time.perf_counter()
     result: dict[str, Any] = {"suite": "prune_quality", "quick": quick, "seeds": seeds, "workdir": str(root),

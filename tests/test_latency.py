@@ -591,6 +591,11 @@ def test_diagnosis_splits_each_networks_error_into_segments_and_rest() -> None:
     for n in result["networks"]:  # in-context parts add up to the measured total, so the split is exact
         assert n["predicted_ms"] - n["measured_ms"] == pytest.approx(n["segments_gap_ms"] + n["rest_gap_ms"], abs=1e-9)
         assert n["error"] == pytest.approx(n["predicted_ms"] / n["measured_ms"] - 1)
+        anchored_gap = n["predicted_ms"] * result["anchor"] - n["measured_ms"]  # exact, anchored too
+        assert anchored_gap == pytest.approx(n["segments_gap_anchored_ms"] + n["rest_gap_anchored_ms"], abs=1e-9)
+        assert n["anchored_error"] == pytest.approx(anchored_gap / n["measured_ms"])
+        largest = [abs(gap) for _, gap in n["largest_gaps_anchored_ms"]]
+        assert len(largest) == 3 and largest == sorted(largest, reverse=True)
     assert result["networks"][0]["anchored_error"] == pytest.approx(0.0)
     assert "| original |" in report(result)
     check = hook_check(MODEL, 5, 1, SIZE, replace(FAST, entries="context"))
