@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.latency_table import exact_rounds
 from zoo.latency import CalibrationSettings, TableSettings, build_table, evaluate, random_plans
 from zoo.latency.calibrate import pruned_network
 from zoo.latency.context import ContextBench, hook_overhead_ms
@@ -337,7 +338,7 @@ def main() -> None:
         calib = CalibrationSettings(max_rounds=60, max_time_s=240.0, warm_calls=args.warm_calls,
                                     round_order=args.round_order)
         if args.session_rounds:
-            calib = replace(calib, min_rounds=args.session_rounds, max_rounds=args.session_rounds, max_time_s=3600.0)
+            calib = exact_rounds(calib, args.session_rounds)
         rows = session_check(args.model, args.sessions, args.plans, args.seed, args.batch_size, args.input_size,
                              settings, calib)
         RESULTS.mkdir(exist_ok=True)
@@ -364,7 +365,7 @@ def main() -> None:
         return
     calib = CalibrationSettings(max_rounds=60, max_time_s=180.0, warm_calls=args.warm_calls)
     if args.session_rounds:
-        calib = replace(calib, min_rounds=args.session_rounds, max_rounds=args.session_rounds, max_time_s=3600.0)
+        calib = exact_rounds(calib, args.session_rounds)
     if args.quick:
         settings = replace(settings, warmup_s=0.3, min_rounds=3, max_rounds=5)
         calib = CalibrationSettings(warmup_s=0.2, min_rounds=3, max_rounds=5, warm_calls=args.warm_calls)

@@ -118,6 +118,11 @@ def error_components(builds: list[dict[str, Any]], key: str = "error_anchored") 
             "plan_sd": float(plan.std(ddof=1)), "rest_sd": float(np.sqrt((rest ** 2).sum() / dof))}
 
 
+def exact_rounds(calib: CalibrationSettings, rounds: int) -> CalibrationSettings:
+    """`calib` timing every network exactly `rounds` rounds: no convergence stop and no practical time cap."""
+    return replace(calib, min_rounds=rounds, max_rounds=rounds, max_time_s=3600.0)
+
+
 def in_fresh_process(fn: Any, *args: Any) -> Any:
     """``fn(*args)`` in a new Python process (spawned), as a user's ``prune.py`` run builds its table: cold builds
     that shared one process predicted slower and slower networks (MobileNetV2's original: 14.0 ms in the first
@@ -133,7 +138,7 @@ def bench_model(name: str, device: str, batch_size: int, input_size: int | None,
     calib = CalibrationSettings(warmup_s=0.2, min_rounds=3, max_rounds=5) if quick else CalibrationSettings(
         max_rounds=60, max_time_s=240.0)
     if session_rounds:
-        calib = replace(calib, min_rounds=session_rounds, max_rounds=session_rounds, max_time_s=3600.0)
+        calib = exact_rounds(calib, session_rounds)
     # whole networks are timed as the table's were
     calib = replace(calib, warm_calls=settings.warm_calls, round_order=settings.round_order)
     size = None if zoo.get_entry(name).family == "retnet" else input_size
