@@ -22,12 +22,16 @@ networks' measurement rather than isolation.
     python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --hooks 100   # the build's level vs a session's
     python -m benchmarks.latency_diagnosis --model tresnet_m --sessions 2 --plans 12   # one table, K sessions
     python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --neighbours 6   # the previous network's effect
+    python -m benchmarks.latency_diagnosis --page-faults 2048,512 2048,2048 1024,512   # a conv with glibc's defaults
+                                                                       # and with freed memory kept, side by side
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import resource
 import statistics
 import tempfile
 import time
@@ -42,7 +46,7 @@ from benchmarks.latency_table import exact_rounds
 from zoo.latency import CalibrationSettings, TableSettings, build_table, evaluate, random_plans
 from zoo.latency.calibrate import pruned_network
 from zoo.latency.context import ContextBench, hook_overhead_ms
-from zoo.latency.device import timing_context
+from zoo.latency.device import keep_freed_memory, timing_context
 from zoo.latency.measure import ROUND_ORDERS, Bench, time_rounds
 from zoo.latency.table import estimator_runs, variant_label
 
@@ -262,6 +266,36 @@ def neighbour_check(model: str, copies: int, rounds: int, sessions: int, batch_s
     return rows
 
 
+def page_fault_check(channels: list[tuple[int, int]], rounds: int = 20, size: int = 7) -> list[dict[str, Any]]:
+    """Per (in, out) channel pair, a 3x3 conv at batch 1 and ``size`` x ``size`` (TResNet-M's `layer4` at 224 px)
+    timed with glibc's settled thresholds (a default process that has freed a 32 MiB buffer: mmap above 32 MiB) and
+    inside :func:`keep_freed_memory`, alternating call by call in one process: per allocator the 10th percentile and
+    median (ms, wall clock, one thread) and the page faults per call."""
+    rows = []
+    for c_in, c_out in channels:
+        conv = torch.nn.Conv2d(c_in, c_out, 3, padding=1).eval()
+        x = torch.randn(1, c_in, size, size)
+        times: dict[str, list[float]] = {"glibc": [], "keep-freed": []}
+        faults: dict[str, list[int]] = {"glibc": [], "keep-freed": []}
+        with torch.inference_mode():
+            torch.set_num_threads(1)
+            conv(x)
+            for _ in range(rounds):
+                for mode in times:
+                    with keep_freed_memory() if mode == "keep-freed" else contextlib.nullcontext():
+                        conv(x)  # the first call in the mode may fault memory the heap never had
+                        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                        start = time.perf_counter()
+                        conv(x)
+                        times[mode].append((time.perf_counter() - start) * 1e3)
+                        faults[mode].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        weight_mb = c_in * c_out * 9 * 4 / 2**20
+        rows += [{"in": c_in, "out": c_out, "weight_mib": weight_mb, "allocator": mode,
+                  "p10_ms": estimate(times[mode], "p10"), "median_ms": estimate(times[mode], "median"),
+                  "faults_per_call": statistics.median(faults[mode])} for mode in times]
+    return rows
+
+
 def report(result: dict[str, Any], top: int = 12) -> str:
     lines = [f"## {result['model']}, batch {result['batch_size']}, {result['clock']} clock, {result['estimator']}",
              f"fixed part {result['fixed_ms']:.3f} ms, call overhead {result['overhead_ms'] * 1e3:.1f} us, hook pair "
@@ -312,6 +346,8 @@ def main() -> None:
                         help="instead: a cold table, then its intact network plain and hooked for this many rounds")
     parser.add_argument("--neighbours", type=int, default=0, metavar="COPIES",
                         help="instead: the original as COPIES copies per round, alone and between plans, 3 sessions")
+    parser.add_argument("--page-faults", nargs="+", default=None, metavar="IN,OUT",
+                        help="instead: 3x3 convs of these channels, glibc's default allocator and freed memory kept")
     parser.add_argument("--sessions", type=int, default=0,
                         help="instead: one cold table, then the same --plans (--seed) in this many sessions")
     args = parser.parse_args()
@@ -323,6 +359,16 @@ def main() -> None:
         settings = replace(settings, probe_spacing=args.probe_spacing)
     if args.entries:
         settings = replace(settings, entries=args.entries)
+    if args.page_faults:
+        rows = page_fault_check([tuple(map(int, pair.split(","))) for pair in args.page_faults])
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "latency_page_faults.json").write_text(json.dumps(rows, indent=1))
+        print("| conv in -> out | weights MiB | allocator | p10 ms | median ms | page faults per call |\n"
+              "|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['in']} -> {r['out']} | {r['weight_mib']:.1f} | {r['allocator']} | {r['p10_ms']:.2f} | "
+                  f"{r['median_ms']:.2f} | {r['faults_per_call']:.0f} |")
+        return
     if args.neighbours > 0:
         rows = neighbour_check(args.model, args.neighbours, 80, 3, args.batch_size, args.input_size, settings)
         RESULTS.mkdir(exist_ok=True)

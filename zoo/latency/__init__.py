@@ -5,19 +5,21 @@
   whose sum predicts the latency of any plan (``table.predict(plan)``, ``table.segment_costs()``).
 * :meth:`LatencyTable.calibrate` measures random pruned networks end to end, reports the prediction error beside
   the noise floor and fits a correction when it helps.
+* :func:`keep_freed_memory`: the host-allocator setting every timed run uses; serve inside it (or with the same
+  glibc settings) to run at the latency a table predicts.
 
 Imports only torch, timm, numpy, filelock and the standard library (``python -m zoo.latency`` adds omegaconf).
 """
 
 from .cache import LatencyCache, LatencyCacheWarning, default_cache_dir
 from .calibrate import CalibrationSettings, Correction, Evaluation, NetworkResult, calibrate, evaluate, random_plans
-from .device import LatencyDeviceError, resolve_device, resolve_dtype
+from .device import LatencyDeviceError, keep_freed_memory, resolve_device, resolve_dtype
 from .measure import Bench, LatencyStats, MeasureSettings, measure
 from .table import LatencyTable, TableSettings, build_table
 
 __all__ = [
     "Bench", "CalibrationSettings", "Correction", "Evaluation", "LatencyCache", "LatencyCacheWarning",
     "LatencyDeviceError", "LatencyStats", "LatencyTable", "MeasureSettings", "NetworkResult", "TableSettings",
-    "build_table", "calibrate", "default_cache_dir", "evaluate", "measure", "random_plans", "resolve_device",
-    "resolve_dtype",
+    "build_table", "calibrate", "default_cache_dir", "evaluate", "keep_freed_memory", "measure", "random_plans",
+    "resolve_device", "resolve_dtype",
 ]

@@ -1,6 +1,7 @@
 """The on-disk latency cache: one JSON file per measurement condition, entries keyed by segment signature.
 
-A condition is (device name, torch version, dtype, batch size, input size, layout, threads, workload). Writers
+A condition is (device name, torch version, dtype, batch size, input size, layout, threads, workload, timing
+protocol, clock, form, runtime, host allocator). Writers
 take a file lock, re-read the file, merge their entries and atomically replace it (temp file + ``os.replace``), so
 concurrent jobs (Hydra multirun) never lose or corrupt entries and readers never see a partial file. Files are
 sealed with a SHA-256 of their content; a corrupt, truncated, foreign or stale file is reported with a

@@ -7,6 +7,7 @@ the device cannot run raises :class:`LatencyDeviceError` (a ``ValueError``) befo
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import gc
 import logging
@@ -107,9 +108,66 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+# glibc's mallopt parameters (malloc.h): freed memory above the trim threshold goes back to the system, and buffers
+# above the mmap threshold are fresh mmaps, page-faulted on every call. By default both thresholds are dynamic: the
+# mmap threshold rises to the largest mmap'd buffer freed so far, at most 32 MiB, the trim threshold to twice that.
+# Setting any of them ends the dynamic rule, so on exit they are set to where it ends up in a process that has freed
+# a buffer of 32 MiB or more, as one running these networks has.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
+GLIBC_SETTLED = {M_MMAP_THRESHOLD: 32 * 2**20, M_TRIM_THRESHOLD: 64 * 2**20, M_MMAP_MAX: 65536}
+KEEP_FREED = {M_TRIM_THRESHOLD: 2**31 - 1, M_MMAP_MAX: 0}
+_kept_depth = 0
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
+def host_allocator() -> str:
+    """How timed runs allocate host memory, part of every table's condition: ``glibc-keep-freed`` (see
+    :func:`keep_freed_memory`) where the C library is glibc, else ``system``."""
+    return "glibc-keep-freed" if _glibc() else "system"
+
+
+@contextlib.contextmanager
+def keep_freed_memory() -> Iterator[None]:
+    """glibc keeps freed memory for reuse instead of returning it to the system (no mmap, no trim) while inside.
+
+    Eager PyTorch re-lays a convolution's weights out for oneDNN on every call. Above 32 MiB (glibc's largest mmap
+    threshold) that buffer is a fresh ``mmap``: a merged dense 3x3 conv of 2048 -> 512 channels page-faults 9217
+    times per call and takes 27 ms instead of 14 ms on one thread, and what the faults cost moves with the memory's
+    state (docs/latency.md, "Page faults"). Every timed run is inside this context; to serve at the latency a table
+    predicts, run the network inside it too, or start the process with ``MALLOC_MMAP_MAX_=0
+    MALLOC_TRIM_THRESHOLD_=2147483647`` (or jemalloc/tcmalloc). Re-entrant; on exit glibc's settled thresholds
+    (mmap above 32 MiB, trim above 64 MiB) and a trim.
+    """
+    global _kept_depth
+    libc = _glibc()
+    if libc is not None and _kept_depth == 0:
+        for param, value in KEEP_FREED.items():
+            libc.mallopt(param, value)
+    _kept_depth += 1
+    try:
+        yield
+    finally:
+        _kept_depth -= 1
+        if libc is not None and _kept_depth == 0:
+            for param, value in GLIBC_SETTLED.items():
+                libc.mallopt(param, value)
+            libc.malloc_trim(0)
+
+
 @contextlib.contextmanager
 def timing_context(device: torch.device, dtype: torch.dtype, threads: int) -> Iterator[None]:
-    """Inference mode, autocast for reduced dtypes, a fixed CPU thread count, GC paused, denormals flushed.
+    """Inference mode, autocast for reduced dtypes, a fixed CPU thread count, GC paused, denormals flushed, freed
+    memory kept (:func:`keep_freed_memory`).
 
     ``torch.set_flush_denormal(True)`` stays on for the process afterwards (randomly initialised networks make
     denormal floats, which slow the CPU several-fold); the thread count is restored on exit.
@@ -123,8 +181,8 @@ def timing_context(device: torch.device, dtype: torch.dtype, threads: int) -> It
     autocast = (torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=False)
                 if dtype != torch.float32 else contextlib.nullcontext())
     try:
-        with torch.inference_mode(), autocast, (torch.cuda.device(device) if device.type == "cuda"
-                                                 else contextlib.nullcontext()):
+        with torch.inference_mode(), autocast, keep_freed_memory(), (
+                torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()):
             gc.collect()
             gc.disable()
             yield

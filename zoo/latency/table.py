@@ -52,7 +52,7 @@ from ..surgery import Segment, build_segment, segments
 from .cache import LatencyCache, LatencyCacheWarning, device_lock
 from .calibrate import Correction, calibrate
 from .context import ContextBench, hook_overhead_ms
-from .device import device_name, dtype_name, resolve_device, resolve_dtype, synchronize, timing_context
+from .device import device_name, dtype_name, host_allocator, resolve_device, resolve_dtype, synchronize, timing_context
 from .measure import (
     CLOCKS,
     Bench,
@@ -719,7 +719,7 @@ def condition_key(device: torch.device, dtype: torch.dtype, batch_size: int, inp
             "workload": workload, "cuda_graph": bool(settings.cuda_graph and device.type == "cuda"),
             "protocol": protocol_name(device, settings), "clock": settings.clock,
             "form": "deploy" if settings.deploy else "eager", "runtime": settings.runtime,
-            "runtime_version": runtime_version(settings.runtime)}
+            "runtime_version": runtime_version(settings.runtime), "host_allocator": host_allocator()}
 
 
 def chains_after_previous(segs: Sequence[Segment], captures: Sequence[Capture], runtime: str) -> list[bool]:
