@@ -22,8 +22,8 @@ networks' measurement rather than isolation.
     python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --hooks 100   # the build's level vs a session's
     python -m benchmarks.latency_diagnosis --model tresnet_m --sessions 2 --plans 12   # one table, K sessions
     python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --neighbours 6   # the previous network's effect
-    python -m benchmarks.latency_diagnosis --page-faults 2048,512 2048,2048 1024,512   # a conv with glibc's defaults
-                                                                       # and with freed memory kept, side by side
+    python -m benchmarks.latency_diagnosis --page-faults 2048,512 2048,2048 1024,512   # a conv with glibc's
+                                                            # thresholds and with freed memory kept, side by side
 """
 
 from __future__ import annotations
@@ -289,8 +289,8 @@ def page_fault_check(channels: list[tuple[int, int]], rounds: int = 20, size: in
                         conv(x)
                         times[mode].append((time.perf_counter() - start) * 1e3)
                         faults[mode].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-        weight_mb = c_in * c_out * 9 * 4 / 2**20
-        rows += [{"in": c_in, "out": c_out, "weight_mib": weight_mb, "allocator": mode,
+        weight_mib = c_in * c_out * 9 * 4 / 2**20
+        rows += [{"in": c_in, "out": c_out, "weight_mib": weight_mib, "allocator": mode,
                   "p10_ms": estimate(times[mode], "p10"), "median_ms": estimate(times[mode], "median"),
                   "faults_per_call": statistics.median(faults[mode])} for mode in times]
     return rows
@@ -347,7 +347,7 @@ def main() -> None:
     parser.add_argument("--neighbours", type=int, default=0, metavar="COPIES",
                         help="instead: the original as COPIES copies per round, alone and between plans, 3 sessions")
     parser.add_argument("--page-faults", nargs="+", default=None, metavar="IN,OUT",
-                        help="instead: 3x3 convs of these channels, glibc's default allocator and freed memory kept")
+                        help="instead: 3x3 convs of these channels, glibc's thresholds and freed memory kept")
     parser.add_argument("--sessions", type=int, default=0,
                         help="instead: one cold table, then the same --plans (--seed) in this many sessions")
     args = parser.parse_args()
