@@ -19,9 +19,11 @@ networks' measurement rather than isolation.
 
     python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --batch-size 1 --plans 6 [--entries isolated]
     python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --drift 120   # the machine's own speed over time
+    python -m benchmarks.latency_diagnosis --model retnet_small --drift 120 --drift-window 5 --alternate-cpus
     python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --hooks 100   # the build's level vs a session's
     python -m benchmarks.latency_diagnosis --model tresnet_m --sessions 2 --plans 12   # one table, K sessions
     python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --neighbours 6   # the previous network's effect
+    python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --part-drift 36 [--memory-hog]  # drift per part
     python -m benchmarks.latency_diagnosis --page-faults 2048,512 2048,2048 1024,512   # a conv with glibc's
                                                             # thresholds and with freed memory kept, side by side
 """
@@ -31,8 +33,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import resource
+import select
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -155,30 +161,35 @@ def diagnose(model: str, batch_size: int, input_size: int | None, plans: int, se
             "entries": rows, "half_sample_noise": noise, "table_s": table.build_s}
 
 
-def drift_trace(model: str, seconds: float, batch_size: int = 1, window_s: float = 10.0, clock: str = "wall"
-                ) -> list[dict[str, float]]:
+def drift_trace(model: str, seconds: float, batch_size: int = 1, window_s: float = 10.0, clock: str = "wall",
+                alternate_cpus: bool = False) -> list[dict[str, float]]:
     """The same network (deploy form, one thread) run back to back for `seconds`: per `window_s` window, the
-    number of runs and their min, 10th percentile and median (ms): how far the machine's own speed moves."""
+    number of runs and their min, 10th percentile and median (ms): how far the machine's own speed moves. With
+    `alternate_cpus` window k runs pinned to CPU k mod 2 (`cpu` in each row): whether the two CPUs differ."""
     from zoo.factory import create_model
     from zoo.fuse import fuse
 
     net = fuse(create_model(model)).eval()
     x = net.example_input(batch_size, tuple(net.default_cfg["input_size"]))
     read = time.thread_time if clock == "thread" else time.perf_counter
-    samples = []
-    with timing_context(torch.device("cpu"), torch.float32, 1):
-        start = time.perf_counter()
-        while (now := time.perf_counter() - start) < seconds:
-            t0 = read()
-            net(x)
-            samples.append((now, (read() - t0) * 1e3))
-    at, ms = np.array(samples).T
+    allowed_cpus = os.sched_getaffinity(0)
     rows = []
-    for w in np.arange(0.0, seconds, window_s):
-        sel = ms[(at >= w) & (at < w + window_s)]
-        if sel.size:
-            rows.append({"from_s": float(w), "runs": int(sel.size), "min_ms": float(sel.min()),
-                         "p10_ms": float(np.percentile(sel, 10)), "median_ms": float(np.median(sel))})
+    with contextlib.ExitStack() as stack:
+        stack.callback(os.sched_setaffinity, 0, allowed_cpus)
+        stack.enter_context(timing_context(torch.device("cpu"), torch.float32, 1))
+        for w in np.arange(0.0, seconds, window_s):
+            if alternate_cpus:
+                os.sched_setaffinity(0, {int(w // window_s) % 2})
+                net(x)  # the first call on the new CPU
+            ms = []
+            end = time.perf_counter() + window_s
+            while time.perf_counter() < end:
+                t0 = read()
+                net(x)
+                ms.append((read() - t0) * 1e3)
+            rows.append({"from_s": float(w), "runs": len(ms), "min_ms": float(np.min(ms)),
+                         "p10_ms": estimate(ms, "p10"), "median_ms": estimate(ms, "median"),
+                         **({"cpu": int(w // window_s) % 2} if alternate_cpus else {})})
     return rows
 
 
@@ -266,6 +277,120 @@ def neighbour_check(model: str, copies: int, rounds: int, sessions: int, batch_s
     return rows
 
 
+PART_KERNELS = {  # (in, out, size) of a 3x3 conv at batch 1
+    "3x3 960->160 at 7x7 (merged blocks.5.1/5.2 bn2.act)": (960, 160, 7),  # 5.5 MB of weights
+    "3x3 960->320 at 7x7 (merged blocks.6.0 bn2.act)": (960, 320, 7),  # 11 MB
+    "3x3 32->32 at 112x112 (compute-bound stand-in)": (32, 32, 112),  # 37 KB
+}
+HOG = """import os, sys, time, numpy as np
+parent, deadline = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
+os.sched_setaffinity(0, {1})
+a = np.ones(2**25); b = np.empty_like(a)  # 2 x 256 MiB, more than the L3
+print("streaming", flush=True)
+while os.getppid() == parent and time.monotonic() < deadline:
+    np.copyto(b, a); np.copyto(a, b)
+"""
+
+
+def part_drift_trace(model: str, windows: int, window_s: float = 4.0, memory_hog: bool = False,
+                     sweep_mb: int = 64, min_runs: int = 20) -> list[dict[str, Any]]:
+    """Does the machine's drift move every part of a network alike? Per ``window_s`` window (at least ``min_runs``
+    runs), interleaved call by call on one thread: the whole network (deploy form) and the convs of
+    :data:`PART_KERNELS`, each after a read of ``sweep_mb`` MiB (more than the core's L2 holds), so that it does not
+    start with its weights in the core's cache. Per window and part the 10th percentile (ms) and that of the even
+    and of the odd calls (their gap measures the window's sampling noise). With ``memory_hog`` this process runs on
+    CPU 0 and the odd windows run a process copying memory on CPU 1 (``hog_ran``: it streamed the whole window)."""
+    from zoo.factory import create_model
+    from zoo.fuse import fuse
+
+    net = fuse(create_model(model)).eval()
+    parts: dict[str, tuple[torch.nn.Module, torch.Tensor]] = {
+        "network": (net, net.example_input(1, tuple(net.default_cfg["input_size"])))}
+    for name, (c_in, c_out, size) in PART_KERNELS.items():
+        parts[name] = (torch.nn.Conv2d(c_in, c_out, 3, padding=1).eval(), torch.randn(1, c_in, size, size))
+    sweep = torch.ones(sweep_mb * 2**18)
+
+    def run_window(seconds: float) -> dict[str, list[float]]:
+        times: dict[str, list[float]] = {name: [] for name in parts}
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end or len(times["network"]) < min_runs:
+            for name, (module, x) in parts.items():
+                if name != "network":
+                    sweep.sum()
+                start = time.perf_counter()
+                module(x)
+                times[name].append((time.perf_counter() - start) * 1e3)
+        return times
+
+    allowed_cpus = os.sched_getaffinity(0)
+    rows = []
+    with contextlib.ExitStack() as stack:
+        stack.callback(os.sched_setaffinity, 0, allowed_cpus)
+        if memory_hog:
+            os.sched_setaffinity(0, {0})
+        stack.enter_context(timing_context(torch.device("cpu"), torch.float32, 1))
+        run_window(1.0)  # warm-up
+        for window in range(windows):
+            with contextlib.ExitStack() as hog_stack:
+                hog = None
+                if memory_hog and window % 2:
+                    hog = hog_stack.enter_context(start_hog(window_s * 3 + 10))
+                times = run_window(window_s)
+                hog_ran = hog is not None and hog.poll() is None
+            rows.append({"window": window, "memory_hog": hog is not None, "hog_ran": hog_ran,
+                         "runs": len(times["network"]),
+                         **{name: {"p10_ms": estimate(t, "p10"), "halves_p10_ms": [estimate(t[0::2], "p10"),
+                                                                                   estimate(t[1::2], "p10")]}
+                            for name, t in times.items()}})
+    return rows
+
+
+@contextlib.contextmanager
+def start_hog(lifetime_s: float, ready_timeout_s: float = 30.0) -> Any:
+    """A process copying memory on CPU 1, once it says it streams; killed on exit (it also stops by itself after
+    ``lifetime_s`` or when this process is gone)."""
+    with subprocess.Popen([sys.executable, "-c", HOG, str(os.getpid()), str(lifetime_s)],
+                          stdout=subprocess.PIPE, text=True) as hog:
+        try:
+            ready, _, _ = select.select([hog.stdout], [], [], ready_timeout_s)
+            line = hog.stdout.readline().strip() if ready else ""
+            if line != "streaming":
+                raise RuntimeError(f"the memory hog did not start (exit status {hog.poll()}, said {line!r})")
+            yield hog
+        finally:
+            hog.kill()
+
+
+def part_drift_summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per part, over the windows without a hog: its 10th percentile's spread (sd / median), and the spread of its
+    time relative to the whole network's in the same window, which is what one scale for the machine's speed (an
+    anchor, a speed per round) leaves in that part. Beside each, the sampling noise of one window's estimate (from
+    the gap between its halves: median |gap| / 1.349, the gap having twice the sd of the whole window's estimate).
+    With hog windows: the median time with the hog over the median without, raw and relative to the network."""
+    hogged = np.array([r["memory_hog"] for r in rows])
+    network = np.array([r["network"]["p10_ms"] for r in rows])
+    network_halves = np.array([r["network"]["halves_p10_ms"] for r in rows])
+    parts = [name for name in rows[0] if isinstance(rows[0][name], dict)]
+    summary = {}
+    for name in parts:
+        p10 = np.array([r[name]["p10_ms"] for r in rows])
+        halves = np.array([r[name]["halves_p10_ms"] for r in rows])
+        ratio, ratio_halves = p10 / network, halves / network_halves
+        quiet = ~hogged
+        summary[name] = {
+            "median_ms": float(np.median(p10[quiet])),
+            "sd": float(np.std(p10[quiet], ddof=1) / np.median(p10[quiet])),
+            "noise": float(np.median(np.abs(halves[quiet, 0] - halves[quiet, 1]) / p10[quiet]) / 1.349),
+            "sd_relative_to_network": float(np.std(ratio[quiet], ddof=1) / np.median(ratio[quiet])),
+            "noise_relative_to_network": float(np.median(np.abs(ratio_halves[quiet, 0] - ratio_halves[quiet, 1])
+                                                         / ratio[quiet]) / 1.349)}
+        if hogged.any():
+            summary[name]["with_hog_over_without"] = float(np.median(p10[hogged]) / np.median(p10[quiet]))
+            summary[name]["with_hog_over_without_relative_to_network"] = float(
+                np.median(ratio[hogged]) / np.median(ratio[quiet]))
+    return summary
+
+
 def page_fault_check(channels: list[tuple[int, int]], rounds: int = 20, size: int = 7) -> list[dict[str, Any]]:
     """Per (in, out) channel pair, a 3x3 conv at batch 1 and ``size`` x ``size`` (TResNet-M's `layer4` at 224 px)
     timed with glibc's settled thresholds (a default process that has freed a 32 MiB buffer: mmap above 32 MiB) and
@@ -342,17 +467,34 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--drift", type=float, default=0.0, metavar="SECONDS",
                         help="instead: run the network back to back this long and print its speed per 10-s window")
+    parser.add_argument("--drift-window", type=float, default=10.0, metavar="SECONDS",
+                        help="with --drift: the window's length")
+    parser.add_argument("--alternate-cpus", action="store_true",
+                        help="with --drift: window k pinned to CPU k mod 2, and the p10 per CPU")
     parser.add_argument("--hooks", type=int, default=0, metavar="ROUNDS",
                         help="instead: a cold table, then its intact network plain and hooked for this many rounds")
     parser.add_argument("--neighbours", type=int, default=0, metavar="COPIES",
                         help="instead: the original as COPIES copies per round, alone and between plans, 3 sessions")
     parser.add_argument("--page-faults", nargs="+", default=None, metavar="IN,OUT",
                         help="instead: 3x3 convs of these channels, glibc's thresholds and freed memory kept")
+    parser.add_argument("--part-drift", type=int, default=0, metavar="WINDOWS",
+                        help="instead: the network and two kernels, call by call, per 4-s window: does drift move "
+                             "every part alike")
+    parser.add_argument("--memory-hog", action="store_true",
+                        help="with --part-drift: stream memory on CPU 1 in every other window")
     parser.add_argument("--sessions", type=int, default=0,
                         help="instead: one cold table, then the same --plans (--seed) in this many sessions")
     args = parser.parse_args()
     if args.probe_spacing is not None and args.probe_spacing < 1 or args.warm_calls < 0 or args.session_rounds < 0:
         parser.error("--probe-spacing must be >= 1, --warm-calls and --session-rounds >= 0")
+    if args.part_drift < 0 or args.part_drift == 1 or args.memory_hog and args.part_drift < 3:
+        parser.error("--part-drift takes 2 or more windows (3 or more with --memory-hog, whose hog runs in every "
+                     "other one)")
+    if args.drift_window <= 0 or args.alternate_cpus and not args.drift:
+        parser.error("--drift-window must be > 0 seconds; --alternate-cpus goes with --drift SECONDS")
+    if (args.memory_hog or args.alternate_cpus) and not {0, 1} <= os.sched_getaffinity(0):
+        parser.error(f"--memory-hog and --alternate-cpus use CPUs 0 and 1; this process may only run on CPUs "
+                     f"{sorted(os.sched_getaffinity(0))}")
     settings = TableSettings(clock=args.clock, estimator=args.estimator, warm_calls=args.warm_calls,
                              round_order=args.round_order)
     if args.probe_spacing is not None:
@@ -368,6 +510,23 @@ def main() -> None:
         for r in rows:
             print(f"| {r['in']} -> {r['out']} | {r['weight_mib']:.1f} | {r['allocator']} | {r['p10_ms']:.2f} | "
                   f"{r['median_ms']:.2f} | {r['faults_per_call']:.0f} |")
+        return
+    if args.part_drift > 0:
+        rows = part_drift_trace(args.model, args.part_drift, memory_hog=args.memory_hog)
+        summary = part_drift_summary(rows)
+        RESULTS.mkdir(exist_ok=True)
+        suffix = "_memory_hog" if args.memory_hog else ""
+        (RESULTS / f"latency_part_drift_{args.model}{suffix}.json").write_text(json.dumps(
+            {"window_s": 4.0, "sweep_mb": 64, "kernels": PART_KERNELS, "rows": rows, "summary": summary}, indent=1))
+        quiet = sum(not r["memory_hog"] for r in rows)
+        hog_columns = " with hog / without | the same, relative to the network |" if args.memory_hog else ""
+        print(f"| part | median p10 ms | sd over {quiet} windows | noise | sd relative to the network | noise |"
+              f"{hog_columns}\n|---|---|---|---|---|---|" + ("---|---|" if args.memory_hog else ""))
+        for name, r in summary.items():
+            hog_cells = (f" {r['with_hog_over_without']:.3f} | {r['with_hog_over_without_relative_to_network']:.3f} |"
+                         if args.memory_hog else "")
+            print(f"| {name} | {r['median_ms']:.3f} | {r['sd']:.1%} | {r['noise']:.1%} | "
+                  f"{r['sd_relative_to_network']:.1%} | {r['noise_relative_to_network']:.1%} |{hog_cells}")
         return
     if args.neighbours > 0:
         rows = neighbour_check(args.model, args.neighbours, 80, 3, args.batch_size, args.input_size, settings)
@@ -404,10 +563,20 @@ def main() -> None:
         print("\n".join(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}" for k, v in result.items()))
         return
     if args.drift > 0:
-        rows = drift_trace(args.model, args.drift, args.batch_size, clock=args.clock)
-        print("| from s | runs | min ms | p10 ms | median ms |\n|---|---|---|---|---|")
+        rows = drift_trace(args.model, args.drift, args.batch_size, args.drift_window, args.clock, args.alternate_cpus)
+        RESULTS.mkdir(exist_ok=True)
+        suffix = "_alternate_cpus" if args.alternate_cpus else ""
+        (RESULTS / f"latency_drift_{args.model}_b{args.batch_size}{suffix}.json").write_text(json.dumps(
+            {"window_s": args.drift_window, "rows": rows}, indent=1))
+        print("| from s | runs | min ms | p10 ms | median ms |" + (" cpu |" if args.alternate_cpus else "")
+              + "\n|---|---|---|---|---|" + ("---|" if args.alternate_cpus else ""))
         for r in rows:
-            print(f"| {r['from_s']:.0f} | {r['runs']} | {r['min_ms']:.3f} | {r['p10_ms']:.3f} | {r['median_ms']:.3f} |")
+            print(f"| {r['from_s']:.0f} | {r['runs']} | {r['min_ms']:.3f} | {r['p10_ms']:.3f} | {r['median_ms']:.3f} |"
+                  + (f" {r['cpu']} |" if args.alternate_cpus else ""))
+        if args.alternate_cpus:
+            p10 = {cpu: statistics.median(r["p10_ms"] for r in rows if r["cpu"] == cpu) for cpu in (0, 1)
+                   if any(r["cpu"] == cpu for r in rows)}
+            print("median p10 per CPU: " + ", ".join(f"CPU {cpu} {ms:.3f} ms" for cpu, ms in p10.items()))
         return
     calib = CalibrationSettings(max_rounds=60, max_time_s=180.0, warm_calls=args.warm_calls)
     if args.session_rounds:

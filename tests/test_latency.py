@@ -12,6 +12,7 @@ import textwrap
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -616,6 +617,48 @@ def test_diagnosis_splits_each_networks_error_into_segments_and_rest() -> None:
         assert len(r["copies_relative"]) == 2 and r["copies_sd"] == pytest.approx(float(np.std(r["copies_relative"])))
         assert len(r["plans_ms"]) == (0 if r["mode"] == "alone" else 2)
         assert 0.5 < r["original_ms"] / rows[0]["original_ms"] < 2  # the copies are the original in every mode
+
+
+def test_part_drift_separates_a_part_that_drifts_with_the_network_from_one_that_drifts_alone() -> None:
+    """Synthetic windows: the network's speed moves +-20 %, part A is always 10 % of the network, part B also moves
+    on its own (+-15 %). Relative to the network A does not spread and B does; the hog windows make B 30 % slower
+    and leave A's share alone. Then real traces, with and without the hog, a drift trace alternating CPUs, and the
+    command line's bad input."""
+    from benchmarks.latency_diagnosis import PART_KERNELS, drift_trace, part_drift_summary, part_drift_trace
+
+    def part(ms: float) -> dict[str, Any]:
+        return {"p10_ms": ms, "halves_p10_ms": [ms * 0.99, ms * 1.01]}
+
+    speed = [1.0, 1.2, 0.8, 1.1, 0.9, 1.0, 1.2, 0.8]
+    own = [1.0, 1.0, 1.15, 1.0, 0.85, 1.0, 1.1, 1.0]
+    rows = [{"window": i, "memory_hog": bool(i % 2), "network": part(20 * s), "A": part(2 * s),
+             "B": part(3 * s * o * (1.3 if i % 2 else 1.0))} for i, (s, o) in enumerate(zip(speed, own))]
+    summary = part_drift_summary(rows)
+    quiet_speed = np.array(speed[0::2])
+    assert summary["network"]["sd"] == pytest.approx(np.std(quiet_speed, ddof=1) / np.median(quiet_speed))
+    assert summary["A"]["sd"] == pytest.approx(summary["network"]["sd"])  # it drifts with the machine
+    assert summary["A"]["sd_relative_to_network"] == pytest.approx(0.0, abs=1e-12)  # one scale takes it out
+    quiet_own = np.array(own[0::2])  # one scale leaves B's own movement in, and only that
+    assert summary["B"]["sd_relative_to_network"] == pytest.approx(np.std(quiet_own, ddof=1) / np.median(quiet_own))
+    assert summary["A"]["noise"] == pytest.approx(0.02 / 1.349, rel=1e-6)
+    assert summary["A"]["with_hog_over_without_relative_to_network"] == pytest.approx(1.0)
+    assert summary["B"]["with_hog_over_without_relative_to_network"] == pytest.approx(1.3 / np.median(quiet_own))
+
+    rows = part_drift_trace(MODEL, 2, window_s=0.2, sweep_mb=8, min_runs=4)
+    assert [r["window"] for r in rows] == [0, 1] and not any(r["memory_hog"] or r["hog_ran"] for r in rows)
+    for r in rows:
+        assert r["runs"] >= 4 and set(r) >= {"network", *PART_KERNELS}
+        assert all(r[name]["p10_ms"] > 0 and len(r[name]["halves_p10_ms"]) == 2 for name in ("network", *PART_KERNELS))
+    cpus = os.sched_getaffinity(0)
+    if {0, 1} <= cpus:  # the hog streams through the second window; afterwards this process runs where it could
+        hogged = part_drift_trace(MODEL, 3, window_s=0.2, memory_hog=True, sweep_mb=8, min_runs=4)
+        assert [(r["memory_hog"], r["hog_ran"]) for r in hogged] == [(False, False), (True, True), (False, False)]
+        assert os.sched_getaffinity(0) == cpus
+        alternating = drift_trace(MODEL, 1.0, window_s=0.25, alternate_cpus=True)
+        assert [r["cpu"] for r in alternating] == [0, 1, 0, 1] and os.sched_getaffinity(0) == cpus
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.latency_diagnosis", "--part-drift", "1"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "--part-drift takes 2 or more windows" in bad.stderr
 
 
 class _Slowed(torch.nn.Module):
