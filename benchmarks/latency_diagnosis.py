@@ -161,6 +161,16 @@ def diagnose(model: str, batch_size: int, input_size: int | None, plans: int, se
             "entries": rows, "half_sample_noise": noise, "table_s": table.build_s}
 
 
+@contextlib.contextmanager
+def affinity_restored() -> Any:
+    """Whatever CPUs the body pins this process to, afterwards it may run where it could before."""
+    allowed_cpus = os.sched_getaffinity(0)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed_cpus)
+
+
 def drift_trace(model: str, seconds: float, batch_size: int = 1, window_s: float = 10.0, clock: str = "wall",
                 alternate_cpus: bool = False) -> list[dict[str, float]]:
     """The same network (deploy form, one thread) run back to back for `seconds`: per `window_s` window, the
@@ -172,14 +182,11 @@ def drift_trace(model: str, seconds: float, batch_size: int = 1, window_s: float
     net = fuse(create_model(model)).eval()
     x = net.example_input(batch_size, tuple(net.default_cfg["input_size"]))
     read = time.thread_time if clock == "thread" else time.perf_counter
-    allowed_cpus = os.sched_getaffinity(0)
     rows = []
-    with contextlib.ExitStack() as stack:
-        stack.callback(os.sched_setaffinity, 0, allowed_cpus)
-        stack.enter_context(timing_context(torch.device("cpu"), torch.float32, 1))
-        for w in np.arange(0.0, seconds, window_s):
+    with affinity_restored(), timing_context(torch.device("cpu"), torch.float32, 1):
+        for k, w in enumerate(np.arange(0.0, seconds, window_s)):
             if alternate_cpus:
-                os.sched_setaffinity(0, {int(w // window_s) % 2})
+                os.sched_setaffinity(0, {k % 2})
                 net(x)  # the first call on the new CPU
             ms = []
             end = time.perf_counter() + window_s
@@ -189,7 +196,7 @@ def drift_trace(model: str, seconds: float, batch_size: int = 1, window_s: float
                 ms.append((read() - t0) * 1e3)
             rows.append({"from_s": float(w), "runs": len(ms), "min_ms": float(np.min(ms)),
                          "p10_ms": estimate(ms, "p10"), "median_ms": estimate(ms, "median"),
-                         **({"cpu": int(w // window_s) % 2} if alternate_cpus else {})})
+                         **({"cpu": k % 2} if alternate_cpus else {})})
     return rows
 
 
@@ -292,8 +299,11 @@ while os.getppid() == parent and time.monotonic() < deadline:
 """
 
 
-def part_drift_trace(model: str, windows: int, window_s: float = 4.0, memory_hog: bool = False,
-                     sweep_mb: int = 64, min_runs: int = 20) -> list[dict[str, Any]]:
+PART_WINDOW_S, PART_SWEEP_MB = 4.0, 64
+
+
+def part_drift_trace(model: str, windows: int, window_s: float = PART_WINDOW_S, memory_hog: bool = False,
+                     sweep_mb: int = PART_SWEEP_MB, min_runs: int = 20) -> list[dict[str, Any]]:
     """Does the machine's drift move every part of a network alike? Per ``window_s`` window (at least ``min_runs``
     runs), interleaved call by call on one thread: the whole network (deploy form) and the convs of
     :data:`PART_KERNELS`, each after a read of ``sweep_mb`` MiB (more than the core's L2 holds), so that it does not
@@ -322,26 +332,24 @@ def part_drift_trace(model: str, windows: int, window_s: float = 4.0, memory_hog
                 times[name].append((time.perf_counter() - start) * 1e3)
         return times
 
-    allowed_cpus = os.sched_getaffinity(0)
     rows = []
-    with contextlib.ExitStack() as stack:
-        stack.callback(os.sched_setaffinity, 0, allowed_cpus)
+    with affinity_restored():
         if memory_hog:
             os.sched_setaffinity(0, {0})
-        stack.enter_context(timing_context(torch.device("cpu"), torch.float32, 1))
-        run_window(1.0)  # warm-up
-        for window in range(windows):
-            with contextlib.ExitStack() as hog_stack:
-                hog = None
-                if memory_hog and window % 2:
-                    hog = hog_stack.enter_context(start_hog(window_s * 3 + 10))
-                times = run_window(window_s)
-                hog_ran = hog is not None and hog.poll() is None
-            rows.append({"window": window, "memory_hog": hog is not None, "hog_ran": hog_ran,
-                         "runs": len(times["network"]),
-                         **{name: {"p10_ms": estimate(t, "p10"), "halves_p10_ms": [estimate(t[0::2], "p10"),
-                                                                                   estimate(t[1::2], "p10")]}
-                            for name, t in times.items()}})
+        with timing_context(torch.device("cpu"), torch.float32, 1):
+            run_window(1.0)  # warm-up
+            for window in range(windows):
+                with contextlib.ExitStack() as hog_stack:
+                    hog = None
+                    if memory_hog and window % 2:
+                        hog = hog_stack.enter_context(start_hog(window_s * 3 + 10))
+                    times = run_window(window_s)
+                    hog_ran = hog is not None and hog.poll() is None
+                rows.append({"window": window, "memory_hog": hog is not None, "hog_ran": hog_ran,
+                             "runs": len(times["network"]),
+                             **{name: {"p10_ms": estimate(t, "p10"), "halves_p10_ms": [estimate(t[0::2], "p10"),
+                                                                                       estimate(t[1::2], "p10")]}
+                                for name, t in times.items()}})
     return rows
 
 
@@ -478,7 +486,7 @@ def main() -> None:
     parser.add_argument("--page-faults", nargs="+", default=None, metavar="IN,OUT",
                         help="instead: 3x3 convs of these channels, glibc's thresholds and freed memory kept")
     parser.add_argument("--part-drift", type=int, default=0, metavar="WINDOWS",
-                        help="instead: the network and two kernels, call by call, per 4-s window: does drift move "
+                        help="instead: the network and three convs, call by call, per 4-s window: does drift move "
                              "every part alike")
     parser.add_argument("--memory-hog", action="store_true",
                         help="with --part-drift: stream memory on CPU 1 in every other window")
@@ -517,7 +525,8 @@ def main() -> None:
         RESULTS.mkdir(exist_ok=True)
         suffix = "_memory_hog" if args.memory_hog else ""
         (RESULTS / f"latency_part_drift_{args.model}{suffix}.json").write_text(json.dumps(
-            {"window_s": 4.0, "sweep_mb": 64, "kernels": PART_KERNELS, "rows": rows, "summary": summary}, indent=1))
+            {"window_s": PART_WINDOW_S, "sweep_mb": PART_SWEEP_MB, "kernels": PART_KERNELS, "rows": rows,
+             "summary": summary}, indent=1))
         quiet = sum(not r["memory_hog"] for r in rows)
         hog_columns = " with hog / without | the same, relative to the network |" if args.memory_hog else ""
         print(f"| part | median p10 ms | sd over {quiet} windows | noise | sd relative to the network | noise |"
