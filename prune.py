@@ -14,7 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from zoo.jobs.entry import guard, register_resolvers, run_job
-from zoo.jobs.prune import PruneConfig, register_configs
+from zoo.jobs.prune_config import PruneConfig, register_configs
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 

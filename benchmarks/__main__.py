@@ -26,8 +26,12 @@ SUITES = {
     "export_parity": "ONNX (onnxruntime) and torch.export programs of every family against PyTorch",
     "runtime_tables": "latency tables built in each deploy runtime (eager, torch.compile, onnxruntime, TensorRT): "
                       "prediction error, and the chosen plans' speed-ups across runtimes",
-    "prune_quality": "pruning quality at equal measured latency: DP with each importance, greedy, random, SLEB, "
-                     "ShortGPT and angular runs, 3 seeds, one-shot / short / full fine-tune, converged baselines",
+    "prune_quality": "pruning quality at equal measured latency (plans within 2 %, or interpolated between two that "
+                     "bracket the target): the default search against random, greedy, SLEB, Block Influence, the "
+                     "angular run, reverse order and the previous default, 5 seeds, one-shot / short fine-tune, "
+                     "paired tests with Holm's correction",
+    "prune_cost": "the whole default prune.py, cold: today's default search and measured-target loop against the "
+                  "previous default, in turns",
 }
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 

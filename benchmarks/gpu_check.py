@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import zoo  # noqa: E402
 from benchmarks.common import results_dir  # noqa: E402
 from zoo.importance import score_variants  # noqa: E402
-from zoo.latency import CalibrationSettings, TableSettings, build_table, measure  # noqa: E402
+from zoo.latency import CalibrationSettings, TableSettings, build_table, calibrate, measure  # noqa: E402
 from zoo.latency.calibrate import time_networks  # noqa: E402
 from zoo.latency.device import resolve_dtype, synchronize, timing_context  # noqa: E402
 from zoo.latency.measure import Bench, LatencyStats, move_inputs, prepare  # noqa: E402
@@ -230,7 +230,7 @@ def check_lut(device: str, cfg: Config, budget: Budget) -> dict[str, Any]:
 
 def lut_one(device: str, cfg: Config, cond: Condition) -> dict[str, Any]:
     table = table_for(cond, cfg, device)
-    evaluation = table.calibrate(cfg.plans, settings=cfg.timing)
+    evaluation = calibrate(table, cfg.plans, settings=cfg.timing)
     capped = sum(bool(table.records[k].get("cap_hit")) for k in table.records)
     return {"entries": table.n_entries, "measured": table.n_measured, "build_s": table.build_s,
             "entries_capped": capped, "condition": table.condition, "summary": table.summary(),

@@ -1,30 +1,36 @@
-"""Pruning quality: does the search and its importance make a measurable difference, at equal measured latency?
+"""Pruning quality: which rule keeps the most quality at a speed-up *measured* on the device?
 
 For each family, on a task that is not near its ceiling (real data that exists offline):
 
 1. train the baseline until its validation metric stops improving (``trainer.patience``; cached, shared by seeds);
-2. build its latency table on the device (cached) and, per seed, choose a plan for 1.5x and 2.0x with every method:
-   the DP with each importance (``loss``, ``similarity``, ``finetune``, ``block_influence`` = a latency-aware
-   ShortGPT), greedy and random (``loss``), SLEB-style iterative removal and Gromov et al.'s angular run;
-3. measure every distinct plan beside the baseline in one interleaved session per target (equal *measured* latency is
-   what the rows are compared at);
-4. per (method, target, seed): quality one-shot (the plan applied and merged, no training), after a short and after
-   the full fine-tune (each a real ``prune.py`` fine-tune: distillation from the baseline, linearisation), and its
-   agreement with the baseline (top-1 agreement and KL(baseline || pruned), per image or per token).
+2. build its latency table on the device (cached);
+3. per (rule, target, seed): the rule's plan, timed beside the baseline and searched again for a corrected target
+   until its measured speed-up is within ``TOLERANCE`` of the target (the loop ``prune.py`` runs,
+   :func:`zoo.jobs.plan.corrected_plan`); when no plan lands there, the two plans that bracket the target measured
+   are both evaluated and their quality is interpolated linearly in measured speed-up, per validation sample;
+4. quality one-shot (the plan applied and merged, no training) and after the short fine-tune (a real ``prune.py``
+   fine-tune: distillation from the baseline, linearisation), with per-sample values on the validation split;
+5. every plan used is measured again, all of them beside the baseline in one interleaved session per target
+   (``session_speedup``, reported beside ``speedup``, the plan's own measurement beside the baseline as
+   ``prune.py`` makes it, which the protocol targets).
 
-A seed changes the calibration batches (so the importance), the random search and the fine-tuning's data order;
-the baseline is the same. Statistics: mean and standard deviation over seeds, and per seed the paired difference of
-each method against random (and the best DP against greedy), reported in seed standard deviations.
+A seed changes the calibration batches (so the importance and the plan scores), the random search and the
+fine-tune's data order. The default rule is the one ``conf/prune.yaml`` sets (fixed before the run; it was chosen
+by ``--select`` on development seeds and data the suite never tests on). Statistics (:mod:`benchmarks.stats`): the
+default against every other rule, paired by seed at each target and stage, t test (or a paired bootstrap over the
+validation samples when the seeds do not vary), Holm-corrected over the family's comparisons: better, worse or tie.
+The plan scorer's Spearman correlation against the real one-shot validation loss is reported over every plan.
 
-Verdicts (computed): ``baseline_below_ceiling`` (classification: at most 97 % top-1); ``separates`` (random's one-shot
-2.0x plans lose at least 5 points, or 20 % perplexity, on average); ``dp_wins`` per reference (the best DP importance
-at 2.0x after the short fine-tune beats random / greedy by more than two standard errors of the paired difference).
+``--select`` compares candidate searches on development seeds (100, 101, 102) at the predicted target, by their
+quality one-shot and after the short fine-tune on data that is not the validation split (digits: the training images
+``data.train_samples`` leaves out, which the baseline never saw; text: windows of the training tokens); the candidate
+with the best mean rank over families, targets and stages is reported as the choice.
 
 Each cell is stored in the work directory under a key of everything that determines it (family config, baseline
-weights, method, seed, target, plan, fine-tune lengths), so an interrupted run continues and a changed input is
-recomputed.
+weights, rule, seed, target, protocol), so an interrupted run continues and a changed input is recomputed.
 
-    python -m benchmarks.prune_quality [--quick] [--families a,b] [--seeds 3] [--workdir DIR] [--device cpu]
+    python -m benchmarks.prune_quality [--quick] [--families a,b] [--seeds 5] [--workdir DIR] [--device cpu]
+    python -m benchmarks.prune_quality --select [--families a,b] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -38,9 +44,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from benchmarks import stats
 from benchmarks.common import markdown_table, results_dir, write_result
 from benchmarks.prune_speedup import compose
 
@@ -52,8 +60,8 @@ FAMILIES: dict[str, list[str]] = {  # family: overrides of its task (a converged
                      "data.train_samples=1024", "optim.lr=2e-3", "optim.weight_decay=0.01", "trainer.max_epochs=120",
                      "trainer.patience=8", "prune.batch_size=4", "finetune.epochs=5"],
     # BiT-50 and TResNet-M: their depth structure (every block and activation) at a reduced width, so that a
-    # converged baseline and 48 fine-tunes fit a 2-core CPU (full width: 30-70 s per epoch here). TResNet-M at
-    # quarter width did not separate methods (random one-shot 2.0x plans lost 3.3 points); at an eighth it does.
+    # converged baseline and the fine-tunes fit a 2-core CPU (full width: 30-70 s per epoch here). TResNet-M at
+    # quarter width did not separate rules (random one-shot 2.0x plans lost 3.3 points); at an eighth it does.
     "resnetv2_50x1_bit_w0.5": ["model=resnetv2_50x1_bit", "++model.overrides.width_factor=0.5", "data=digits",
                                "data.image_size=16", "data.train_samples=300", "data.batch_size=32", "data.shift=1",
                                "trainer.max_epochs=120", "trainer.patience=12", "prune.batch_size=8",
@@ -62,26 +70,59 @@ FAMILIES: dict[str, list[str]] = {  # family: overrides of its task (a converged
                          "data.image_size=32", "data.train_samples=300", "data.batch_size=32", "data.shift=1",
                          "trainer.max_epochs=120", "trainer.patience=12", "prune.batch_size=8", "finetune.epochs=6"],
 }
-METHODS: dict[str, tuple[str, str]] = {  # method: (prune.search, prune.importance)
-    "dp_loss": ("dp", "loss"), "dp_similarity": ("dp", "similarity"), "dp_finetune": ("dp", "finetune"),
-    "dp_block_influence": ("dp", "block_influence"), "greedy": ("greedy", "loss"), "random": ("random", "loss"),
-    "sleb": ("sleb", "loss"), "angular": ("angular", "loss"),
+RULES: dict[str, dict[str, str]] = {  # rule: the prune.* settings that make it
+    "interaction": {"search": "interaction", "importance": "loss", "recovery_steps": "20"},
+    "interaction_one_shot": {"search": "interaction", "importance": "loss", "recovery_steps": "0"},
+    "dp_loss": {"search": "dp", "importance": "loss"}, "greedy": {"search": "greedy", "importance": "loss"},
+    "random": {"search": "random", "importance": "loss"}, "sleb": {"search": "sleb", "importance": "loss"},
+    "block_influence": {"search": "dp", "importance": "block_influence"},
+    "angular": {"search": "angular", "importance": "loss"}, "reverse": {"search": "reverse", "importance": "loss"},
+    "kbest": {"search": "kbest", "importance": "loss"}, "local": {"search": "local", "importance": "loss"},
 }
-DP_METHODS = tuple(m for m, (search, _) in METHODS.items() if search == "dp")
+TEST_RULES = ("interaction", "dp_loss", "greedy", "random", "sleb", "block_influence", "angular", "reverse")
+SELECT_RULES = ("interaction", "interaction_one_shot", "kbest", "local", "dp_loss", "greedy", "sleb")
+DEV_SEEDS = (100, 101, 102)
 TARGETS = (1.5, 2.0)
-STAGES = ("one_shot", "short", "full")
+STAGES = ("one_shot", "short")
 SHORT_EPOCHS = 1
+TOLERANCE = 0.02          # a plan is at the target when its measured speed-up is within 2 % of it
+CORRECTIONS = 4           # searches again for a corrected target, at most
+PROTOCOL = 2              # cells of an older protocol are not reused
 COMMON = ["logger=none", "trainer.progress=false", "trainer.save_checkpoints=false", "prune.calib_batches=4",
-          "++prune.lut={warmup_s: 0.5, min_rounds: 5, max_rounds: 15}"]
+          "++prune.lut={warmup_s: 0.5, min_rounds: 5, max_rounds: 15}", f"prune.target_tolerance={2 * TOLERANCE}",
+          f"prune.target_corrections={CORRECTIONS}",
+          "++prune.measure={warmup_s: 0.5, min_rounds: 15, max_rounds: 60, rel_tol: 0.004}"]
 MEASURE = {"warmup_s": 0.5, "min_rounds": 7, "max_rounds": 11, "runs_per_round": 3}
 QUICK_MEASURE = {"warmup_s": 0.1, "min_rounds": 3, "max_rounds": 3, "runs_per_round": 2}
 QUICK = ["data.image_size=8", "data.train_samples=64", "trainer.max_epochs=2", "trainer.patience=null",
          "finetune.epochs=1", "prune.batch_size=2", "prune.calib_batches=1",
-         "++prune.lut={warmup_s: 0.1, min_rounds: 3, max_rounds: 3}"]
+         "++prune.lut={warmup_s: 0.1, min_rounds: 3, max_rounds: 3}",
+         "++prune.measure={warmup_s: 0.1, min_rounds: 3, max_rounds: 6, rel_tol: 0.01}"]
 CEILING_ACC, SEPARATION_POINTS, SEPARATION_PPL = 97.0, 5.0, 0.20
+SPEARMAN_TARGET = 0.8
+
+
+def default_rule() -> str:
+    """The rule of the default ``prune.py``: the one whose settings ``conf/prune.yaml`` has, all of them."""
+    cfg = compose([], Path(tempfile.gettempdir()) / "prune_quality_default")
+    found = [name for name, settings in RULES.items()
+             if all(str(cfg.prune[key]) == value for key, value in settings.items())]
+    if len(found) != 1:
+        raise SystemExit(f"The default prune.* settings match {found or 'none'} of this suite's rules "
+                         f"({', '.join(RULES)}); exactly one must.")
+    return found[0]
 
 
 # ------------------------------------------------------------------------------------------------- quality
+def metric_name(task: str) -> str:
+    """The tested metric: top-1 accuracy (points, higher is better) or validation loss (nats per token, lower)."""
+    return "acc1" if task == "classification" else "loss"
+
+
+def higher_is_better(metric: str) -> bool:
+    return metric not in ("ppl", "bpb", "kl", "loss")
+
+
 @torch.no_grad()
 def outputs_on(model: torch.nn.Module, loader: Any, limit: int | None = None) -> list[torch.Tensor]:
     """The model's logits on every validation batch (eval mode)."""
@@ -90,44 +131,55 @@ def outputs_on(model: torch.nn.Module, loader: Any, limit: int | None = None) ->
 
 
 @torch.no_grad()
-def agreement(reference: list[torch.Tensor], model: torch.nn.Module, loader: Any, limit: int | None = None
-              ) -> dict[str, float]:
-    """Top-1 agreement (%) with the reference logits and mean KL(reference || model) per image or token (nats)."""
+def per_sample(model: torch.nn.Module, loader: Any, reference: list[torch.Tensor], limit: int | None
+               ) -> dict[str, Any]:
+    """Per validation sample: correct (classification, 0/1) or mean token loss (language model), and the agreement
+    (top-1 %) and KL(reference || model) with the baseline's logits, per image or token."""
+    correct, losses = [], []
     agree = kl = count = 0.0
-    for ref, out in zip(reference, outputs_on(model, loader, limit)):
+    outs = outputs_on(model, loader, limit)
+    for (_, targets), ref, out in zip(loader, reference, outs):
+        if out.ndim == 3:
+            token = F.cross_entropy(out.reshape(-1, out.shape[-1]), targets.reshape(-1), reduction="none")
+            losses += token.reshape(targets.shape).mean(dim=1).tolist()
+        else:
+            correct += (out.argmax(-1) == targets).long().tolist()
+            losses += F.cross_entropy(out, targets, reduction="none").tolist()
         ref, out = ref.reshape(-1, ref.shape[-1]), out.reshape(-1, out.shape[-1])
         agree += (ref.argmax(-1) == out.argmax(-1)).sum().item()
         kl += F.kl_div(out.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="sum").item()
         count += ref.shape[0]
-    return {"agreement": 100.0 * agree / max(count, 1.0), "kl": kl / max(count, 1.0)}
+    found: dict[str, Any] = {"loss": statistics.fmean(losses), "agreement": 100.0 * agree / max(count, 1.0),
+                             "kl": kl / max(count, 1.0)}
+    if correct:  # correctness as a string of 0/1, the per-sample record of the tested metric
+        found.update(acc1=100.0 * statistics.fmean(correct), correct="".join(map(str, correct)))
+    else:
+        found.update(ppl=math.exp(found["loss"]), sample_loss=[round(v, 5) for v in losses])
+    return found
 
 
-def quality(model: torch.nn.Module, data: Any, reference: list[torch.Tensor], limit: int | None) -> dict[str, float]:
-    """Validation metrics (as prune.py reports them) and agreement with the baseline."""
-    from zoo.training import evaluate
-
-    metrics = evaluate(model.eval(), data.val, task=data.task, limit_batches=limit)
-    keep = ("acc1", "loss") if data.task == "classification" else ("ppl", "bpb", "loss")
-    return {**{k: metrics[k] for k in keep}, **agreement(reference, model, data.val, limit)}
+def sample_values(stage: dict[str, Any], metric: str) -> np.ndarray:
+    """The per-sample values whose mean is the stage's tested metric (points for acc1, nats for loss)."""
+    if metric == "acc1":
+        return 100.0 * np.frombuffer(stage["correct"].encode(), dtype=np.uint8).astype(float) - 100.0 * ord("0")
+    return np.asarray(stage["sample_loss"], dtype=float)
 
 
-def metric_name(task: str) -> str:
-    return "acc1" if task == "classification" else "ppl"
-
-
-# -------------------------------------------------------------------------------------------------- cells
+# -------------------------------------------------------------------------------------------------- family
 class Family:
     """One family's task: its composed config, data, converged baseline, latency table and baseline outputs."""
 
     def __init__(self, name: str, overrides: list[str], root: Path):
         from zoo.importance import weights_digest
-        from zoo.jobs.prune import build_lut, load_or_train_baseline
+        from zoo.jobs.baseline import load_or_train_baseline
+        from zoo.jobs.measure import build_lut
         from zoo.jobs.runs import fingerprint
         from zoo.training import build_loaders
 
         self.name, self.overrides, self.root = name, overrides, root
         self.loaders: dict[int, Any] = {}
-        self.loss_options: dict[int, Any] = {}
+        self.scorers: dict[int, Any] = {}
+        self.surrogates: dict[int, Any] = {}
         self.cfg = self.compose(seed=None)
         self.config = self._plain(self.cfg)
         self.data = build_loaders(self.cfg.data, seed=self.cfg.trainer.seed)
@@ -139,9 +191,9 @@ class Family:
         self.table = build_lut(self.cfg, self.baseline, self.data)
         self.limit = self.cfg.trainer.limit_val_batches
         self.reference = outputs_on(self.baseline, self.data.val, self.limit)
-        self.base_quality = quality(self.baseline, self.data, self.reference, self.limit)
+        self.base_quality = per_sample(self.baseline, self.data.val, self.reference, self.limit)
         self.key = {"family": name, "overrides": overrides, "config": fingerprint(self.config),
-                    "baseline": weights_digest(self.baseline)}
+                    "baseline": weights_digest(self.baseline), "protocol": PROTOCOL}
 
     def compose(self, seed: int | None, extra: list[str] = ()) -> Any:
         """The family's prune config (`seed`: the fine-tuning, data order and search seed; None: the baseline's)."""
@@ -161,73 +213,114 @@ class Family:
 
         marker = Path(self.source).parent.parent / "trained.json"
         done = read_sealed_json(marker) if marker.is_file() else {}
-        epochs, most = done.get("epochs"), self.cfg.trainer.max_epochs
-        converged = done.get("converged", None if epochs is None else epochs < most)  # (older records: by epochs)
-        return {"source": self.source, "epochs": epochs, "max_epochs": most, "converged": converged,
-                "best_epoch": done.get("best_epoch"),
+        return {"source": self.source, "epochs": done.get("epochs"), "max_epochs": self.cfg.trainer.max_epochs,
+                "converged": done.get("converged"), "best_epoch": done.get("best_epoch"),
                 "patience": self.cfg.trainer.patience, "train_s": round(self.baseline_s, 1),
                 "train_samples": self.data.info.get("train_samples"), "val_samples": self.data.info.get("val_samples")}
 
-    def seeded(self, seed: int, method: str, target: float) -> tuple[Any, Any]:
-        """(config, data) of one cell: the seed's data order and calibration batches, the method's search."""
+    def seeded(self, seed: int, rule: str, target: float) -> tuple[Any, Any]:
+        """(config, data) of one cell: the seed's data order and calibration batches, the rule's search."""
         from zoo.training import build_loaders
 
-        search_name, importance = METHODS[method]
-        cfg = self.compose(seed, [f"prune.search={search_name}", f"prune.importance={importance}",
+        cfg = self.compose(seed, [*(f"prune.{key}={value}" for key, value in RULES[rule].items()),
                                   f"prune.target_speedup={target}"])
         if seed not in self.loaders:
             self.loaders[seed] = build_loaders(cfg.data, seed=seed)
         return cfg, self.loaders[seed]
 
-    def plan(self, method: str, target: float, seed: int) -> dict[str, Any]:
-        """The method's plan for `target` with this seed's calibration batches (importance cached per batches)."""
-        from zoo.jobs.prune import MODEL_SEARCHES, build_options, choose_plan, importance_of, model_search_inputs
+    def search(self, rule: str, target: float, seed: int, correct: bool = True) -> dict[str, Any]:
+        """The rule's plan for `target` with this seed's calibration batches, and (with `correct`) every plan the
+        measured-target loop tried, each with its measured speed-up."""
+        from zoo.jobs.plan import build_options, choose_plan, corrected_plan, importance_of, model_search_inputs
 
-        cfg, data = self.seeded(seed, method, target)
+        cfg, data = self.seeded(seed, rule, target)
         damages, _ = importance_of(cfg, self._plain(cfg), self.baseline, self.table, data)
         options = build_options(self.table, damages)
-        inputs = model_search_inputs(cfg, self.baseline, self.table, data, options) \
-            if cfg.prune.search in MODEL_SEARCHES else None
-        plan, _ = choose_plan(cfg, self.table, options, inputs)
-        return {"remove": sorted(plan["remove"]), "merge": plan["merge"]}
+        start = time.perf_counter()
+        inputs = model_search_inputs(cfg, self.baseline, self.table, data, options)
+        plan, result = choose_plan(cfg, self.table, options, inputs)
+        found = {"search_s": round(time.perf_counter() - start, 3),
+                 "evaluations": getattr(inputs.get("loss_of"), "evaluations", 0), "plan": plain_plan(plan)}
+        if correct:
+            _, tried = corrected_plan(cfg, self.table, options, inputs, self.baseline, plan, result)
+            found["tried"] = [{**c.record(), "plan": plain_plan(c.plan)} for c in tried]
+        return found
+
+    def plan_score(self, seed: int, plan: dict[str, Any]) -> float:
+        """The default rule's score of `plan` with this seed's calibration batches: the real calibration loss of
+        the whole plan applied (what ``interaction`` minimises)."""
+        from zoo.importance import PlanLoss
+        from zoo.jobs.plan import calibration_batches
+
+        if seed not in self.scorers:
+            cfg, data = self.seeded(seed, "interaction", TARGETS[0])
+            self.scorers[seed] = PlanLoss(self.baseline, self.table.segments,
+                                          calibration_batches(data, cfg.prune.calib_batches))
+        return self.scorers[seed](plan["remove"])
 
     def surrogate(self, seed: int, plan: dict[str, Any]) -> float:
-        """The DP's objective for `plan` under the ``loss`` importance of this seed: the sum over segments of the
-        calibration-loss increase of the plan's variant, each measured alone (what the search assumes adds up)."""
-        from zoo.jobs.prune import build_options, importance_of
+        """The previous default's objective for `plan`: the sum over segments of the calibration-loss increase of
+        the plan's variant, each measured alone (what the additive DP assumes)."""
+        from zoo.jobs.plan import build_options, importance_of
 
-        if seed not in self.loss_options:
+        if seed not in self.surrogates:
             cfg, data = self.seeded(seed, "dp_loss", TARGETS[0])
-            self.loss_options[seed] = build_options(self.table, importance_of(cfg, self._plain(cfg), self.baseline,
-                                                                              self.table, data)[0])
+            self.surrogates[seed] = build_options(self.table, importance_of(cfg, self._plain(cfg), self.baseline,
+                                                                            self.table, data)[0])
         removed = set(plan["remove"])
         total = 0.0
-        for seg in self.loss_options[seed]:
+        for seg in self.surrogates[seed]:
             units = set().union(*(c.removed for c in seg))
             total += next(c.damage for c in seg if c.removed == frozenset(removed & units))
         return total
 
-    def qualities(self, method: str, target: float, seed: int, plan: dict[str, Any]) -> dict[str, dict]:
-        """Quality one-shot, after the short fine-tune and after the full one."""
+    def qualities(self, seed: int, plan: dict[str, Any], loader: Any = None, reference: Any = None
+                  ) -> dict[str, Any]:
+        """Quality of `plan` one-shot and after the short fine-tune (seeded by `seed`), per sample of `loader` (the
+        validation split by default; `reference`: the baseline's outputs on it)."""
         from zoo import surgery
-        from zoo.jobs.prune import finetune
+        from zoo.jobs.finetune import finetune
         from zoo.training.logger import NullLogger
 
-        cfg, data = self.seeded(seed, method, target)
+        loader, reference = (self.data.val, self.reference) if loader is None else (loader, reference)
+        cfg, data = self.seeded(seed, "interaction", TARGETS[0])
         one_shot = surgery.apply_plan(self.baseline, plan, inplace=False)
-        found = {"one_shot": quality(one_shot, self.data, self.reference, self.limit)}
-        for stage, epochs in (("short", SHORT_EPOCHS), ("full", cfg.finetune.epochs)):
-            staged = self.compose(seed, [f"finetune.epochs={epochs}"]) if epochs != cfg.finetune.epochs else cfg
-            with tempfile.TemporaryDirectory(dir=self.root) as scratch:
-                model, _ = finetune(staged, self.baseline, plan, data, NullLogger(), Path(scratch),
-                                    self._plain(staged))
-            found[stage] = quality(model, self.data, self.reference, self.limit)
-        found["epochs"] = {"short": SHORT_EPOCHS, "full": cfg.finetune.epochs}
+        found = {"one_shot": per_sample(one_shot, loader, reference, self.limit)}
+        short = self.compose(seed, [f"finetune.epochs={SHORT_EPOCHS}"])
+        with tempfile.TemporaryDirectory(dir=self.root) as scratch:
+            model, _ = finetune(short, self.baseline, plan, data, NullLogger(), Path(scratch), self._plain(short))
+        found["short"] = per_sample(model, loader, reference, self.limit)
         return found
 
 
-def cached_cell(family: Family, key: dict[str, Any], compute: Any) -> dict[str, Any]:
-    """A cell's result from the work directory when stored under the same key, else computed and stored."""
+def code_digest(*modules: str) -> str:
+    """A digest of the source of `modules` (dotted names): a cell computed by other code is not reused."""
+    import hashlib
+    import importlib
+    import inspect
+
+    digest = hashlib.sha256()
+    for name in modules:
+        digest.update(inspect.getsource(importlib.import_module(name)).encode())
+    return digest.hexdigest()[:16]
+
+
+SEARCH_CODE = ("zoo.search", "zoo.importance", "zoo.jobs.plan")   # what a plan depends on
+QUALITY_CODE = ("zoo.surgery", "zoo.jobs.finetune")               # what a plan's quality depends on, besides training
+
+
+def plain_plan(plan: dict[str, Any]) -> dict[str, Any]:
+    return {"remove": sorted(plan["remove"]), "merge": bool(plan.get("merge", True))}
+
+
+def plan_name(plan: dict[str, Any]) -> str:
+    from zoo.files import json_digest
+
+    return "plan-" + json_digest(plain_plan(plan), 10)
+
+
+def cached(family: Family, key: dict[str, Any], compute: Any) -> Any:
+    """A value from the work directory when stored under the same key, else computed and stored (atomically)."""
     from zoo.errors import CorruptFileError
     from zoo.files import json_digest, read_sealed_json, write_sealed_json
 
@@ -243,61 +336,106 @@ def cached_cell(family: Family, key: dict[str, Any], compute: Any) -> dict[str, 
     return value
 
 
+def at_target(tried: list[dict[str, Any]], wanted: float, tolerance: float = TOLERANCE) -> dict[str, Any]:
+    """The plans a cell is evaluated on, with weights: the tried plan closest to the wanted speed-up if it is within
+    `tolerance`; else the closest plans below and above it, interpolated linearly in measured speed-up; else the
+    closest one (``at_target`` false: no plan brackets the target)."""
+    closest = min(tried, key=lambda c: abs(c["measured_speedup"] / wanted - 1.0))
+    if abs(closest["measured_speedup"] / wanted - 1.0) <= tolerance:
+        return {"used": [{"plan": closest["plan"], "weight": 1.0, "speedup": closest["measured_speedup"]}],
+                "at_target": True, "interpolated": False}
+    below = [c for c in tried if c["measured_speedup"] < wanted]
+    above = [c for c in tried if c["measured_speedup"] > wanted]
+    if below and above:
+        low = max(below, key=lambda c: c["measured_speedup"])
+        high = min(above, key=lambda c: c["measured_speedup"])
+        w_high = (wanted - low["measured_speedup"]) / (high["measured_speedup"] - low["measured_speedup"])
+        return {"used": [{"plan": low["plan"], "weight": 1.0 - w_high, "speedup": low["measured_speedup"]},
+                         {"plan": high["plan"], "weight": w_high, "speedup": high["measured_speedup"]}],
+                "at_target": True, "interpolated": True}
+    return {"used": [{"plan": closest["plan"], "weight": 1.0, "speedup": closest["measured_speedup"]}],
+            "at_target": False, "interpolated": False}
+
+
 def measure_plans(family: Family, plans: dict[str, dict[str, Any]], settings: dict[str, Any]
                   ) -> dict[str, dict[str, float]]:
     """Every distinct plan beside the baseline, in one interleaved session: latency (ms) and measured speed-up."""
     from zoo import surgery
-    from zoo.jobs.prune import measure_side_by_side
+    from zoo.jobs.measure import measure_side_by_side
     from zoo.latency import CalibrationSettings
 
     nets = {"baseline": family.baseline}
     nets.update({name: surgery.apply_plan(family.baseline, plan, inplace=False).eval() for name, plan in plans.items()})
     measured = measure_side_by_side(family.table, nets, CalibrationSettings(**settings), unfused=False)
-    base = measured["baseline"]["median_ms"]
-    return {name: {"latency_ms": measured[name]["median_ms"], "speedup": base / measured[name]["median_ms"],
-                   "predicted_ms": family.table.predict(plans[name]) if name in plans else family.table.predict(
-                       {"remove": []}), "rel_uncertainty": measured[name].get("rel_uncertainty")}
-            for name in measured}
+    estimate = f"{family.table.settings.estimator}_ms"
+    base = measured["baseline"][estimate]
+    return {name: {"latency_ms": measured[name][estimate], "speedup": base / measured[name][estimate],
+                   "predicted_ms": family.table.predict(plans.get(name, {"remove": []}))} for name in measured}
 
 
-def plan_name(plan: dict[str, Any]) -> str:
-    from zoo.files import json_digest
+def combine(used: list[dict[str, Any]], qualities: dict[str, dict[str, Any]], stage: str, metric: str
+            ) -> dict[str, Any]:
+    """A cell's quality at one stage: the weighted mean of its plans' values (per sample too)."""
+    parts = [(u["weight"], qualities[u["name"]][stage]) for u in used]
+    out = {key: sum(w * q[key] for w, q in parts) for key in ("loss", "agreement", "kl", metric)}
+    if metric == "loss":
+        out["ppl"] = sum(w * q["ppl"] for w, q in parts)
+    out["samples"] = sum(w * sample_values(q, metric) for w, q in parts).tolist()
+    return out
 
-    return "plan-" + json_digest(plan, 10)
 
-
-def run_family(name: str, overrides: list[str], seeds: list[int], root: Path, methods: list[str],
+def run_family(name: str, overrides: list[str], seeds: list[int], root: Path, rules: list[str],
                targets: tuple[float, ...], measure: dict[str, Any] = MEASURE) -> dict[str, Any]:
-    """Every cell of one family: plans, their measured latency, and quality at each stage."""
+    """Every cell of one family: plans at the measured target, their quality, the final side-by-side timing."""
     family = Family(name, overrides, root)
+    metric = metric_name(family.data.task)
     cells, plans = [], {}
     for target in targets:
         for seed in seeds:
-            for method in methods:
+            for rule in rules:
+                key = {**family.key, "rule": rule, "settings": RULES[rule], "seed": seed, "target": target,
+                       "tolerance": TOLERANCE, "code": code_digest(*SEARCH_CODE)}
                 try:
-                    plan = family.plan(method, target, seed)
-                except Exception as exc:  # noqa: BLE001 - a rule that cannot reach the target is a result, not a crash
-                    cells.append({"method": method, "target": target, "seed": seed, "error": f"{exc}"[:300]})
+                    found = cached(family, {**key, "what": "search"}, lambda r=rule, t=target, s=seed:
+                                   family.search(r, t, s))
+                except Exception as exc:  # noqa: BLE001 - a rule that cannot reach the target is a result
+                    cells.append({"rule": rule, "target": target, "seed": seed, "error": f"{exc}"[:300]})
                     continue
-                plans[plan_name(plan)] = plan
-                cells.append({"method": method, "target": target, "seed": seed, "plan": plan_name(plan),
-                              "removed": len(plan["remove"]), "surrogate_loss": family.surrogate(seed, plan)})
+                chosen = at_target(found["tried"], target)
+                for used in chosen["used"]:
+                    plans[plan_name(used["plan"])] = used["plan"]
+                cells.append({"rule": rule, "target": target, "seed": seed, **chosen,
+                              "search_s": found["search_s"], "evaluations": found["evaluations"],
+                              "tried": [{k: v for k, v in c.items() if k != "plan"} for c in found["tried"]]})
     latency: dict[str, dict[str, float]] = {}
     for target in targets:
-        names = sorted({c["plan"] for c in cells if c["target"] == target and "plan" in c})
+        names = sorted({plan_name(u["plan"]) for c in cells if c["target"] == target and "used" in c
+                        for u in c["used"]})
         measured = measure_plans(family, {n: plans[n] for n in names}, measure)
         latency[f"baseline@{target}"] = measured.pop("baseline")  # each target's session has its own baseline
-        latency.update(measured)
+        latency.update({f"{n}@{target}": v for n, v in measured.items()})
     for cell in cells:
-        if "plan" not in cell:
+        if "used" not in cell:
             continue
-        key = {**family.key, "method": cell["method"], "seed": cell["seed"], "target": cell["target"],
-               "plan": plans[cell["plan"]], "short_epochs": SHORT_EPOCHS}
-        cell.update(cached_cell(family, key, lambda c=cell: family.qualities(
-            c["method"], c["target"], c["seed"], plans[c["plan"]])))
-        cell.update({k: latency[cell["plan"]][k] for k in ("latency_ms", "speedup", "predicted_ms")})
-    return {"family": name, "overrides": overrides, "task": family.data.task, "metric": metric_name(family.data.task),
-            "baseline": {**family.baseline_record, **family.base_quality,
+        qualities = {}
+        for used in cell["used"]:
+            plan = used.pop("plan")
+            used["name"] = plan_name(plan)
+            key = {**family.key, "seed": cell["seed"], "plan": plan, "short_epochs": SHORT_EPOCHS, "what": "quality",
+                   "code": code_digest(*QUALITY_CODE)}
+            qualities[used["name"]] = cached(family, key, lambda p=plan, s=cell["seed"]: family.qualities(s, p))
+            used["plan_score"] = family.plan_score(cell["seed"], plan)
+            used["surrogate"] = family.surrogate(cell["seed"], plan)
+            used["one_shot_loss"] = qualities[used["name"]]["one_shot"]["loss"]
+            used["session_speedup"] = latency[f"{used['name']}@{cell['target']}"]["speedup"]
+        for stage in STAGES:
+            cell[stage] = combine(cell["used"], qualities, stage, metric)
+        cell["speedup"] = sum(u["weight"] * u["speedup"] for u in cell["used"])  # beside the baseline, as prune.py
+        cell["session_speedup"] = sum(u["weight"] * u["session_speedup"] for u in cell["used"])  # all in one session
+        cell["removed"] = sum(u["weight"] * len(plans[u["name"]]["remove"]) for u in cell["used"])
+    base = {k: v for k, v in family.base_quality.items() if k not in ("correct", "sample_loss")}
+    return {"family": name, "overrides": overrides, "task": family.data.task, "metric": metric,
+            "baseline": {**family.baseline_record, **base,
                          "latency_ms": latency[f"baseline@{targets[-1]}"]["latency_ms"]},
             "data_info": {k: v for k, v in family.data.info.items() if isinstance(v, (int, float, str))},
             "condition": {k: family.table.condition.get(k) for k in ("device_name", "batch_size", "input_size",
@@ -312,103 +450,46 @@ def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def higher_is_better(metric: str) -> bool:
-    return metric not in ("ppl", "bpb", "kl", "loss")
-
-
 def summarise(family: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (target, method, stage): mean and sd over seeds of the metric, agreement, KL and speed-up."""
+    """One row per (target, rule, stage): mean and sd over seeds of the metric, agreement, KL and speed-ups."""
     rows = []
     metric = family["metric"]
     for target in sorted({c["target"] for c in family["cells"]}):
-        for method in METHODS:
-            done = [c for c in family["cells"] if c["target"] == target and c["method"] == method and "plan" in c]
-            failed = [c for c in family["cells"] if c["target"] == target and c["method"] == method and "error" in c]
-            if not done and not failed:
-                continue
+        for rule in dict.fromkeys(c["rule"] for c in family["cells"]):
+            done = [c for c in family["cells"] if c["target"] == target and c["rule"] == rule and "used" in c]
+            failed = [c for c in family["cells"] if c["target"] == target and c["rule"] == rule and "error" in c]
             for stage in STAGES:
-                row = {"family": family["family"], "target": target, "method": method, "stage": stage,
-                       "seeds": len(done), "failed": len(failed)}
-                for key in (metric, "agreement", "kl"):
+                row = {"family": family["family"], "target": target, "rule": rule, "stage": stage,
+                       "seeds": len(done), "failed": len(failed),
+                       "off_target": sum(not c["at_target"] for c in done),
+                       "interpolated": sum(c["interpolated"] for c in done)}
+                for key in dict.fromkeys((metric, "ppl" if metric == "loss" else "acc1", "agreement", "kl")):
                     row[f"{key}_mean"], row[f"{key}_sd"] = mean_sd([c[stage][key] for c in done])
                 row["speedup_mean"], row["speedup_sd"] = mean_sd([c["speedup"] for c in done])
-                row["latency_ms_mean"], _ = mean_sd([c["latency_ms"] for c in done])
-                row["relative_latency_mean"], row["relative_latency_sd"] = mean_sd([1.0 / c["speedup"] for c in done])
+                row["session_speedup_mean"], row["session_speedup_sd"] = mean_sd([c["session_speedup"] for c in done])
                 row["removed_mean"], _ = mean_sd([c["removed"] for c in done])
+                row["search_s_mean"], _ = mean_sd([c["search_s"] for c in done])
                 rows.append(row)
     return rows
 
 
-def paired(family: dict[str, Any], method: str, reference: str, target: float, stage: str) -> dict[str, Any] | None:
-    """Per-seed difference of `method` against `reference` (positive: `method` is better), its mean, sd, standard
-    error and size in seed standard deviations (pooled sd of the two cells)."""
+def comparison(family: dict[str, Any], rule: str, reference: str, target: float, stage: str) -> dict[str, Any] | None:
+    """`rule` against `reference`, paired by seed (positive: `rule` is better), at cells of both at the target."""
     metric = family["metric"]
     sign = 1.0 if higher_is_better(metric) else -1.0
-    by_seed = {m: {c["seed"]: c[stage][metric] for c in family["cells"]
-                   if c["method"] == m and c["target"] == target and "plan" in c} for m in (method, reference)}
-    seeds = sorted(set(by_seed[method]) & set(by_seed[reference]))
+    by_seed = {r: {c["seed"]: c[stage] for c in family["cells"] if c["rule"] == r and c["target"] == target
+                   and "used" in c and c["at_target"]} for r in (rule, reference)}
+    seeds = sorted(set(by_seed[rule]) & set(by_seed[reference]))
     if len(seeds) < 2:
         return None
-    diffs = [sign * (by_seed[method][s] - by_seed[reference][s]) for s in seeds]
-    mean, sd = statistics.fmean(diffs), statistics.stdev(diffs)
-    pooled = math.sqrt((statistics.variance([by_seed[method][s] for s in seeds])
-                        + statistics.variance([by_seed[reference][s] for s in seeds])) / 2)
-    se = sd / math.sqrt(len(seeds))
-    return {"method": method, "reference": reference, "target": target, "stage": stage, "seeds": len(seeds),
-            "diff_mean": mean, "diff_sd": sd, "diff_se": se,
-            "in_seed_sds": mean / pooled if pooled > 0 else (math.inf if mean > 0 else -math.inf if mean < 0 else 0.0),
-            "wins": bool(mean > 2 * se) if se > 0 else mean > 0}
+    diffs = [sign * (by_seed[rule][s][metric] - by_seed[reference][s][metric]) for s in seeds]
+    samples = [sign * (np.asarray(by_seed[rule][s]["samples"]) - np.asarray(by_seed[reference][s]["samples"]))
+               for s in seeds]
+    return {"rule": rule, "reference": reference, "target": target, "stage": stage, "seeds": seeds,
+            **stats.compare(diffs, samples)}
 
 
-def best_dp(rows: list[dict[str, Any]], metric: str, target: float, stage: str = "short") -> str | None:
-    """The DP importance with the best mean quality at (target, stage)."""
-    candidates = [r for r in rows if r["method"] in DP_METHODS and r["target"] == target and r["stage"] == stage
-                  and r[f"{metric}_mean"] is not None]
-    if not candidates:
-        return None
-    pick = max if higher_is_better(metric) else min
-    return pick(candidates, key=lambda r: r[f"{metric}_mean"])["method"]
-
-
-def verdicts(family: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's targets, computed: the task is below its ceiling and separates methods; where the best DP stands."""
-    metric, base = family["metric"], family["baseline"]
-    target = max(TARGETS) if any(c["target"] == max(TARGETS) for c in family["cells"]) else max(
-        c["target"] for c in family["cells"])
-    random_one_shot = next((r for r in rows if r["method"] == "random" and r["target"] == target
-                            and r["stage"] == "one_shot"), None)
-    out: dict[str, Any] = {"target": target}
-    if family["task"] == "classification":
-        out["baseline_below_ceiling"] = base["acc1"] <= CEILING_ACC
-        loss = None if random_one_shot is None else base["acc1"] - random_one_shot["acc1_mean"]
-        out["random_one_shot_cost"] = loss
-        out["separates"] = loss is not None and loss >= SEPARATION_POINTS
-    else:
-        out["baseline_below_ceiling"] = base["bpb"] > 0  # a language model's ceiling (0 bits per byte) is not reached
-        rise = None if random_one_shot is None else random_one_shot["ppl_mean"] / base["ppl"] - 1.0
-        out["random_one_shot_cost"] = rise
-        out["separates"] = rise is not None and rise >= SEPARATION_PPL
-    best = best_dp(rows, metric, target)
-    out["best_dp"] = best
-    out["comparisons"] = [p for ref in ("random", "greedy") for stage in STAGES
-                          if best and (p := paired(family, best, ref, target, stage))]
-    short = {p["reference"]: p["wins"] for p in out["comparisons"] if p["stage"] == "short"}
-    out["dp_wins_short"] = short
-    return out
-
-
-def with_statistics(family: dict[str, Any]) -> dict[str, Any]:
-    """The family's rows, every method paired against random (per target and stage), and its verdicts."""
-    family["rows"] = summarise(family)
-    family["pairs"] = [p for target in sorted({c["target"] for c in family["cells"]}) for stage in STAGES
-                       for method in METHODS if method != "random"
-                       if (p := paired(family, method, "random", target, stage))]
-    family["verdicts"] = verdicts(family, family["rows"])
-    family["diagnostics"] = diagnostics(family)
-    return family
-
-
-def rank_correlation(xs: list[float], ys: list[float]) -> float | None:
+def spearman(xs: list[float], ys: list[float]) -> float | None:
     """Spearman's rank correlation (None with fewer than 3 pairs or a constant side)."""
     from scipy.stats import spearmanr
 
@@ -417,43 +498,185 @@ def rank_correlation(xs: list[float], ys: list[float]) -> float | None:
     return float(spearmanr(xs, ys).statistic)
 
 
-def diagnostics(family: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per target, over every plan of every method and seed: does the DP's additive surrogate rank plans as their
-    one-shot validation loss does, and does one-shot quality rank them as the fine-tuned quality does?"""
-    metric, sign = family["metric"], (1.0 if higher_is_better(family["metric"]) else -1.0)
+def scorer_check(family: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per target, over every plan of every rule and seed: the Spearman correlation of the default's plan score
+    (real calibration loss) and of the previous default's additive surrogate against the real one-shot validation
+    loss."""
     out = []
     for target in sorted({c["target"] for c in family["cells"]}):
-        done = [c for c in family["cells"] if c["target"] == target and "plan" in c and "surrogate_loss" in c]
-        if not done:
+        used = {(c["seed"], u["name"]): u for c in family["cells"] if c["target"] == target and "used" in c
+                for u in c["used"]}
+        if not used:
             continue
-        out.append({"target": target, "plans": len(done),
-                    "surrogate_vs_one_shot_loss": rank_correlation([c["surrogate_loss"] for c in done],
-                                                                    [c["one_shot"]["loss"] for c in done]),
-                    "one_shot_vs_short": rank_correlation([sign * c["one_shot"][metric] for c in done],
-                                                          [sign * c["short"][metric] for c in done]),
-                    "one_shot_vs_full": rank_correlation([sign * c["one_shot"][metric] for c in done],
-                                                         [sign * c["full"][metric] for c in done]),
-                    "removed_vs_short": rank_correlation([-float(c["removed"]) for c in done],
-                                                         [sign * c["short"][metric] for c in done])})
+        real = [u["one_shot_loss"] for u in used.values()]
+        score = spearman([u["plan_score"] for u in used.values()], real)
+        out.append({"target": target, "plans": len(used), "plan_score_spearman": score,
+                    "surrogate_spearman": spearman([u["surrogate"] for u in used.values()], real),
+                    "passed": score is not None and score >= SPEARMAN_TARGET})
+    return out
+
+
+def summary_of(verdicts: list[str]) -> str:
+    """One word for a rule's comparisons: worse if any is worse, better if all are, partly better if some are."""
+    if "worse" in verdicts:
+        return "worse"
+    if verdicts and all(v == "better" for v in verdicts):
+        return "better"
+    return "partly better" if "better" in verdicts else "tie"
+
+
+def family_verdicts(family: dict[str, Any], default: str) -> dict[str, Any]:
+    """The default against every other rule (Holm over the family), and the issue's targets, computed."""
+    targets = sorted({c["target"] for c in family["cells"]})
+    others = [r for r in dict.fromkeys(c["rule"] for c in family["cells"]) if r != default]
+    raw = [p for target in targets for stage in STAGES for rule in others
+           if (p := comparison(family, default, rule, target, stage))]
+    judged = stats.verdicts(raw)
+    by_reference: dict[str, dict[str, Any]] = {}
+    for rule in others:
+        mine = [j for j in judged if j["reference"] == rule]
+        verdicts = [j["verdict"] for j in mine]
+        by_reference[rule] = {
+            "comparisons": len(mine), "better": verdicts.count("better"), "worse": verdicts.count("worse"),
+            "tie": verdicts.count("tie"),
+            "summary": summary_of(verdicts)}
+    metric, base = family["metric"], family["baseline"]
+    random_one_shot = [c["one_shot"][metric] for c in family["cells"] if c["rule"] == "random"
+                       and c["target"] == max(targets) and "used" in c]
+    out: dict[str, Any] = {"default": default, "comparisons": judged, "by_reference": by_reference,
+                           "never_worse": not any(j["verdict"] == "worse" for j in judged),
+                           "scorer": scorer_check(family)}
+    if random_one_shot and family["task"] == "classification":
+        out["baseline_below_ceiling"] = base["acc1"] <= CEILING_ACC
+        out["random_one_shot_cost"] = base["acc1"] - statistics.fmean(random_one_shot)
+        out["separates"] = out["random_one_shot_cost"] >= SEPARATION_POINTS
+    elif random_one_shot:
+        out["baseline_below_ceiling"] = True  # a language model's ceiling (0 bits per byte) is not reached
+        out["random_one_shot_cost"] = math.exp(statistics.fmean(random_one_shot)) / base["ppl"] - 1.0
+        out["separates"] = out["random_one_shot_cost"] >= SEPARATION_PPL
+    return out
+
+
+def with_statistics(family: dict[str, Any], default: str) -> dict[str, Any]:
+    family["rows"] = summarise(family)
+    family["verdicts"] = family_verdicts(family, default)
+    return family
+
+
+def overall(result: dict[str, Any]) -> dict[str, Any]:
+    """The suite's targets over the families: never worse, better than random everywhere, better than greedy and
+    the previous default on at least three, the scorer's Spearman at least 0.8 at 2.0x."""
+    families = result["families"]
+
+    def count(reference: str, strict: bool) -> int:
+        wanted = ("better",) if strict else ("better", "partly better")
+        return sum(f["verdicts"]["by_reference"].get(reference, {}).get("summary") in wanted for f in families)
+
+    top = max(TARGETS)
+    scorer = {f["family"]: next((s["plan_score_spearman"] for s in f["verdicts"]["scorer"] if s["target"] == top),
+                                None) for f in families}
+    out = {"families": len(families),
+           "never_worse": all(f["verdicts"]["never_worse"] for f in families),
+           "better_than_random": count("random", strict=False), "better_than_random_everywhere":
+               count("random", strict=True),
+           "better_than_greedy": count("greedy", strict=False), "better_than_dp_loss": count("dp_loss", strict=False),
+           "scorer_spearman_at_2x": scorer,
+           "scorer_passed": all(v is not None and v >= SPEARMAN_TARGET for v in scorer.values())}
+    out["passed"] = (out["never_worse"] and out["better_than_random"] == len(families)
+                     and min(out["better_than_greedy"], out["better_than_dp_loss"]) >= min(3, len(families))
+                     and out["scorer_passed"])
     return out
 
 
 def summarise_again(path: str | Path, out: str | None = None) -> dict[str, Any]:
     """Recompute the statistics, verdicts and plot of a stored result from its cells (nothing is measured again)."""
     result = json.loads(Path(path).read_text())
-    result["families"] = [with_statistics(family) for family in result["families"]]
+    result["families"] = [with_statistics(family, result["default"]) for family in result["families"]]
+    result["overall"] = overall(result)
     figure = plot(result, results_dir(out) / "prune_quality.png")
     result["plot"] = str(figure) if figure else None
     write_result("prune_quality", result, out)
     return result
 
 
+# ------------------------------------------------------------------------------------------------- selection
+def development_loader(family: Family, count: int = 8) -> Any:
+    """Data the selection may score on, never the validation split: the digits ``data.train_samples`` leaves out
+    (images the baseline never saw), or `count` batches of fixed windows of a text's training tokens."""
+    from torch.utils.data import DataLoader
+
+    from zoo.training.data import FixedWindows, unused_digits
+
+    cfg = family.cfg.data
+    if cfg.name == "digits":
+        dataset = unused_digits(cfg)
+    else:
+        windows = family.data.train.dataset.dataset
+        dataset = FixedWindows(windows.tokens, windows.seq_len, limit=count * cfg.batch_size)
+    return DataLoader(dataset, batch_size=cfg.batch_size)
+
+
+def run_selection(names: list[str], root: Path, rules: list[str], seeds: list[int], targets: tuple[float, ...],
+                  quick: bool = False) -> dict[str, Any]:
+    """Each candidate's quality on development data at the predicted target, one-shot and after the short
+    fine-tune, per family, target and seed; the mean rank of each candidate over (family, target, stage) and the
+    choice (the best mean rank)."""
+    from scipy.stats import rankdata
+
+    rows = []
+    metrics: dict[str, str] = {}
+    for name in names:
+        overrides = [*(FAMILIES.get(name) or default_task(name)), *(QUICK if quick else [])]
+        family = Family(name, overrides, root)
+        metrics[name] = metric_name(family.data.task)
+        loader = development_loader(family)
+        reference = outputs_on(family.baseline, loader, family.limit)
+        for target in targets:
+            for seed in seeds:
+                for rule in rules:
+                    key = {**family.key, "rule": rule, "settings": RULES[rule], "seed": seed, "target": target,
+                           "what": "select", "code": code_digest(*SEARCH_CODE)}
+                    try:
+                        found = cached(family, key, lambda f=family, r=rule, t=target, s=seed:
+                                       f.search(r, t, s, False))
+                    except Exception as exc:  # noqa: BLE001 - a rule that cannot reach the target is a result
+                        rows.append({"family": name, "target": target, "seed": seed, "rule": rule,
+                                     "error": f"{exc}"[:300]})
+                        continue
+                    plan = found["plan"]
+                    quality = cached(family, {**family.key, "seed": seed, "plan": plan, "short_epochs": SHORT_EPOCHS,
+                                              "what": "development quality", "code": code_digest(*QUALITY_CODE)},
+                                     lambda f=family, p=plan, s=seed, d=loader, r=reference:
+                                     f.qualities(s, p, d, r))
+                    rows.append({"family": name, "target": target, "seed": seed, "rule": rule,
+                                 **{stage: {k: v for k, v in quality[stage].items() if k in ("acc1", "loss", "ppl")}
+                                    for stage in STAGES},
+                                 "search_s": found["search_s"], "evaluations": found["evaluations"],
+                                 "removed": len(plan["remove"])})
+    ranks: dict[str, list[float]] = {rule: [] for rule in rules}
+    table = []
+    for name in names:
+        metric, sign = metrics[name], (1.0 if higher_is_better(metrics[name]) else -1.0)
+        for target in targets:
+            for stage in STAGES:
+                means = {rule: statistics.fmean(v) for rule in rules if (v := [
+                    r[stage][metric] for r in rows if r["family"] == name and r["target"] == target
+                    and r["rule"] == rule and stage in r])}
+                ranked = dict(zip(means, rankdata([-sign * v for v in means.values()], method="average")))
+                for rule in rules:  # ties share a rank; a rule without a plan here ranks last
+                    ranks[rule].append(float(ranked[rule]) if rule in means else float(len(rules)))
+                table.append({"family": name, "metric": metric, "target": target, "stage": stage,
+                              **{rule: means.get(rule) for rule in rules}})
+    mean_rank = {rule: statistics.fmean(v) for rule, v in ranks.items()}
+    choice = min(mean_rank, key=mean_rank.get)
+    default = default_rule()
+    return {"suite": "prune_quality_selection", "seeds": seeds, "rules": rules, "rows": rows, "means": table,
+            "mean_rank": mean_rank, "choice": choice, "default": default, "default_is_choice": choice == default}
+
+
 # ------------------------------------------------------------------------------------------------------- plot
 def plot(result: dict[str, Any], path: Path) -> Path | None:
-    """Quality vs measured latency per method (mean with error bars over seeds), one panel per family and stage.
-
-    Latency is relative to the baseline timed in the same interleaved session (1 / measured speed-up): this machine's
-    absolute milliseconds drift between sessions by more than the differences between methods."""
+    """Quality vs measured latency per rule (mean with error bars over seeds), one panel per family and stage."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -465,19 +688,19 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     fig, axes = plt.subplots(len(families), len(STAGES), figsize=(5 * len(STAGES), 4 * len(families)), squeeze=False)
     for row_axes, family in zip(axes, families):
         metric = family["metric"]
+        shown = "ppl" if metric == "loss" else metric
         for ax, stage in zip(row_axes, STAGES):
-            for method in METHODS:
-                rows = [r for r in family["rows"] if r["method"] == method and r["stage"] == stage
-                        and r[f"{metric}_mean"] is not None]
+            for rule in dict.fromkeys(r["rule"] for r in family["rows"]):
+                rows = [r for r in family["rows"] if r["rule"] == rule and r["stage"] == stage
+                        and r[f"{shown}_mean"] is not None]
                 if rows:
-                    ax.errorbar([r["relative_latency_mean"] for r in rows], [r[f"{metric}_mean"] for r in rows],
-                                xerr=[r["relative_latency_sd"] for r in rows], yerr=[r[f"{metric}_sd"] for r in rows],
-                                marker="o", capsize=3, label=method)
-            ax.axhline(family["baseline"][metric], color="k", ls="--", lw=1, label="baseline")
+                    ax.errorbar([1.0 / r["speedup_mean"] for r in rows], [r[f"{shown}_mean"] for r in rows],
+                                yerr=[r[f"{shown}_sd"] for r in rows], marker="o", capsize=3, label=rule)
+            ax.axhline(family["baseline"][shown], color="k", ls="--", lw=1, label="baseline")
             ax.set_title(f"{family['family']}: {stage.replace('_', '-')}")
             ax.set_xlabel("measured latency / baseline's (1 / speed-up, same session)")
-            ax.set_ylabel(metric)
-            if metric == "ppl":
+            ax.set_ylabel(shown)
+            if shown == "ppl":
                 ax.set_yscale("log")
         row_axes[0].legend(fontsize=7)
     fig.tight_layout()
@@ -494,24 +717,26 @@ def default_task(model: str) -> list[str]:
 
 
 def run(quick: bool = False, device: str = "auto", out: str | None = None, families: list[str] | None = None,
-        seeds: int | None = None, workdir: str | None = None, methods: list[str] | None = None) -> dict[str, Any]:
-    """Every family's cells, statistics and verdicts (3 seeds; 2 with `quick`), written to ``prune_quality.json``."""
-    seeds = seeds or (2 if quick else 3)
+        seeds: int | None = None, workdir: str | None = None, rules: list[str] | None = None) -> dict[str, Any]:
+    """Every family's cells, statistics and verdicts (5 seeds; 2 with `quick`), written to ``prune_quality.json``."""
+    seeds = seeds or (2 if quick else 5)
     names = families or (["mobilenetv2_035"] if quick else list(FAMILIES))
-    methods = methods or list(METHODS)
+    default = default_rule()
+    rules = rules or list(TEST_RULES)
+    if default not in rules:
+        rules = [default, *rules]
     # quick: the lower target, which whole-segment rules (sleb) reach on the tiny task whatever its 3-round table
-    # measured; at 2.0x, removing every removable block of MobileNetV2-0.35 at 8 px sits near the budget
     targets = TARGETS[:1] if quick else TARGETS
     root = Path(workdir or tempfile.mkdtemp(prefix="prune_quality-"))
     start = time.perf_counter()
-    result: dict[str, Any] = {"suite": "prune_quality", "quick": quick, "seeds": seeds, "workdir": str(root),
-                              "families": []}
+    result: dict[str, Any] = {"suite": "prune_quality", "quick": quick, "seeds": seeds, "default": default,
+                              "tolerance": TOLERANCE, "workdir": str(root), "families": []}
     for name in names:
-        overrides = [*(FAMILIES.get(name) or default_task(name)), *(QUICK if quick else [])]
-        overrides = [*overrides, f"prune.device={device}"]
-        family = run_family(name, overrides, list(range(seeds)), root, methods, targets,
+        overrides = [*(FAMILIES.get(name) or default_task(name)), *(QUICK if quick else []), f"prune.device={device}"]
+        family = run_family(name, overrides, list(range(seeds)), root, rules, targets,
                             QUICK_MEASURE if quick else MEASURE)
-        result["families"].append(with_statistics(family))
+        result["families"].append(with_statistics(family, default))
+        result["overall"] = overall(result)
         result["seconds"] = round(time.perf_counter() - start, 1)
         write_result("prune_quality", result, out)  # after every family: a long run keeps what it finished
     figure = plot(result, results_dir(out) / "prune_quality.png")
@@ -525,69 +750,92 @@ def fmt(value: Any, digits: int = 2) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
+    if result.get("suite") == "prune_quality_selection":
+        return markdown_selection(result)
     parts = []
     for family in result["families"]:
         metric, base, v = family["metric"], family["baseline"], family["verdicts"]
-        parts.append(f"#### {family['family']} ({family['task']}, {metric}; baseline {fmt(base[metric])} after "
+        shown = "ppl" if metric == "loss" else metric
+        parts.append(f"#### {family['family']} ({family['task']}; baseline {shown} {fmt(base[shown])} after "
                      f"{base['epochs']} epochs, {family['condition']['device_name']}, batch "
                      f"{family['condition']['batch_size']})\n")
-        table = [{"target": r["target"], "method": r["method"], "stage": r["stage"],
-                  metric: f"{fmt(r[f'{metric}_mean'])} ± {fmt(r[f'{metric}_sd'])}",
+        table = [{"target": r["target"], "rule": r["rule"], "stage": r["stage"],
+                  shown: f"{fmt(r[f'{shown}_mean'])} ± {fmt(r[f'{shown}_sd'])}",
                   "agreement %": f"{fmt(r['agreement_mean'], 1)} ± {fmt(r['agreement_sd'], 1)}",
-                  "KL": f"{fmt(r['kl_mean'], 3)}", "measured speed-up": f"{fmt(r['speedup_mean'])} ± "
-                  f"{fmt(r['speedup_sd'])}", "removed": fmt(r["removed_mean"], 1),
-                  "seeds": f"{r['seeds']}" + (f" ({r['failed']} failed)" if r["failed"] else "")}
+                  "measured speed-up": f"{fmt(r['speedup_mean'], 3)} ± {fmt(r['speedup_sd'], 3)}",
+                  "one session": f"{fmt(r['session_speedup_mean'], 3)} ± {fmt(r['session_speedup_sd'], 3)}",
+                  "removed": fmt(r["removed_mean"], 1), "search s": fmt(r["search_s_mean"], 1),
+                  "seeds": f"{r['seeds']}" + (f" ({r['failed']} failed)" if r["failed"] else "")
+                  + (f", {r['off_target']} off target" if r["off_target"] else "")
+                  + (f", {r['interpolated']} interpolated" if r["interpolated"] else "")}
                  for r in family["rows"]]
-        parts.append(markdown_table(table, ["target", "method", "stage", metric, "agreement %", "KL",
-                                            "measured speed-up", "removed", "seeds"]))
-        comp = [{"best DP": p["method"], "vs": p["reference"], "stage": p["stage"],
-                 "paired diff": f"{fmt(p['diff_mean'])} ± {fmt(p['diff_sd'])}", "seed sds": fmt(p["in_seed_sds"]),
-                 "wins (> 2 SE)": p["wins"]} for p in v["comparisons"]]
-        parts.append(f"\nVerdicts at {v['target']}x: baseline below ceiling **{v['baseline_below_ceiling']}**; "
-                     f"random one-shot cost {fmt(v['random_one_shot_cost'])} "
-                     f"({'points' if family['task'] == 'classification' else 'relative ppl rise'}): separates "
-                     f"**{v['separates']}**; best DP importance `{v['best_dp']}`, wins after the short fine-tune: "
-                     f"{v['dp_wins_short']}.\n")
-        if comp:
-            parts.append(markdown_table(comp, ["best DP", "vs", "stage", "paired diff", "seed sds", "wins (> 2 SE)"]))
-        if family.get("diagnostics"):
-            parts.append("\nWhy (Spearman rank correlations over every plan of every method and seed; 1 = same order):"
-                         "\n")
-            parts.append(markdown_table([{k: fmt(v) for k, v in d.items()} for d in family["diagnostics"]],
-                                        ["target", "plans", "surrogate_vs_one_shot_loss", "one_shot_vs_short",
-                                         "one_shot_vs_full", "removed_vs_short"]))
-        vs_random = [{"target": p["target"], "method": p["method"], "stage": p["stage"],
-                      "paired diff vs random": f"{fmt(p['diff_mean'])} ± {fmt(p['diff_sd'])}",
-                      "seed sds": fmt(p["in_seed_sds"]), "wins (> 2 SE)": p["wins"]}
-                     for p in family.get("pairs", []) if p["stage"] != "full" or p["target"] == v["target"]]
-        if vs_random:
-            parts.append(f"\nEvery method against random, paired by seed (positive: better than random; "
-                         f"{metric}):\n")
-            parts.append(markdown_table(vs_random, ["target", "method", "stage", "paired diff vs random", "seed sds",
-                                                    "wins (> 2 SE)"]))
+        parts.append(markdown_table(table, ["target", "rule", "stage", shown, "agreement %", "measured speed-up",
+                                            "one session", "removed", "search s", "seeds"]))
+        comp = [{"vs": c["reference"], "target": c["target"], "stage": c["stage"],
+                 "diff (default - rule)": fmt(c["mean"], 3 if metric == "loss" else 2), "test": c["test"],
+                 "p": f"{c['p']:.2g}", "p (Holm)": f"{c['p_holm']:.2g}", "verdict": c["verdict"]}
+                for c in v["comparisons"]]
+        sign = "points of top-1" if metric == "acc1" else "nats per token of validation loss, lower-is-better flipped"
+        parts.append(f"\nThe default (`{v['default']}`) against every rule, paired by seed ({sign}; Holm over "
+                     f"{len(comp)} comparisons): never significantly worse **{v['never_worse']}**.\n")
+        parts.append(markdown_table(comp, ["vs", "target", "stage", "diff (default - rule)", "test", "p", "p (Holm)",
+                                           "verdict"]))
+        parts.append("\nPlan scorer (Spearman over every plan against its one-shot validation loss):\n")
+        parts.append(markdown_table([{k: fmt(x) for k, x in s.items()} for s in v["scorer"]],
+                                    ["target", "plans", "plan_score_spearman", "surrogate_spearman", "passed"]))
+    if result.get("overall"):
+        o = result["overall"]
+        parts.append(f"\nOverall: never worse {o['never_worse']}; better than random in {o['better_than_random']} of "
+                     f"{o['families']} families; better than greedy in {o['better_than_greedy']}, than the previous "
+                     f"default (dp_loss) in {o['better_than_dp_loss']}; scorer Spearman at 2.0x "
+                     f"{ {k: fmt(x) for k, x in o['scorer_spearman_at_2x'].items()} }; **passed: {o['passed']}**.")
     return "\n\n".join(parts)
+
+
+def markdown_selection(result: dict[str, Any]) -> str:
+    rules = result["rules"]
+    table = [{"family": r["family"], "metric": r["metric"], "target": r["target"], "stage": r["stage"],
+              **{rule: fmt(r[rule], 3) for rule in rules}} for r in result["means"]]
+    ranks = ", ".join(f"{rule} {fmt(rank)}" for rule, rank in sorted(result["mean_rank"].items(), key=lambda x: x[1]))
+    return (markdown_table(table, ["family", "metric", "target", "stage", *rules]) + f"\n\nMean rank: {ranks}. Choice: "
+            f"**{result['choice']}**; the default (`{result['default']}`) is the choice: "
+            f"**{result['default_is_choice']}**.")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--select", action="store_true", help="choose among candidate searches on development data")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--families", default=None, help=f"comma-separated, of {', '.join(FAMILIES)}")
-    parser.add_argument("--methods", default=None, help=f"comma-separated, of {', '.join(METHODS)}")
-    parser.add_argument("--seeds", type=int, default=None, help="default 3 (2 with --quick)")
+    parser.add_argument("--rules", default=None, help=f"comma-separated, of {', '.join(RULES)}")
+    parser.add_argument("--seeds", type=int, default=None, help="default 5 (2 with --quick)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--workdir", default=None, help="baselines, caches and finished cells (default: a temp dir)")
     parser.add_argument("--summarise", default=None, metavar="JSON",
                         help="recompute the statistics and plot of a stored result (nothing is run or measured)")
     args = parser.parse_args(argv)
-    if args.summarise:
-        print(markdown(summarise_again(args.summarise, args.out)))
-        return
+
     def split(text: str | None) -> list[str] | None:
         return text.split(",") if text else None
 
+    unknown = [r for r in split(args.rules) or [] if r not in RULES]
+    if unknown:
+        parser.error(f"unknown rule(s) {', '.join(unknown)}; choose from {', '.join(RULES)}")
+    if args.summarise:
+        print(markdown(summarise_again(args.summarise, args.out)))
+        return
+    if args.select:
+        names = split(args.families) or (["mobilenetv2_035"] if args.quick else list(FAMILIES))
+        root = Path(args.workdir or tempfile.mkdtemp(prefix="prune_quality-"))
+        seeds = list(DEV_SEEDS[:2] if args.quick else DEV_SEEDS)
+        result = run_selection(names, root, split(args.rules) or list(SELECT_RULES), seeds,
+                               TARGETS[:1] if args.quick else TARGETS, args.quick)
+        write_result("prune_quality_selection", result, args.out)
+        print(markdown(result))
+        return
     print(markdown(run(args.quick, args.device, args.out, split(args.families), args.seeds, args.workdir,
-                       split(args.methods))))
+                       split(args.rules))))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def compose(overrides: list[str], output_dir: Path) -> Any:
     from hydra import initialize_config_dir
 
     from zoo.jobs.entry import register_resolvers
-    from zoo.jobs.prune import register_configs
+    from zoo.jobs.prune_config import register_configs
 
     register_configs(CONF)
     register_resolvers()

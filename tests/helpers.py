@@ -1,5 +1,6 @@
-"""Shared test helpers: run the entry points (in a subprocess, or in this process for fast error paths), and
-snapshot a directory to prove that a refused command left it exactly as it was."""
+"""Shared test helpers: the one way tests run the entry points (in a subprocess, or in this process for fast error
+paths), the tiny configs, a snapshot of a directory to prove that a refused command left it exactly as it was, and
+small model and hub helpers several test modules use. Fixtures are in ``conftest.py``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST_LUT = ["++prune.lut={warmup_s: 0.2, entry_warmup_s: 0.01, min_rounds: 3, max_rounds: 6}",
@@ -21,13 +23,18 @@ TINY_TRAIN = ["model=mobilenetv2_035", "data.image_size=16", "data.batch_size=32
               "trainer.limit_train_batches=4", "trainer.progress=false", "optim.warmup_epochs=0"]
 TINY_PRUNE = [*TINY_TRAIN, "prune.batch_size=2", "prune.calib_batches=1", "finetune.epochs=1",
               "finetune.linearise_fraction=0.5", *FAST_LUT]
+TINY_LM = ["model=retnet_tiny", "data=bytes", "data.seq_len=32", "data.batch_size=8", "trainer.max_epochs=1",
+           "trainer.limit_train_batches=4", "trainer.limit_val_batches=2", "trainer.progress=false",
+           "optim.warmup_epochs=0", "prune.batch_size=2", "prune.calib_batches=1", "finetune.epochs=1",
+           "prune.target_speedup=1.25", *FAST_LUT]
 
 
-def env_for(base: Path) -> dict[str, str]:
-    """The environment of a test subprocess: offline W&B under `base`, one thread, no inherited launch id."""
+def env_for(base: Path, **extra: str) -> dict[str, str]:
+    """The environment of a test subprocess: offline W&B under `base`, one thread (tiny models run as fast, and a
+    busy machine does not slow them more), no inherited launch id; `extra` variables on top."""
     env = {k: v for k, v in os.environ.items() if k not in ("DEPTHZOO_START_TIME", "DEPTHZOO_LAUNCH_ID")}
     env.update(WANDB_DIR=str(base), WANDB_MODE="offline", WANDB_SILENT="true", PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HYDRA_FULL_ERROR="0", **extra)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     return env
 
@@ -42,11 +49,22 @@ def entry_cmd(script: str, *overrides: str, base: Path, run_dir: Path | None = N
     return cmd
 
 
-def run_entry(script: str, *overrides: str, base: Path, run_dir: Path | None = None,
-              timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``train.py``/``prune.py`` in a subprocess and wait for it."""
+def run_entry(script: str, *overrides: str, base: Path, run_dir: Path | None = None, timeout: float = 300,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``train.py``/``prune.py`` in a subprocess under `base` and wait for it: the one runner of the tests."""
     return subprocess.run(entry_cmd(script, *overrides, base=base, run_dir=run_dir), capture_output=True, text=True,
-                          timeout=timeout, env=env_for(base), cwd=base)
+                          timeout=timeout, env={**env_for(base), **(env or {})}, cwd=base)
+
+
+def run_prune(*overrides: str, base: Path, run_dir: Path | None = None, timeout: float = 300,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``prune.py`` in ``base/run`` (or `run_dir`), outputs and caches under `base`."""
+    return run_entry("prune", *overrides, base=base, run_dir=run_dir or base / "run", timeout=timeout, env=env)
+
+
+def run_train(*overrides: str, run_dir: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``train.py`` in `run_dir`, outputs under its parent."""
+    return run_entry("train", *overrides, base=run_dir.parent, run_dir=run_dir, timeout=timeout)
 
 
 @dataclass
@@ -114,3 +132,38 @@ def assert_same_weights(a: Path, b: Path) -> None:
     assert ta.keys() == tb.keys()
     different = [k for k in ta if not torch.equal(ta[k], tb[k])]
     assert not different, f"{len(different)} tensors differ, first {different[:3]}"
+
+
+def max_rel_diff(a: Any, b: Any) -> float:
+    """The largest difference of two tensors, relative to the largest value of the first."""
+    return ((a - b).abs().max() / a.abs().max().clamp_min(1e-12)).item()
+
+
+def randomise_norm_stats(model: Any, seed: int = 0) -> Any:
+    """Give BatchNorm/GroupNorm non-trivial statistics so that weight loading is really checked."""
+    import torch
+    from torch import nn
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)):
+                m.weight.copy_(torch.rand(m.weight.shape, generator=gen) + 0.5)
+                m.bias.copy_(torch.rand(m.bias.shape, generator=gen) - 0.5)
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=gen) - 0.5)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=gen) + 0.5)
+    return model
+
+
+def put_in_hf_cache(hf_home: Path, repo_id: str, weights: Path) -> None:
+    """Place `weights` in a Hugging Face cache as `repo_id`'s model.safetensors (the layout huggingface_hub reads)."""
+    import shutil
+
+    repo = hf_home / "hub" / ("models--" + repo_id.replace("/", "--"))
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    shutil.copy(weights, snapshot / "model.safetensors")

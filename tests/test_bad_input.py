@@ -190,7 +190,7 @@ PRUNE_CASES = [
     (["prune.target_speedup=1.0"], "prune.target_speedup=1.0 is out of range: it must be > 1.0"),
     (["prune.device=cuda:7"], "Device 'cuda:7' is not available"),
     (["prune.device=tpux"], "Unknown device 'tpux'. Allowed devices are 'auto', 'cpu', 'cuda' and 'cuda:N'."),
-    (["prune.search=annealing"], "prune.search='annealing'; allowed: dp, greedy, random"),
+    (["prune.search=annealing"], "prune.search='annealing'; allowed: interaction, dp, kbest, local, greedy, random"),
     (["prune.importance=taylor"], "prune.importance='taylor'; allowed: loss, similarity, finetune"),
     (["prune.workload=decode"], "needs a recurrent language model"),
     (["prune.export=tflite"], "prune.export='tflite'; allowed: null, onnx, torch_export"),

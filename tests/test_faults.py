@@ -71,8 +71,10 @@ def test_train_killed_at_a_random_point_resumes_to_the_same_weights(train_refere
     if code == 0:
         pytest.skip(f"the run finished before the kill at {delay:.1f} s (seed {seed})")
     assert code == -signal.SIGKILL, output[-2000:]
+    saved = (tmp_path / "run" / "checkpoints" / "last.state.pt").is_file()  # a state to resume from, or none yet
     again = run_entry("train", *TRAIN_ARGS, base=tmp_path, run_dir=tmp_path / "run")
     assert again.returncode == 0, f"seed {seed}, kill at {delay:.2f} s\n" + again.stdout[-3000:] + again.stderr[-3000:]
+    assert ("Resumed from" in again.stdout + again.stderr) == saved  # resumed exactly when there was a state
     assert_same_weights(tmp_path / "run" / "checkpoints" / "last.safetensors",
                         reference / "checkpoints" / "last.safetensors")
     ours, theirs = (json.loads((d / "results.json").read_text()) for d in (tmp_path / "run", reference))
@@ -112,6 +114,14 @@ def test_prune_killed_in_each_phase_completes_with_the_same_results(prune_refere
     again = run_entry("prune", *args, base=tmp_path, run_dir=tmp_path / "run")
     assert again.returncode == 0, context + "\n" + again.stdout[-3000:] + again.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
+    rerun = again.stdout + again.stderr
+    done = PHASES[:PHASES.index(phase)]  # the phases that finished before the kill: their work is reused, not redone
+    if "baseline" in done:
+        assert "training the baseline" not in rerun, context
+    if "latency_table" in done:
+        assert results["lut"]["measured_now"] == 0, context
+    if "importance" in done:
+        assert results["importance_cached"] is True, context
     assert results["plan"] == expected["plan"], context
     assert results["pruned"]["metrics"] == expected["pruned"]["metrics"], context
     assert results["baseline"]["metrics"] == expected["baseline"]["metrics"], context

@@ -80,7 +80,7 @@ def test_finetune_score_trains_on_batches_it_does_not_score_on(tmp_path):
     from omegaconf import OmegaConf
 
     from zoo.importance import batches_digest
-    from zoo.jobs.prune import calibration_batches, importance_of
+    from zoo.jobs.plan import calibration_batches, importance_of
     from zoo.training import build_loaders
 
     data = build_loaders(OmegaConf.create({"name": "digits", "image_size": 8, "shift": 0, "batch_size": 8,

@@ -186,7 +186,7 @@ def _input(name: str) -> torch.Tensor:
 @pytest.mark.parametrize("name", list(FAMILIES))
 @pytest.mark.parametrize("way", ["remove_units", "merged", "linearised", "blended", "two_plans", "fused"])
 def test_every_way_to_prune_saves_and_loads_bit_identically(name, way, tmp_path):
-    from .test_zoo import randomise_norm_stats
+    from .helpers import randomise_norm_stats
 
     rng = random.Random(f"{name}-{way}")
     torch.manual_seed(0)

@@ -19,11 +19,13 @@ LAYERS = [
     {"errors", "lazy", "files"},
     {"registry", "tags", "depth", "features", "fuse", "checkpoint", "latency.device"},
     {"surgery", "pretrained", "mobilenetv2", "tresnet", "resnetv2", "retnet", "search", "latency.cache"},
+    {"capture"},
     {"factory", "exporting", "latency.measure", "latency.context", "latency.runtime", "importance"},
     {"latency.calibrate", "latency.table", "latency", "training.distributed", "training.state", "training.logger",
      "training.config", "training.data"},
     {"training.engine", "training"},
-    {"jobs.runs", "jobs.entry", "jobs.train", "jobs.prune_results", "jobs.prune", "jobs", "report", "__main__",
+    {"jobs.runs", "jobs.entry", "jobs.models", "jobs.train", "jobs.prune_results", "jobs.prune_config", "jobs.baseline",
+     "jobs.plan", "jobs.finetune", "jobs.measure", "jobs.prune", "jobs", "report", "__main__",
      "latency.__main__"},
 ]
 
@@ -40,10 +42,7 @@ def imports_of(path: Path) -> set[str]:
     package = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".") if name else []
     found = set()
     tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):  # imports for type checkers only are not imports at run time
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            node.body = []
-    for node in ast.walk(tree):
+    for node in ast.walk(tree):  # every import counts, those for type checkers only too
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - node.level + 1] if node.level > 1 else package

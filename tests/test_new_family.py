@@ -99,7 +99,7 @@ def test_table_search_surgery_and_checkpoint(tmp_path):
     from zoo.latency import TableSettings, build_table
     from zoo.search import Choice, dp_search
 
-    from .test_zoo import randomise_norm_stats
+    from .helpers import randomise_norm_stats
 
     torch.manual_seed(0)
     model = randomise_norm_stats(zoo.create_model("plainresnet8", num_classes=4)).eval()

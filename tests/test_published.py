@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,29 +19,9 @@ from safetensors.torch import save_file
 import zoo
 from zoo.tags import EVAL_KEYS, UnknownTagError, pretrained_cfg, resolve_tag
 
-from .test_prune import FAST_LUT, ROOT, run_prune
+from .helpers import FAST_LUT, ROOT, put_in_hf_cache, run_prune
 
 CNN_ARCHS = [n for n in zoo.list_models() if zoo.get_entry(n).task == "classification"]
-
-
-def put_in_hf_cache(hf_home: Path, repo_id: str, weights: Path) -> None:
-    """Place `weights` in a Hugging Face cache as `repo_id`'s model.safetensors (the layout huggingface_hub reads)."""
-    repo = hf_home / "hub" / ("models--" + repo_id.replace("/", "--"))
-    commit = "0" * 40
-    (repo / "refs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs" / "main").write_text(commit)
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True, exist_ok=True)
-    shutil.copy(weights, snapshot / "model.safetensors")
-
-
-def offline_hf(monkeypatch, hf_home: Path) -> None:
-    import huggingface_hub.constants as hf_constants
-
-    monkeypatch.setenv("HF_HOME", str(hf_home))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(hf_home / "hub"))
 
 
 def varied_timm_model(name: str, num_classes: int, seed: int = 0) -> torch.nn.Module:
@@ -130,15 +109,14 @@ def test_list_pretrained_prints_every_tag():
 
 
 # ----------------------------------------------------------------------------------------- weight sources
-def test_every_source_gives_timms_outputs(tmp_path, monkeypatch):
+def test_every_source_gives_timms_outputs(tmp_path, offline_hub):
     reference = varied_timm_model("mobilenetv2_050", 1000)
     state = {k: v.contiguous() for k, v in reference.state_dict().items()}
     files = {"safetensors": tmp_path / "w.safetensors", "pth": tmp_path / "w.pth", "bin": tmp_path / "w.bin"}
     save_file(state, str(files["safetensors"]))
     torch.save(state, files["pth"])
     torch.save({"state_dict": state}, files["bin"])
-    offline_hf(monkeypatch, tmp_path / "hf")
-    put_in_hf_cache(tmp_path / "hf", "timm/mobilenetv2_050.lamb_in1k", files["safetensors"])
+    put_in_hf_cache(offline_hub, "timm/mobilenetv2_050.lamb_in1k", files["safetensors"])
     x = torch.randn(2, 3, 96, 96)
     with torch.no_grad():
         expected = reference(x)
@@ -252,8 +230,8 @@ IMAGENET_EXPERIMENTS = {"imagenet_mobilenetv2_100": ("mobilenetv2_100", "ra_in1k
 def test_imagenet_experiments_compose_to_the_published_setup(experiment, tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from zoo.jobs.prune import PruneConfig, register_configs, validate_prune
-    from zoo.jobs.train import weights_arg
+    from zoo.jobs.models import weights_arg
+    from zoo.jobs.prune_config import PruneConfig, register_configs, validate_prune
     from zoo.training.config import validate
 
     register_configs(ROOT / "conf")
@@ -299,10 +277,10 @@ def test_train_py_fine_tunes_from_published_weights(tmp_path):
 
 
 # ------------------------------------------------------------------------ review findings, kept fixed
-def test_the_eval_config_follows_the_weights_tag(tmp_path, monkeypatch):
+def test_the_eval_config_follows_the_weights_tag(tmp_path, offline_hub):
     from omegaconf import OmegaConf
 
-    from zoo.jobs.train import data_model_cfg
+    from zoo.jobs.models import data_model_cfg
 
     tagged = zoo.create_model("resnetv2_50x1_bit.goog_in21k_ft_in1k", num_classes=10)
     ckpt = zoo.save_checkpoint(tagged, tmp_path / "bit.safetensors")
@@ -313,8 +291,7 @@ def test_the_eval_config_follows_the_weights_tag(tmp_path, monkeypatch):
     assert zoo.create_model("resnetv2_50x1_bit", pretrained=ckpt).default_cfg["interpolation"] == "bilinear"
     weights = tmp_path / "w.safetensors"
     save_file({k: v.contiguous() for k, v in zoo.create_model("mobilenetv2_050").state_dict().items()}, str(weights))
-    offline_hf(monkeypatch, tmp_path / "hf")
-    put_in_hf_cache(tmp_path / "hf", "timm/mobilenetv2_050.lamb_in1k", weights)
+    put_in_hf_cache(offline_hub, "timm/mobilenetv2_050.lamb_in1k", weights)
     for source in ("timm/mobilenetv2_050.lamb_in1k", "hf-hub:timm/mobilenetv2_050.lamb_in1k/", "true"):
         assert zoo.create_model("mobilenetv2_050", pretrained=source).zoo_tag == "lamb_in1k", source
 
@@ -361,7 +338,7 @@ def test_caches_see_what_the_config_does_not(tmp_path):
     from omegaconf import OmegaConf
 
     from zoo.importance import weights_digest
-    from zoo.jobs.prune import split_digest
+    from zoo.jobs.baseline import split_digest
     from zoo.training import build_loaders
 
     corpus = tmp_path / "corpus.txt"

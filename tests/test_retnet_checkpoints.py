@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 import zoo
 from zoo.retnet import RETNET_SIZES
 
-from .test_published import offline_hf, put_in_hf_cache
+from .helpers import put_in_hf_cache
 
 
 @pytest.fixture
@@ -106,12 +106,11 @@ def test_fla_checkpoint_gives_flas_logits(fla_on_cpu, tmp_path, fused_mlp):
         torch.testing.assert_close(again(tokens), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_fla_checkpoint_from_the_hub_cache(fla_on_cpu, tmp_path, monkeypatch):
+def test_fla_checkpoint_from_the_hub_cache(fla_on_cpu, tmp_path, offline_hub):
     reference = randomise(fla_models.RetNetForCausalLM(fla_config()))
     folder = save_fla_folder(reference, tmp_path / "retnet-fla")
-    offline_hf(monkeypatch, tmp_path / "hf")
-    put_in_hf_cache(tmp_path / "hf", "fla-hub/retnet-tiny-test", folder / "model.safetensors")
-    snapshot = next((tmp_path / "hf" / "hub").glob("models--fla-hub--retnet-tiny-test/snapshots/*"))
+    put_in_hf_cache(offline_hub, "fla-hub/retnet-tiny-test", folder / "model.safetensors")
+    snapshot = next((offline_hub / "hub").glob("models--fla-hub--retnet-tiny-test/snapshots/*"))
     shutil.copy(folder / "config.json", snapshot / "config.json")
     ours = zoo.create_model("retnet_tiny", pretrained="fla-hub/retnet-tiny-test").eval()
     tokens = torch.randint(0, 300, (1, 16))
@@ -225,7 +224,7 @@ TINY_LM_PRUNE = ["model=retnet_tiny", "data=bytes", "data.seq_len=32", "data.bat
 def test_prune_py_from_an_fla_checkpoint_with_its_tokenizer(tmp_path):
     from zoo.training.data import stdlib_corpus
 
-    from .test_prune import FAST_LUT, run_prune
+    from .helpers import FAST_LUT, run_prune
 
     tokenizer = make_tokenizer(tmp_path / "tok", stdlib_corpus().decode()[:200_000], 300)
     folder = save_fla_folder(randomise(fla_models.RetNetForCausalLM(fla_config())), tmp_path / "retnet-fla")

@@ -13,12 +13,13 @@ import torch
 from torch import nn
 
 from zoo.errors import ZooError
-from zoo.latency import CalibrationSettings, LatencyCache, TableSettings, build_table
+from zoo.latency import CalibrationSettings, LatencyCache, TableSettings, build_table, calibrate
 from zoo.latency.device import timing_context
 from zoo.latency.runtime import RuntimeCall, RuntimeFailure, check_runtime, in_runtime, tensorrt_backend
 from zoo.latency.table import STATS, Capture, Pending, entry_cost, fixed_from_whole, measure_rounds
 
-from .test_prune import TINY, run_prune
+from .helpers import TINY_PRUNE as TINY
+from .helpers import run_prune
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -107,7 +108,7 @@ def test_an_onnxruntime_table_is_its_own_condition_predicts_the_whole_network_an
                                                                - cached[table.prefix_keys[i]]["p10_ms"]))
     eager = build_table("mobilenetv2_035", **kwargs)  # same cache folder, another condition: measured anew
     assert eager.n_measured == eager.n_entries and eager.condition["runtime"] == "eager"
-    evaluation = table.calibrate(2, settings=QUICK_CALIB)
+    evaluation = calibrate(table, 2, settings=QUICK_CALIB)
     assert len(evaluation.results) == 3 and all(r.measured_ms > 0 for r in evaluation.results)
 
 
@@ -118,7 +119,7 @@ def test_a_compiled_table_builds_caches_and_calibrates(tmp_path):
     assert table.condition["runtime"] == "compile" and table.n_measured == table.n_entries
     assert table.runtime_build_s > 0
     assert build_table("mobilenetv2_035", **kwargs).n_measured == 0
-    evaluation = table.calibrate(2, settings=QUICK_CALIB)
+    evaluation = calibrate(table, 2, settings=QUICK_CALIB)
     assert all(r.measured_ms > 0 for r in evaluation.results)
 
 

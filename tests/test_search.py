@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from zoo.search import BudgetError, Choice, brute_force_search, dp_search, greedy_search, random_search
+from zoo.search import BudgetError, Choice, dp_search, greedy_search, random_search
 
 
 def random_instance(rng: random.Random, segments: int, integer: bool) -> list[list[Choice]]:
@@ -22,6 +22,23 @@ def random_instance(rng: random.Random, segments: int, integer: bool) -> list[li
     return options
 
 
+def all_plans(options, budget):
+    """Every plan within the budget, (damage, picks), least damage first: the brute-force reference."""
+    import itertools
+
+    plans = []
+    for picks in itertools.product(*[range(len(seg)) for seg in options]):
+        latency = sum(seg[i].latency for seg, i in zip(options, picks))
+        if latency <= budget + 1e-12:
+            plans.append((sum(seg[i].damage for seg, i in zip(options, picks)), picks))
+    return sorted(plans)
+
+
+def brute_force_damage(options, budget):
+    """The least total damage of any plan within the budget, by enumeration (the reference for the DP)."""
+    return all_plans(options, budget)[0][0]
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_dp_matches_brute_force_on_integer_costs(seed):
     rng = random.Random(seed)
@@ -29,10 +46,10 @@ def test_dp_matches_brute_force_on_integer_costs(seed):
     total = sum(seg[0].latency for seg in options)
     fastest = sum(min(c.latency for c in seg) for seg in options)
     budget = float(rng.randint(int(fastest), int(total)))
-    exact = brute_force_search(options, budget)
+    exact = brute_force_damage(options, budget)
     dp = dp_search(options, budget, bins=int(budget) if budget >= 1 else 1)
     assert dp.latency <= budget
-    assert dp.damage == pytest.approx(exact.damage, abs=1e-9)
+    assert dp.damage == pytest.approx(exact, abs=1e-9)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -42,18 +59,18 @@ def test_dp_is_feasible_and_near_optimal_on_float_costs(seed):
     total = sum(seg[0].latency for seg in options)
     fastest = sum(min(c.latency for c in seg) for seg in options)
     budget = rng.uniform(fastest, total)
-    exact = brute_force_search(options, budget)
+    exact = brute_force_damage(options, budget)
     bins = 2000
     dp = dp_search(options, budget, bins=bins)
     assert dp.latency <= budget + 1e-9
-    assert dp.damage >= exact.damage - 1e-9  # rounding costs up can only cost optimality, never feasibility
+    assert dp.damage >= exact - 1e-9  # rounding costs up can only cost optimality, never feasibility
     # Rounding adds less than one bin per segment, so every plan that fits a budget tighter by that much is a
     # plan the DP sees: its damage is at most the exact optimum at the tighter budget.
     tighter = budget - len(options) * budget / bins
     if tighter >= fastest:
-        assert dp.damage <= brute_force_search(options, tighter).damage + 1e-9
+        assert dp.damage <= brute_force_damage(options, tighter) + 1e-9
     for baseline in (greedy_search(options, budget), random_search(options, budget, seed=seed)):
-        assert baseline.latency <= budget + 1e-9 and baseline.damage >= exact.damage - 1e-9
+        assert baseline.latency <= budget + 1e-9 and baseline.damage >= exact - 1e-9
 
 
 def test_unreachable_budget_says_what_is_achievable():
@@ -82,7 +99,7 @@ def whole_options(latencies):
 def test_sleb_rescores_after_every_removal():
     """Hand-computed: alone, s1 hurts least (1.2) then s2 (1.3); once s1 is gone, s0 hurts less (1.4) than s2 (1.9).
     SLEB removes s1 then s0; scoring once (the sum of single losses) would have taken s1 and s2."""
-    from zoo.search import iterative_search
+    from zoo.search import sleb_search
 
     losses = {frozenset({"s0"}): 1.5, frozenset({"s1"}): 1.2, frozenset({"s2"}): 1.3,
               frozenset({"s0", "s1"}): 1.4, frozenset({"s1", "s2"}): 1.9}
@@ -92,7 +109,7 @@ def test_sleb_rescores_after_every_removal():
         calls.append(removed)
         return losses[removed]
 
-    result = iterative_search(whole_options([1.0, 1.0, 1.0]), 1.0, [1, 1, 1], loss_of)
+    result = sleb_search(whole_options([1.0, 1.0, 1.0]), 1.0, [1, 1, 1], loss_of)
     assert result.removed(whole_options([1.0, 1.0, 1.0])) == ["s0", "s1"] and result.method == "sleb"
     assert len(calls) == 3 + 2  # every candidate scored again after the first removal
     assert result.latency == 1.0
@@ -101,15 +118,168 @@ def test_sleb_rescores_after_every_removal():
 def test_angular_search_takes_the_closest_run_of_the_shortest_length():
     """Hand-computed: the budget (2 of 4 ms) needs a run of 2; of the runs (0,1), (1,2), (2,3) at distances 0.3,
     0.1, 0.2 it takes (1,2). With s2 not removable, only (0,1) is contiguous."""
-    from zoo.search import contiguous_search
+    from zoo.search import angular_search
 
     options = whole_options([1.0, 1.0, 1.0, 1.0])
     distances = {(0, 1): 0.3, (1, 2): 0.1, (2, 3): 0.2, (0, 0): 0.5, (1, 1): 0.5, (2, 2): 0.5, (3, 3): 0.5}
-    result = contiguous_search(options, 2.0, [1, 1, 1, 1], lambda a, b: distances[(a, b)])
+    result = angular_search(options, 2.0, [1, 1, 1, 1], lambda a, b: distances[(a, b)])
     assert result.removed(options) == ["s1", "s2"] and result.method == "angular"
-    result = contiguous_search(options, 2.0, [1, 1, None, 1], lambda a, b: distances[(a, b)])
+    result = angular_search(options, 2.0, [1, 1, None, 1], lambda a, b: distances[(a, b)])
     assert result.removed(options) == ["s0", "s1"]
     with pytest.raises(BudgetError, match="contiguous run"):
-        contiguous_search(options, 1.0, [1, None, 1, 1], lambda a, b: distances.get((a, b), 0.0))
+        angular_search(options, 1.0, [1, None, 1, 1], lambda a, b: distances.get((a, b), 0.0))
     with pytest.raises(BudgetError, match="whole segments"):
-        contiguous_search(options, 1.0, [1, None, None, 1], lambda a, b: 0.0)
+        angular_search(options, 1.0, [1, None, None, 1], lambda a, b: 0.0)
+
+
+# -- k best plans and the interaction-aware search -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_kbest_dp_returns_the_k_best_plans_of_brute_force(seed):
+    from zoo.search import kbest_dp
+
+    rng = random.Random(1000 + seed)
+    options = random_instance(rng, rng.randint(1, 6), integer=True)
+    total = sum(seg[0].latency for seg in options)
+    fastest = sum(min(c.latency for c in seg) for seg in options)
+    budget = float(rng.randint(int(fastest), int(total)))
+    k = rng.randint(1, 12)
+    found = kbest_dp(options, budget, k, bins=max(int(budget), 1))
+    expected = all_plans(options, budget)[:k]
+    assert [r.damage for r in found] == pytest.approx([d for d, _ in expected], abs=1e-9)
+    assert len({r.choices for r in found}) == len(found)  # distinct plans
+    assert all(r.latency <= budget + 1e-9 for r in found)
+    assert found[0].damage == pytest.approx(dp_search(options, budget, bins=max(int(budget), 1)).damage, abs=1e-9)
+
+
+def test_reverse_removes_whole_segments_from_the_last_one_back():
+    """Hand-computed: 4 segments of 1 ms, budget 2 ms, s2 cannot be removed: reverse takes s3, skips s2, takes s1."""
+    from zoo.search import reverse_search
+
+    options = whole_options([1.0, 1.0, 1.0, 1.0])
+    result = reverse_search(options, 2.0, [1, 1, None, 1])
+    assert result.removed(options) == ["s1", "s3"] and result.method == "reverse" and result.latency == 2.0
+    with pytest.raises(BudgetError, match="whole segments"):
+        reverse_search(options, 0.5, [1, 1, None, 1])
+
+
+def test_interaction_search_takes_the_plan_the_additive_surrogate_misses():
+    """Hand-computed: three 1-ms segments, budget 1 ms, so two must go. Alone, s0 hurts 0.1, s1 0.2, s2 0.3, so the
+    additive DP removes s0 and s1 (0.3); but together s0 and s1 raise the loss by 5.0, s0 and s2 by 0.5, s1 and s2 by
+    0.6. The interaction-aware search scores whole plans and removes s0 and s2; its damage is that real increase."""
+    from zoo.search import interaction_search
+
+    options = [[Choice(frozenset(), 1.0, 0.0), Choice(frozenset({f"s{i}"}), 0.0, d)]
+               for i, d in enumerate((0.1, 0.2, 0.3))]
+    real = {frozenset(): 1.0, frozenset({"s0", "s1"}): 6.0, frozenset({"s0", "s2"}): 1.5,
+            frozenset({"s1", "s2"}): 1.6, frozenset({"s0"}): 1.1, frozenset({"s1"}): 1.2, frozenset({"s2"}): 1.3,
+            frozenset({"s0", "s1", "s2"}): 9.0}
+    assert dp_search(options, 1.0, bins=10).removed(options) == ["s0", "s1"]
+    result = interaction_search(options, 1.0, real.__getitem__, whole=[1, 1, 1], bins=10)
+    assert result.removed(options) == ["s0", "s2"] and result.damage == pytest.approx(0.5)
+    assert result.method == "interaction" and result.latency <= 1.0
+    kbest = interaction_search(options, 1.0, real.__getitem__, starts=("kbest",), restarts=1, polish=0, bins=10)
+    assert kbest.removed(options) == ["s0", "s2"]  # the 2nd best of the surrogate is the best plan
+
+
+def test_polishing_reaches_a_plan_no_start_proposes():
+    """Hand-computed: four 1-ms segments, budget 2 ms. Every start (the DP's k=1 best, greedy's) removes s0 and s1
+    (alone the least harmful), real increase 3.0. Around that plan, restoring s1 and removing s3 instead scores 0.4
+    (conditionally: s1 back -1.0, s3 out -1.4), so polishing moves to {s0, s3} (real 1.2)."""
+    from zoo.search import interaction_search
+
+    options = [[Choice(frozenset(), 1.0, 0.0), Choice(frozenset({f"s{i}"}), 0.0, d)]
+               for i, d in enumerate((0.1, 0.2, 0.5, 0.6))]
+
+    def real(removed):
+        table = {frozenset({"s0", "s1"}): 3.0, frozenset({"s0", "s3"}): 1.2, frozenset({"s0", "s1", "s3"}): 1.6}
+        return table.get(frozenset(removed), 0.3 * len(removed) + (5.0 if len(removed) >= 2 else 0.0))
+
+    no_polish = interaction_search(options, 2.0, real, starts=("kbest", "greedy"), k=1, restarts=1, polish=0)
+    assert no_polish.removed(options) == ["s0", "s1"]
+    polished = interaction_search(options, 2.0, real, starts=("kbest", "greedy"), k=1, restarts=1, polish=2)
+    assert polished.removed(options) == ["s0", "s3"] and polished.damage == pytest.approx(1.2)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_interaction_search_is_never_worse_than_its_starts(seed):
+    """On random instances with a random non-additive loss: within the budget, and no worse by real loss than the DP,
+    greedy, SLEB and reverse plans it starts from; with every plan scored, it matches brute force on tiny ones."""
+    from zoo.search import interaction_search, reverse_search, sleb_search
+
+    rng = random.Random(500 + seed)
+    options = random_instance(rng, rng.randint(2, 5), integer=True)
+    options = [seg + [Choice(frozenset({f"s{s}"}), 0.0, rng.uniform(0, 3))] for s, seg in enumerate(options)]
+    whole = [len(seg) - 1 for seg in options]
+    total = sum(seg[0].latency for seg in options)
+    budget = float(rng.randint(0, int(total)))
+    bonus = {}
+
+    def real(removed):  # additive part plus a random interaction per pair of removed units
+        units = sorted(removed)
+        value = sum(c.damage for seg in options for c in seg if c.removed and c.removed <= removed)
+        for a in units:
+            for b in units:
+                if a < b:
+                    value += bonus.setdefault((a, b), rng.uniform(-0.5, 2.0))
+        return value
+
+    result = interaction_search(options, budget, real, whole=whole, bins=max(int(budget), 1))
+    assert result.latency <= budget + 1e-9
+    mine = real(frozenset(result.removed(options)))
+    for start in (dp_search(options, budget, bins=max(int(budget), 1)), greedy_search(options, budget),
+                  sleb_search(options, budget, whole, real), reverse_search(options, budget, whole)):
+        assert mine <= real(frozenset(start.removed(options))) + 1e-9
+    plans = all_plans(options, budget)
+    everything = interaction_search(options, budget, real, whole=whole, starts=("kbest",), k=len(plans), restarts=1,
+                                    polish=0, bins=max(int(budget), 1))
+    best = min(real(frozenset(n for seg, i in zip(options, p) for n in seg[i].removed)) for _, p in plans)
+    assert real(frozenset(everything.removed(options))) == pytest.approx(best)
+
+
+def test_recovery_judges_the_finalists():
+    """Hand-computed, the example above: one-shot, {s0, s2} is best (real 1.5 against 6.0 for the DP's {s0, s1}); after
+    recovery {s0, s1} is best (0.2 against 0.9), so with `recovered_of` the search returns the DP's plan, its damage
+    still the one-shot increase (5.0) and `recovered` the score it was chosen by."""
+    from zoo.search import interaction_search
+
+    options = [[Choice(frozenset(), 1.0, 0.0), Choice(frozenset({f"s{i}"}), 0.0, d)]
+               for i, d in enumerate((0.1, 0.2, 0.3))]
+    real = {frozenset(): 1.0, frozenset({"s0", "s1"}): 6.0, frozenset({"s0", "s2"}): 1.5,
+            frozenset({"s1", "s2"}): 1.6, frozenset({"s0"}): 1.1, frozenset({"s1"}): 1.2, frozenset({"s2"}): 1.3,
+            frozenset({"s0", "s1", "s2"}): 9.0}
+    after = {frozenset({"s0", "s1"}): 0.2, frozenset({"s0", "s2"}): 0.9, frozenset({"s1", "s2"}): 0.5}
+    scored = []
+
+    def recovered_of(removed):
+        scored.append(removed)
+        return after[removed]
+
+    result = interaction_search(options, 1.0, real.__getitem__, whole=[1, 1, 1], recovered_of=recovered_of, bins=10)
+    assert result.removed(options) == ["s0", "s1"] and result.recovered == pytest.approx(0.2)
+    assert result.damage == pytest.approx(5.0) and len(scored) == len(set(scored))  # each finalist scored once
+    assert {frozenset({"s0", "s2"}), frozenset({"s0", "s1"})} <= set(scored)
+
+
+@pytest.mark.parametrize("method", ["interaction", "greedy", "random", "sleb", "reverse"])
+def test_rules_start_from_the_slowest_kept_variant_when_the_intact_one_is_left_out(method):
+    """A memory limit can leave a segment's intact variant out (prune.max_memory_mb): s0 keeps only 'merged' (0.6 ms)
+    and 'gone' (0 ms). Every rule starts from the slowest kept variant and meets the budget; the real loss increase
+    is against the intact network. Hand-computed: budget 1.6 ms of 2.6 ms; s0 merged + s1 gone (0.6 ms, damage 0.1 +
+    0.5) is the best plan."""
+    from zoo.search import search
+
+    options = [[Choice(frozenset({"s0.act"}), 0.6, 0.1), Choice(frozenset({"s0"}), 0.0, 2.0)],
+               [Choice(frozenset(), 1.0, 0.0), Choice(frozenset({"s1"}), 0.0, 0.5)],
+               [Choice(frozenset(), 1.0, 0.0), Choice(frozenset({"s2"}), 0.0, 0.9)]]
+    real = {frozenset(): 1.0}
+
+    def loss_of(removed):
+        alone = sum(c.damage for seg in options for c in seg if c.removed and c.removed <= removed)
+        return real.get(removed, 1.0 + alone)
+
+    result = search(method, options, 1.6, loss_of=loss_of, whole=[1, 1, 1], bins=16, seed=0, recovered_of=None)
+    assert result.latency <= 1.6
+    if method in ("interaction", "greedy"):
+        assert result.removed(options) == ["s0.act", "s1"] and result.damage == pytest.approx(0.6)

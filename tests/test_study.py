@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,17 +12,12 @@ import pytest
 
 from zoo.report import ReportError, make_report
 
-from .test_prune import TINY
-
-ROOT = Path(__file__).resolve().parents[1]
+from .helpers import ROOT, TINY_PRUNE, run_entry
 
 
 def run_sweep(base: Path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "DEPTHZOO_START_TIME"}
-    env.update(WANDB_DIR=str(base), WANDB_SILENT="true", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, str(ROOT / "prune.py"), "-m", *TINY, *overrides, f"paths.log_dir={base / 'outputs'}",
-           f"prune.cache_dir={base / 'cache'}"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=base)
+    """``prune.py -m`` over the tiny config, outputs and caches under `base`."""
+    return run_entry("prune", "-m", *TINY_PRUNE, *overrides, base=base, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import zoo
 from zoo import surgery
 from zoo.surgery import compose_convs
 
-from .test_zoo import max_rel_diff, randomise_norm_stats
+from .helpers import max_rel_diff, randomise_norm_stats
 
 
 def _conv(cin: int, cout: int, k: int, stride: int, depthwise: bool) -> nn.Conv2d:

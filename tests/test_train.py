@@ -34,11 +34,9 @@ from zoo.training import state as ckpt
 from zoo.training.config import register_configs, validate
 from zoo.training.data import read_text_files, stdlib_corpus, unigram_entropy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import assert_same_weights  # noqa: E402
-from wandb_reader import find_run_files, read_run  # noqa: E402
+from .helpers import ROOT, assert_same_weights, entry_cmd, env_for, run_train
+from .wandb_reader import find_run_files, read_run
 
-ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 TINY_DIGITS = ["data.image_size=16", "data.batch_size=32", "trainer.max_epochs=2", "trainer.limit_train_batches=4",
                "trainer.progress=false", "model=mobilenetv2_035", "optim.warmup_epochs=0"]
@@ -71,22 +69,6 @@ def compose(overrides: list[str], output_dir: Path | None = None):
     extra = [f"paths.output_dir={output_dir}"] if output_dir else ["paths.output_dir=unused"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return hydra_compose(config_name="train", overrides=[*overrides, *extra])
-
-
-def env_for(tmp: Path) -> dict[str, str]:
-    env = dict(os.environ, WANDB_DIR=str(tmp), WANDB_SILENT="true", HYDRA_FULL_ERROR="0", PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return env
-
-
-def train_cmd(*overrides: str, run_dir: Path) -> list[str]:
-    return [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
-
-
-def run_train(*overrides: str, run_dir: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(train_cmd(*overrides, run_dir=run_dir), capture_output=True, text=True, timeout=timeout,
-                          env=env_for(run_dir.parent), cwd=run_dir.parent)
 
 
 def tiny_cfg(tmp_path: Path, *extra: str):
@@ -307,8 +289,8 @@ def test_digits_train_samples_is_a_fixed_stratified_subset(tmp_path):
 
 BF16_RUN = """
 import sys, torch
-sys.path.insert(0, {tests!r})
-from test_train import tiny_cfg, fresh_trainer
+sys.path.insert(0, {root!r})
+from tests.test_train import tiny_cfg, fresh_trainer
 from pathlib import Path
 torch.set_num_threads(1)
 cfg = tiny_cfg(Path({tmp!r}), "trainer.max_epochs=1", "trainer.precision=bf16", "trainer.channels_last=true",
@@ -325,7 +307,7 @@ def test_bf16_channels_last_accumulation_clipping_smoothing_run(tmp_path):
     torch 2.14.1), which is PyTorch's state, not this engine's."""
     for attempt in range(3):  # the NaN also came, rarely, in a fresh process (1 of ~10 on an Intel Xeon host)
         run_dir = tmp_path / f"attempt{attempt}"
-        code = BF16_RUN.format(tests=str(Path(__file__).parent), tmp=str(run_dir))
+        code = BF16_RUN.format(root=str(ROOT), tmp=str(run_dir))
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                               env=env_for(run_dir))
         if "NonFiniteLossError" not in proc.stderr:  # only oneDNN's NaN is retried, and the engine must catch it
@@ -599,7 +581,8 @@ def test_train_py_bytes_language_model(tmp_path):
 def test_sigint_saves_last_then_resume_auto_finishes(tmp_path):
     run_dir = tmp_path / "run"
     args = tiny("logger=none", "trainer.max_epochs=6", "trainer.limit_train_batches=null")
-    proc = subprocess.Popen(train_cmd(*args, run_dir=run_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(entry_cmd("train", *args, base=tmp_path, run_dir=run_dir), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
                             text=True, env=env_for(tmp_path), cwd=tmp_path)
     last = run_dir / "checkpoints" / "last.safetensors"
     deadline = time.time() + 150
@@ -635,9 +618,7 @@ def test_multirun_groups_wandb_runs_by_sweep_dir(tmp_path):
 def test_torchrun_ddp_two_cpu_processes(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(ROOT / "train.py"), "trainer=ddp", *TINY_DIGITS, f"paths.log_dir={tmp_path / 'logs'}"]
-    env = env_for(tmp_path)
-    env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env_for(tmp_path), cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     run_dirs = list((tmp_path / "logs" / "train" / "runs").iterdir())
     assert len(run_dirs) == 1, run_dirs

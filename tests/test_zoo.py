@@ -16,22 +16,10 @@ from torch import nn
 
 import zoo
 
+from .helpers import max_rel_diff, randomise_norm_stats
+
 CNN_FAMILIES = {"mobilenetv2": "mobilenetv2_100", "tresnet": "tresnet_m", "bit": "resnetv2_50x1_bit"}
 SMALL_INPUT = (2, 3, 64, 64)
-
-
-def randomise_norm_stats(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Give BatchNorm/GroupNorm non-trivial statistics so that weight loading is really checked."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)):
-                m.weight.copy_(torch.rand(m.weight.shape, generator=gen) + 0.5)
-                m.bias.copy_(torch.rand(m.bias.shape, generator=gen) - 0.5)
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=gen) - 0.5)
-                m.running_var.copy_(torch.rand(m.running_var.shape, generator=gen) + 0.5)
-    return model
 
 
 def timm_weights(name: str, path: Path, fmt: str = "pth", num_classes: int = 1000) -> nn.Module:
@@ -43,10 +31,6 @@ def timm_weights(name: str, path: Path, fmt: str = "pth", num_classes: int = 100
     else:
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
     return model
-
-
-def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / a.abs().max().clamp_min(1e-12)).item()
 
 
 @pytest.fixture(scope="module")

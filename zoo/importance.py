@@ -18,6 +18,7 @@ Results are cached per (weights, score, calibration batches, segments) as sealed
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from filelock import FileLock
 from torch import nn
 
+from .capture import Replay, clone_tree
 from .errors import CorruptFileError, ZooError
 from .files import json_digest, read_sealed_json, write_sealed_json
 from .surgery import Segment, apply_plan
@@ -125,6 +127,144 @@ def angular_distance(first_inputs: Sequence[torch.Tensor], last_outputs: Sequenc
     input (of its first unit) and its output (of its last unit)."""
     cosines = torch.cat([feature_cosine(a, b).flatten() for a, b in zip(first_inputs, last_outputs)])
     return (torch.arccos(cosines.clamp(-1.0, 1.0)) / math.pi).mean().item()
+
+
+class PlanLoss:
+    """Calibration loss of whole plans, fast enough for a search to score hundreds of them.
+
+    One working copy of the model; each segment variant's module is built once (:func:`zoo.surgery.build_segment`,
+    merged as ``merge`` says) and swapped in where a plan differs from the plan scored before, so scoring a plan is
+    a forward pass over the batches, not a copy of the model. ``self(removed units)`` equals
+    ``calibration_loss(apply_plan(model, {"remove": removed, "merge": merge}), batches)``; results are memoised.
+
+    A full forward also keeps every segment's output (the *anchor*, while they fit in `replay_mb`); a later plan
+    that first differs from the anchor at segment ``f`` replays the outputs of segments ``0 .. f-1`` instead of
+    computing them. A search that scores the neighbours of one plan (each with one segment changed) therefore
+    scores them from the last segment back: the first is a full forward, every other one starts at its change.
+    """
+
+    def __init__(self, model: nn.Module, segments: Sequence[Segment], batches: Sequence[Batch], merge: bool = True,
+                 replay_mb: float = 1024.0):
+        from .surgery import build_segment
+
+        self.model, self.segments, self.batches, self.merge = model, list(segments), list(batches), merge
+        self.work = copy.deepcopy(model).eval()
+        self.installed = [frozenset()] * len(self.segments)
+        self.built: dict[tuple[int, frozenset[str]], nn.Module] = {
+            (i, frozenset()): self.work.get_submodule(seg.name) for i, seg in enumerate(self.segments)}
+        self._build = build_segment
+        self.memo: dict[frozenset[str], float] = {}
+        self.evaluations = self.replayed = 0  # forward passes, and those that started at a change
+        self.replay_mb = replay_mb
+        self.anchor: tuple[list[frozenset[str]], list[list[Any]]] | None = None  # variants, outputs per batch
+
+    def _module(self, index: int, variant: frozenset[str]) -> nn.Module:
+        if (index, variant) not in self.built:
+            self.built[index, variant] = self._build(self.model, self.segments[index], variant, self.merge).eval()
+        return self.built[index, variant]
+
+    def variants(self, removed: frozenset[str]) -> list[frozenset[str]]:
+        """The variant of every segment in a set of removed units (raises ZooError for a unit in no segment)."""
+        variants = [frozenset(u for u in removed if u == seg.name or u.startswith(seg.name + "."))
+                    for seg in self.segments]
+        unknown = removed - frozenset().union(*variants)
+        if unknown:
+            raise ZooError(f"Units {sorted(unknown)} lie in no segment of the model.")
+        return variants
+
+    def __call__(self, removed: frozenset[str] | Sequence[str]) -> float:
+        removed = frozenset(removed)
+        if removed not in self.memo:
+            variants = self.variants(removed)
+            for i, (seg, variant) in enumerate(zip(self.segments, variants)):
+                if variant != self.installed[i]:
+                    self.work.set_submodule(seg.name, self._module(i, variant))
+                    self.installed[i] = variant
+            shared = 0
+            if self.anchor is not None:
+                while shared < len(variants) and variants[shared] == self.anchor[0][shared]:
+                    shared += 1
+            self.memo[removed] = self._replayed(shared) if shared else self._anchored(variants)
+            self.evaluations += 1
+            self.replayed += bool(shared)
+        return self.memo[removed]
+
+    @torch.no_grad()
+    def _anchored(self, variants: list[frozenset[str]]) -> float:
+        """A full forward that keeps every segment's output as the new anchor (dropped above `replay_mb`)."""
+        outputs: list[list[Any]] = [[] for _ in self.segments]
+        handles = [self.work.get_submodule(seg.name).register_forward_hook(
+            lambda mod, args, out, i=i: outputs[i].append(clone_tree(out))) for i, seg in enumerate(self.segments)]
+        try:
+            loss = calibration_loss(self.work, self.batches)
+        finally:
+            for handle in handles:
+                handle.remove()
+        size = sum(t.numel() * t.element_size() for per_batch in outputs for out in per_batch
+                   for t in tensors_in(out))
+        live = [i for i, seg in enumerate(self.segments)  # a removed segment (nn.Identity) may be skipped by its parent
+                if not isinstance(self.work.get_submodule(seg.name), nn.Identity)]
+        complete = all(len(outputs[i]) == len(self.batches) for i in live)  # each live segment once per batch
+        self.anchor = (variants, outputs) if complete and size <= self.replay_mb * 2**20 else None
+        return loss
+
+    @torch.no_grad()
+    def _replayed(self, shared: int) -> float:
+        """The loss with segments ``0 .. shared-1`` replaying the anchor's outputs (a copy each call)."""
+        _, outputs = self.anchor
+        replays = {i: Replay(None) for i, seg in enumerate(self.segments[:shared])
+                   if not isinstance(self.work.get_submodule(seg.name), nn.Identity)}  # removed ones cost nothing
+        for i, replay in replays.items():
+            self.work.set_submodule(self.segments[i].name, replay)
+        self.work.eval()
+        total, count = 0.0, 0
+        try:
+            for b, (inputs, targets) in enumerate(self.batches):
+                for i, replay in replays.items():
+                    replay.output = clone_tree(outputs[i][b])
+                total += task_loss(self.work(inputs), targets).item() * len(inputs)
+                count += len(inputs)
+        finally:
+            for i in replays:
+                self.work.set_submodule(self.segments[i].name, self._module(i, self.installed[i]))
+        return total / max(count, 1)
+
+
+class PlanRecovery:
+    """The calibration loss of a whole plan after a short recovery: the plan applied as the fine-tune starts it
+    (removed activations linearised, convs not yet merged, BatchNorm trainable), ``steps`` SGD steps on
+    `train_batches` (seeded, so the same plan always scores the same), then its loss on `batches` (batches it did
+    not train on). One-shot loss misjudges removals that training repairs easily (a linearised block keeps its
+    weights; a removed block does not), which this score sees. Memoised per plan."""
+
+    def __init__(self, model: nn.Module, batches: Sequence[Batch], train_batches: Sequence[Batch], steps: int = 20,
+                 lr: float = 0.01):
+        if not train_batches:
+            raise ZooError("PlanRecovery needs training batches besides the calibration batches.")
+        self.model, self.batches, self.train_batches = model, list(batches), list(train_batches)
+        self.steps, self.lr = steps, lr
+        self.memo: dict[frozenset[str], float] = {}
+
+    def __call__(self, removed: frozenset[str] | Sequence[str]) -> float:
+        removed = frozenset(removed)
+        if removed not in self.memo:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                variant = _variant_model(self.model, removed, merge=False)
+                loss = _finetuned_loss(variant, self.train_batches, self.batches, self.steps, self.lr)
+                self.memo[removed] = loss if math.isfinite(loss) else math.inf  # a diverged recovery is the worst
+        return self.memo[removed]
+
+
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors in a module's output (a tensor, or tuples, lists and mappings of them)."""
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_in(v)]
+    return []
 
 
 def _variant_model(model: nn.Module, removed: frozenset[str], merge: bool) -> nn.Module:

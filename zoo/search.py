@@ -1,22 +1,28 @@
-"""Search: choose one variant per segment to keep the most importance within a latency budget.
+"""Search: choose one variant per segment to lose the least quality within a latency budget.
 
 Every segment (a block with its mergeable activations, or a RetNet sub-layer) offers variants —
 unchanged, some activations removed and convs merged, or removed altogether — each with a predicted
-latency (from the lookup table) and a damage (importance lost: e.g. the increase of calibration loss when
-that variant is applied alone). Merges never cross segments, so both add up over segments and the
-problem is a multiple-choice knapsack, solved exactly by dynamic programming over the latency budget
-discretised into bins (costs are rounded *up*, so a returned plan never exceeds the budget).
-Greedy and random searches are baselines for studies. Two rules of the layer-removal literature for language
-models remove whole segments only and score with the model (REFERENCE.md section 9): ``sleb`` (iterative, by
-calibration loss) and ``angular`` (one contiguous run, by the angular distance of its input and output).
-"""
+latency (from the lookup table). Merges never cross segments, so latency adds up over segments exactly, and
+a latency budget is a multiple-choice knapsack, solved exactly by dynamic programming over the budget
+discretised into bins (costs are rounded *up*, so a returned plan never exceeds the budget): :func:`dp_search`
+for the least total damage (each variant scored alone), :func:`kbest_dp` for the k least.
 
+Quality does not add up: removals interact. The default, :func:`interaction_search`, keeps the DP as the solver
+of the budget and judges whole plans by their real loss (``loss_of(removed units)``): the k best DP plans and the
+plans of other rules are scored, and the best are improved by local search with conditional damages.
+``kbest`` and ``local`` are its parts alone. Greedy and random searches are baselines for studies; three rules of
+the layer-removal literature remove whole segments only (REFERENCE.md sections 9 and 10): ``sleb`` (iterative,
+by calibration loss), ``angular`` (one contiguous run, by the angular distance of its input and output) and
+``reverse`` (the last segments first).
+"""
 from __future__ import annotations
 
 import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +42,9 @@ class Choice:
 class SearchResult:
     choices: tuple[int, ...]     # index of the chosen variant per segment
     latency: float               # sum of the chosen variants' latencies (ms)
-    damage: float                # sum of the chosen variants' damages
+    damage: float                # sum of the chosen variants' damages (interaction: the plan's real loss increase)
     method: str
+    recovered: float | None = None  # interaction with recovery: the plan's loss after a short recovery
 
     def removed(self, options: Sequence[Sequence[Choice]]) -> list[str]:
         """The plan's ``remove`` list: every unit removed by the chosen variants, in segment order."""
@@ -59,19 +66,27 @@ def _check_reachable(options: Sequence[Sequence[Choice]], budget: float) -> None
         )
 
 
+def _bin_costs(options: Sequence[Sequence[Choice]], budget: float, bins: int) -> list[list[int]]:
+    """Each variant's latency in bins of ``budget / bins``, rounded up (so a plan that fits in bins fits the budget);
+    with no budget left, a variant that takes any time costs more than every bin."""
+    if budget <= 0:
+        return [[0 if c.latency <= 1e-12 else bins + 1 for c in seg] for seg in options]
+    unit = budget / bins
+    return [[max(0, math.ceil(c.latency / unit - 1e-9)) for c in seg] for seg in options]
+
+
 def dp_search(options: Sequence[Sequence[Choice]], budget: float, bins: int = 1000) -> SearchResult:
     """Exact multiple-choice knapsack: min total damage s.t. total latency <= budget (costs rounded up to bins)."""
     _check_reachable(options, budget)
-    unit = budget / bins if budget > 0 else 1.0
+    costs = _bin_costs(options, budget, bins)
     inf = math.inf
     best = np.full(bins + 1, inf)
     best[0] = 0.0
     picks = []
-    for seg in options:
+    for seg, seg_costs in zip(options, costs):
         new = np.full(bins + 1, inf)
         arg = np.full(bins + 1, -1, dtype=np.int64)
-        for i, choice in enumerate(seg):
-            cost = max(0, math.ceil(choice.latency / unit - 1e-9))
+        for i, (choice, cost) in enumerate(zip(seg, seg_costs)):
             if cost > bins:
                 continue
             shifted = np.full(bins + 1, inf)
@@ -85,31 +100,57 @@ def dp_search(options: Sequence[Sequence[Choice]], budget: float, bins: int = 10
     if not math.isfinite(best[end]):
         raise BudgetError(f"No combination fits the budget of {budget:.4g} ms at {bins} bins; raise `bins`.")
     chosen = []
-    for seg, arg in zip(reversed(options), reversed(picks)):
+    for seg_costs, arg in zip(reversed(costs), reversed(picks)):
         i = int(arg[end])
         chosen.append(i)
-        end -= max(0, math.ceil(seg[i].latency / unit - 1e-9))
+        end -= seg_costs[i]
     chosen.reverse()
     latency, damage = _totals(options, chosen)
     return SearchResult(tuple(chosen), latency, damage, "dp")
 
 
-def brute_force_search(options: Sequence[Sequence[Choice]], budget: float) -> SearchResult:
-    """Exhaustive reference for tests on small spaces."""
-    import itertools
+def kbest_dp(options: Sequence[Sequence[Choice]], budget: float, k: int, bins: int = 1000) -> list[SearchResult]:
+    """The `k` plans of least total damage within the budget (costs rounded up to bins, as :func:`dp_search`), best
+    first: the multiple-choice knapsack DP keeping the k best partial plans per exact bin count.
 
+    Every partial plan has one bin count, so the lists of different bins hold different plans and the k best over all
+    bins within the budget are the k best plans (fewer when fewer fit)."""
     _check_reachable(options, budget)
-    best: tuple[float, tuple[int, ...]] | None = None
-    for picks in itertools.product(*[range(len(seg)) for seg in options]):
-        latency, damage = _totals(options, picks)
-        if latency <= budget + 1e-12 and (best is None or damage < best[0] - 1e-12):
-            best = (damage, picks)
-    latency, damage = _totals(options, best[1])
-    return SearchResult(best[1], latency, damage, "brute_force")
+    costs = _bin_costs(options, budget, bins)
+    best = np.full((bins + 1, k), math.inf)
+    best[0, 0] = 0.0
+    steps = []  # per segment: (variant, rank in the previous list) of every kept entry
+    for seg, seg_costs in zip(options, costs):
+        pool = np.full((bins + 1, len(seg), k), math.inf)
+        for i, (choice, cost) in enumerate(zip(seg, seg_costs)):
+            if cost <= bins:
+                pool[cost:, i, :] = best[: bins + 1 - cost] + choice.damage
+        flat = pool.reshape(bins + 1, -1)
+        order = np.argsort(flat, axis=1, kind="stable")[:, :k]
+        best = np.take_along_axis(flat, order, axis=1)
+        steps.append((order // k, order % k))
+    finite = np.argwhere(np.isfinite(best))
+    ranked = sorted(finite.tolist(), key=lambda e: (best[e[0], e[1]], -e[0]))[:k]  # ties: the slower plan first
+    if not ranked:
+        raise BudgetError(f"No combination fits the budget of {budget:.4g} ms at {bins} bins; raise `bins`.")
+    results = []
+    for end, rank in ranked:
+        chosen = []
+        for seg_costs, (variant, previous) in zip(reversed(costs), reversed(steps)):
+            i = int(variant[end, rank])
+            chosen.append(i)
+            rank = int(previous[end, rank])
+            end -= seg_costs[i]
+        chosen.reverse()
+        results.append(SearchResult(tuple(chosen), *_totals(options, chosen), "kbest_dp"))
+    return results
 
 
 def _unchanged_index(seg: Sequence[Choice]) -> int:
-    return next(i for i, c in enumerate(seg) if not c.removed)
+    """The segment as it is; where a memory limit left that variant out, the slowest variant kept (the fewest
+    units removed among equals): where the removal rules start."""
+    return next((i for i, c in enumerate(seg) if not c.removed),
+                min(range(len(seg)), key=lambda i: (-seg[i].latency, len(seg[i].removed))))
 
 
 def greedy_search(options: Sequence[Sequence[Choice]], budget: float) -> SearchResult:
@@ -171,7 +212,7 @@ def _whole_budget(options: Sequence[Sequence[Choice]], whole: Sequence[int | Non
                           f"every removable one still takes {fastest:.4g} ms. Choose a smaller target speed-up.")
 
 
-def iterative_search(options: Sequence[Sequence[Choice]], budget: float, whole: Sequence[int | None],
+def sleb_search(options: Sequence[Sequence[Choice]], budget: float, whole: Sequence[int | None],
                      loss_of: Callable[[frozenset[str]], float]) -> SearchResult:
     """SLEB (Song et al., 2024): remove whole segments one at a time, each time the one whose removal, with those
     already removed, gives the lowest calibration loss (``loss_of(removed units)``), re-scored after every removal,
@@ -181,7 +222,7 @@ def iterative_search(options: Sequence[Sequence[Choice]], budget: float, whole: 
     removed: frozenset[str] = frozenset()
     while _totals(options, picks)[0] > budget + 1e-12:
         candidates = [s for s, w in enumerate(whole) if w is not None and picks[s] != w]
-        losses = {s: loss_of(removed | options[s][whole[s]].removed) for s in candidates}
+        losses = {s: loss_of(removed | options[s][whole[s]].removed) for s in reversed(candidates)}  # last first
         best = min(candidates, key=lambda s: (losses[s], s))
         picks[best] = whole[best]
         removed |= options[best][whole[best]].removed
@@ -189,7 +230,114 @@ def iterative_search(options: Sequence[Sequence[Choice]], budget: float, whole: 
     return SearchResult(tuple(picks), latency, damage, "sleb")
 
 
-def contiguous_search(options: Sequence[Sequence[Choice]], budget: float, whole: Sequence[int | None],
+def _removed_by(options: Sequence[Sequence[Choice]], picks: Sequence[int]) -> frozenset[str]:
+    return frozenset().union(*(seg[i].removed for seg, i in zip(options, picks)))
+
+
+def _rescored(options: Sequence[Sequence[Choice]], damages: Sequence[Sequence[float]]) -> list[list[Choice]]:
+    return [[Choice(c.removed, c.latency, d) for c, d in zip(seg, seg_damages)]
+            for seg, seg_damages in zip(options, damages)]
+
+
+STARTS = ("kbest", "greedy", "sleb", "reverse")
+
+
+def interaction_search(options: Sequence[Sequence[Choice]], budget: float,
+                       loss_of: Callable[[frozenset[str]], float], whole: Sequence[int | None] | None = None,
+                       recovered_of: Callable[[frozenset[str]], float] | None = None,
+                       starts: Sequence[str] = STARTS, k: int = 32, restarts: int = 3, polish: int = 3,
+                       polish_k: int = 8, bins: int = 1000, method: str = "interaction") -> SearchResult:
+    """The plan of least *real* loss (``loss_of(removed units)``, the whole plan applied) within the latency budget.
+
+    1. Starting plans, each within the budget: ``kbest``, the `k` best DP plans under the damages in `options` (each
+       variant scored alone: the DP's additive surrogate); ``greedy``, greedy's plan under the same damages; with
+       `whole` (each segment's whole-removal variant), ``sleb``, SLEB's plan (whole segments, re-scored after every
+       removal) and ``reverse``, reverse order's. A start that cannot reach the budget is left out.
+    2. The DP's own optimum (with ``kbest``) and the `restarts` distinct starts of least real loss are each improved
+       locally, for up to `polish` rounds:
+       every variant is scored *conditionally*, as the real loss of the plan with that one segment changed less the
+       plan's own (a removal beside another can hurt more, or less, than alone; restoring a segment is a change
+       too); the `polish_k` best DP plans within the budget under those damages are scored by their real loss, and
+       the best replaces the plan if it is better; a round that improves nothing ends it. (Local search is path
+       dependent: a start that is not the best can end best.)
+    3. Without `recovered_of`, the plan of least real loss found is returned. With it (the loss after a short
+       recovery, :class:`zoo.importance.PlanRecovery`), the finalists are judged by that: the improved plans and the
+       DP's, greedy's and SLEB's own plans (one-shot loss misjudges removals that fine-tuning repairs easily).
+
+    The result's ``damage`` is the real (one-shot) loss increase of the plan, its ``recovered`` the loss after
+    recovery (when scored)."""
+    _check_reachable(options, budget)
+    unknown = sorted(set(starts) - set(STARTS))
+    if not starts or unknown or min(k, restarts, polish_k) < 1 or polish < 0:
+        raise ZooError(f"interaction_search needs starts of {', '.join(STARTS)} (got {list(starts)}), k, restarts "
+                       f"and polish_k >= 1, polish >= 0 (got {k}, {restarts}, {polish_k}, {polish}).")
+    losses: dict[frozenset[str], float] = {}
+
+    def loss(picks: Sequence[int]) -> float:
+        removed = _removed_by(options, picks)
+        if removed not in losses:
+            losses[removed] = loss_of(removed)
+        return losses[removed]
+
+    def rank(plans: Sequence[tuple[int, ...]]) -> tuple[int, ...]:  # least loss; among equals, the slowest plan
+        return min(plans, key=lambda picks: (loss(picks), -_totals(options, picks)[0]))
+
+    def improved(picks: tuple[int, ...]) -> tuple[int, ...]:
+        for _ in range(polish):
+            current = loss(picks)
+            damages = [[loss(picks[:s] + (i,) + picks[s + 1:]) - current for i in range(len(seg))]
+                       for s, seg in reversed(list(enumerate(options)))][::-1]  # last first: see PlanLoss
+            found = rank([r.choices for r in kbest_dp(_rescored(options, damages), budget, polish_k, bins)])
+            if loss(found) >= current - 1e-12:
+                break
+            picks = found
+        return picks
+
+    proposals: list[tuple[int, ...]] = []
+    if "kbest" in starts:
+        proposals += [r.choices for r in kbest_dp(options, budget, k, bins)]
+    named: dict[str, tuple[int, ...]] = {}  # the other rules' own plans (greedy's, SLEB's)
+    if "greedy" in starts:
+        named["greedy"] = greedy_search(options, budget).choices
+    if "sleb" in starts and whole is not None:
+        try:
+            named["sleb"] = sleb_search(options, budget, whole, loss_of).choices
+        except BudgetError:
+            pass
+    proposals += list(named.values())
+    if "reverse" in starts and whole is not None:
+        try:
+            proposals.append(reverse_search(options, budget, whole).choices)
+        except BudgetError:
+            pass
+    ranked = sorted(dict.fromkeys(proposals), key=lambda picks: (loss(picks), -_totals(options, picks)[0]))
+    first = proposals[:1] if "kbest" in starts else []  # the surrogate's optimum: often far from the best start
+    ends = [improved(start) for start in dict.fromkeys([*first, *ranked[:restarts]])]
+    picks, recovered = rank(ends), None
+    if recovered_of is not None:
+        finalists = list(dict.fromkeys([picks, *ends, *first, *named.values()]))
+        scores = {plan: recovered_of(_removed_by(options, plan)) for plan in finalists}
+        picks = min(finalists, key=lambda plan: (scores[plan], loss(plan)))
+        recovered = scores[picks]
+    intact = losses[frozenset()] if frozenset() in losses else loss_of(frozenset())
+    return SearchResult(picks, _totals(options, picks)[0], loss(picks) - intact, method, recovered)
+
+
+def reverse_search(options: Sequence[Sequence[Choice]], budget: float, whole: Sequence[int | None]) -> SearchResult:
+    """Reverse order ("Reassessing Layer Pruning", 2025): remove whole segments from the last one backwards until the
+    latency budget is met (segments without a whole-removal variant are skipped)."""
+    _whole_budget(options, whole, budget)
+    picks = [_unchanged_index(seg) for seg in options]
+    for s in reversed(range(len(options))):
+        if _totals(options, picks)[0] <= budget + 1e-12:
+            break
+        if whole[s] is not None:
+            picks[s] = whole[s]
+    latency, damage = _totals(options, picks)
+    return SearchResult(tuple(picks), latency, damage, "reverse")
+
+
+def angular_search(options: Sequence[Sequence[Choice]], budget: float, whole: Sequence[int | None],
                       distance_of: Callable[[int, int], float]) -> SearchResult:
     """Gromov et al. (2024): remove one contiguous run of whole segments, the shortest run length n that can meet
     the budget, and among the runs of that length that meet it the one whose input (of segment `first`) and output
@@ -218,17 +366,39 @@ def contiguous_search(options: Sequence[Sequence[Choice]], budget: float, whole:
                       f"removable segments are split by ones that cannot be removed); use prune.search=dp.")
 
 
-SEARCHES = {"dp": dp_search, "greedy": greedy_search, "random": random_search, "sleb": iterative_search,
-            "angular": contiguous_search}
-MODEL_SEARCHES = ("sleb", "angular")  # rules that score with the model itself, not with per-variant damages
+@dataclass(frozen=True)
+class Rule:
+    """A search by name: the function and the inputs it takes besides the options and the budget."""
+
+    run: Callable[..., SearchResult]
+    needs: tuple[str, ...]   # of: bins, seed, whole (whole-removal variant per segment), loss_of, distance_of
 
 
-def search(method: str, options: Sequence[Sequence[Choice]], budget: float, **kwargs) -> SearchResult:
-    """Run a search by name: ``dp``, ``greedy``, ``random``, or (whole segments, with ``whole`` and ``loss_of`` /
-    ``distance_of``) ``sleb`` and ``angular``."""
+SEARCHES: dict[str, Rule] = {
+    "interaction": Rule(interaction_search, ("loss_of", "whole", "recovered_of", "bins")),
+    "dp": Rule(dp_search, ("bins",)),
+    "kbest": Rule(partial(interaction_search, starts=("kbest",), restarts=1, polish=0, method="kbest"),
+                  ("loss_of", "bins")),
+    "local": Rule(partial(interaction_search, starts=("kbest",), k=1, restarts=1, method="local"),
+                  ("loss_of", "bins")),
+    "greedy": Rule(greedy_search, ()),
+    "random": Rule(random_search, ("seed",)),
+    "sleb": Rule(sleb_search, ("whole", "loss_of")),
+    "angular": Rule(angular_search, ("whole", "distance_of")),
+    "reverse": Rule(reverse_search, ("whole",)),
+}
+WHOLE_SEGMENT_SEARCHES = ("sleb", "angular", "reverse")  # rules that remove whole segments only
+
+
+def search(method: str, options: Sequence[Sequence[Choice]], budget: float, **inputs: Any) -> SearchResult:
+    """Run a search by name with the inputs it needs (:data:`SEARCHES`; others in `inputs` are ignored)."""
     if method not in SEARCHES:
         raise ZooError(f"Unknown search method {method!r}; allowed: {', '.join(SEARCHES)}.")
-    return SEARCHES[method](options, budget, **kwargs)
+    rule = SEARCHES[method]
+    missing = [name for name in rule.needs if name not in inputs]
+    if missing:
+        raise ZooError(f"Search {method!r} needs {', '.join(missing)}.")
+    return rule.run(options, budget, **{name: inputs[name] for name in rule.needs})
 
 
 def pareto_front(options: Sequence[Sequence[Choice]], bins: int = 200) -> list[tuple[float, float]]:

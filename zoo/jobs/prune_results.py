@@ -42,7 +42,7 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
         "importance": cfg.prune.importance,
         "plan": plan,
         "search_result": None if result is None else {"latency_ms": result.latency, "damage": result.damage,
-                                                      "method": result.method},
+                                                      "method": result.method, "recovered": result.recovered},
         "latency_statistic": table.settings.estimator,
         "latency_form": table.condition.get("form", "eager"),
         "baseline": {"latency_ms": base_ms, "latency_eager_ms": eager_base,

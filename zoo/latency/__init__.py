@@ -3,8 +3,8 @@
 * :func:`measure` times any callable or module on a device (CPU or CUDA) with robust, adaptive statistics.
 * :func:`build_table` builds (or loads from the cache) a model's :class:`LatencyTable`: per-segment variant costs
   whose sum predicts the latency of any plan (``table.predict(plan)``, ``table.segment_costs()``).
-* :meth:`LatencyTable.calibrate` measures random pruned networks end to end, reports the prediction error beside
-  the noise floor and fits a correction when it helps.
+* :func:`calibrate` (``calibrate(table, n_plans)``) measures random pruned networks end to end, reports the
+  prediction error beside the noise floor and fits a correction when it helps.
 * :func:`keep_freed_memory`: the host-allocator setting every timed run uses; serve inside it (or with the same
   glibc settings) to run at the latency a table predicts.
 
@@ -12,10 +12,10 @@ Imports only torch, timm, numpy, filelock and the standard library (``python -m 
 """
 
 from .cache import LatencyCache, LatencyCacheWarning, default_cache_dir
-from .calibrate import CalibrationSettings, Correction, Evaluation, NetworkResult, calibrate, evaluate, random_plans
+from .calibrate import CalibrationSettings, Evaluation, NetworkResult, calibrate, evaluate, random_plans
 from .device import LatencyDeviceError, keep_freed_memory, resolve_device, resolve_dtype
 from .measure import Bench, LatencyStats, MeasureSettings, measure
-from .table import LatencyTable, TableSettings, build_table
+from .table import Correction, LatencyTable, TableSettings, build_table
 
 __all__ = [
     "Bench", "CalibrationSettings", "Correction", "Evaluation", "LatencyCache", "LatencyCacheWarning",

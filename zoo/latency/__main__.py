@@ -86,7 +86,7 @@ def check(cfg: LatencyConfig) -> LatencyConfig:
 
 def run(cfg: LatencyConfig) -> dict[str, Any]:
     """Build the table (and calibrate it if asked); print both; return a JSON-able summary."""
-    from . import CalibrationSettings, TableSettings, build_table
+    from . import CalibrationSettings, TableSettings, build_table, calibrate
 
     settings = TableSettings(threads=cfg.threads, warmup_s=cfg.warmup_s, min_rounds=cfg.min_rounds,
                              max_rounds=cfg.max_rounds, estimator=cfg.estimator, clock=cfg.clock,
@@ -97,7 +97,7 @@ def run(cfg: LatencyConfig) -> dict[str, Any]:
     print(table.format())
     summary: dict[str, Any] = {"table": table.summary()}
     if cfg.calibrate > 0:
-        evaluation = table.calibrate(cfg.calibrate, seed=cfg.seed, settings=CalibrationSettings())
+        evaluation = calibrate(table, cfg.calibrate, seed=cfg.seed, settings=CalibrationSettings())
         print()
         print(evaluation.format())
         print(f"leave-one-out error of the chosen correction: {evaluation.loo_error:.1%}")

@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,21 +25,7 @@ from .cache import device_lock
 from .device import resolve_dtype, timing_context
 from .measure import Bench, check_rounds, measured_form, prepare, time_rounds
 from .runtime import in_runtime
-
-if TYPE_CHECKING:
-    from .table import LatencyTable
-
-
-@dataclass(frozen=True)
-class Correction:
-    """``corrected = scale * raw + offset_ms`` for a whole-network prediction (kind: none, scale or offset)."""
-
-    kind: str = "none"
-    scale: float = 1.0
-    offset_ms: float = 0.0
-
-    def apply(self, raw_ms: float) -> float:
-        return self.scale * raw_ms + self.offset_ms
+from .table import Correction, LatencyTable
 
 
 @dataclass(frozen=True)

@@ -46,11 +46,11 @@ import torch
 from filelock import Timeout
 from torch import nn
 
+from ..capture import Capture, Replay, capture_segments, describe, replay_model
 from ..depth import module_signature
 from ..errors import PlanError, ZooError
 from ..surgery import Segment, build_segment, segments
 from .cache import LatencyCache, LatencyCacheWarning, device_lock
-from .calibrate import Correction, calibrate
 from .context import ContextBench, hook_overhead_ms
 from .device import device_name, dtype_name, host_allocator, resolve_device, resolve_dtype, synchronize, timing_context
 from .measure import (
@@ -185,43 +185,6 @@ class TableSettings:
             raise ZooError(f"Unknown cuda_timing {self.cuda_timing!r}; allowed are {', '.join(CUDA_TIMINGS)}.")
 
 
-@dataclass
-class Capture:
-    """What one segment receives and returns inside the network (for isolated timing and for replay)."""
-
-    args: tuple
-    kwargs: dict[str, Any]
-    output: Any = None
-
-
-class Replay(nn.Module):
-    """Stands in for a segment when timing the fixed part: returns the segment's captured output."""
-
-    def __init__(self, output: Any):
-        super().__init__()
-        self.output = output
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.output
-
-    def extra_repr(self) -> str:
-        return describe(self.output)
-
-
-def describe(value: Any) -> str:
-    """Shapes, dtypes and layouts of the tensors in `value`, and the repr of anything else (for cache keys)."""
-    if torch.is_tensor(value):
-        layout = "cl" if value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last) else "c"
-        return f"T{tuple(value.shape)}:{dtype_name(value.dtype)}:{layout}"
-    if isinstance(value, (tuple, list)):
-        return "(" + ",".join(describe(v) for v in value) + ")"
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{k}={describe(v)}" for k, v in sorted(value.items())) + "}"
-    if hasattr(value, "__dataclass_fields__"):
-        return type(value).__name__ + describe({k: getattr(value, k) for k in value.__dataclass_fields__})
-    return repr(value)[:200]
-
-
 def _plain_attributes(module: nn.Module) -> str:
     """Public scalar attributes of every submodule (e.g. head counts that ``repr`` does not show)."""
     simple = (bool, int, float, str, tuple, list)
@@ -239,55 +202,6 @@ def entry_key(kind: str, module: nn.Module, variant: Sequence[str], capture: Cap
     text = "|".join([kind, module_signature(module, in_shape), repr(sorted(variant)), describe(capture.args),
                      describe(capture.kwargs), _plain_attributes(module)])
     return hashlib.sha1(text.encode()).hexdigest()[:20]
-
-
-def _clone(value: Any) -> Any:
-    if torch.is_tensor(value):
-        return value.detach().clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_clone(v) for v in value)
-    if isinstance(value, Mapping):
-        return {k: _clone(v) for k, v in value.items()}
-    return value
-
-
-def capture_segments(model: nn.Module, segs: Sequence[Segment], example: Any,
-                     forward_kwargs: Mapping[str, Any]) -> list[Capture]:
-    """Inputs and output of every segment in one hooked forward of ``model(example, **forward_kwargs)``."""
-    captures: dict[str, Capture] = {}
-    handles = []
-    for seg in segs:
-        module = model.get_submodule(seg.name)
-
-        def pre(mod: nn.Module, args: tuple, kwargs: dict, name: str = seg.name) -> None:
-            captures.setdefault(name, Capture(_clone(args), _clone(kwargs)))
-
-        def post(mod: nn.Module, args: tuple, output: Any, name: str = seg.name) -> None:
-            if captures[name].output is None:
-                captures[name].output = _clone(output)
-
-        handles += [module.register_forward_pre_hook(pre, with_kwargs=True), module.register_forward_hook(post)]
-    try:
-        model(example, **forward_kwargs)
-    finally:
-        for h in handles:
-            h.remove()
-    missing = [s.name for s in segs if s.name not in captures]
-    if missing:
-        raise PlanError(f"Segments {missing[:5]} were not called in the forward pass, so they cannot be timed.")
-    return [captures[s.name] for s in segs]
-
-
-def replay_model(model: nn.Module, segs: Sequence[Segment], captures: Sequence[Capture]) -> nn.Module:
-    """A copy of `model` whose segments replay their captured outputs (the model itself is left as it was)."""
-    originals = [model.get_submodule(s.name) for s in segs]
-    try:
-        for seg, cap in zip(segs, captures):
-            model.set_submodule(seg.name, Replay(cap.output))
-        return copy.deepcopy(model)
-    finally:
-        for seg, module in zip(segs, originals):
-            model.set_submodule(seg.name, module)
 
 
 def variant_label(segment: Segment, variant: frozenset[str]) -> str:
@@ -526,6 +440,18 @@ def context_overhead_record() -> dict[str, Any]:
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
+@dataclass(frozen=True)
+class Correction:
+    """``corrected = scale * raw + offset_ms`` for a whole-network prediction (kind: none, scale or offset)."""
+
+    kind: str = "none"
+    scale: float = 1.0
+    offset_ms: float = 0.0
+
+    def apply(self, raw_ms: float) -> float:
+        return self.scale * raw_ms + self.offset_ms
+
+
 @dataclass
 class LatencyTable:
     """A built table: per-segment variant costs and the fixed part, for one model and condition.
@@ -639,10 +565,6 @@ class LatencyTable:
         return max((v for v in values if v is not None), default=None)
 
     # -- calibration and reporting ------------------------------------------------------------------------
-
-    def calibrate(self, n_plans: int = 5, seed: int = 0, settings: Any = None, fit: bool = True) -> Any:
-        """Measure the original and `n_plans` random plans end to end; report errors and fit a correction."""
-        return calibrate(self, n_plans=n_plans, seed=seed, settings=settings, fit=fit)
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per (segment, variant): label, cost, entry median, IQR, runs and where it came from."""

@@ -185,11 +185,9 @@ class FixedWindows(RandomWindows):
 
 
 # ----------------------------------------------------------------------------------------------- images
-def _digits(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
-    """scikit-learn digits as normalised ``3 x S x S`` tensors, stratified fixed split (random_state=0).
-
-    ``data.train_samples`` keeps a fixed stratified subset of the training images (null: all). Training images
-    are shifted by up to ``data.shift`` pixels (0: no augmentation)."""
+def _digits_split(cfg: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """scikit-learn digits normalised to ``3 x S x S``, and the indices of the training images, of the training
+    split's images that ``data.train_samples`` leaves out, and of the validation images."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -199,22 +197,45 @@ def _digits(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
     images = torch.nn.functional.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
     labels = torch.tensor(digits.target, dtype=torch.long)
     try:
-        train_idx, val_idx = train_test_split(
+        split_idx, val_idx = train_test_split(
             list(range(len(labels))), test_size=cfg.val_fraction, random_state=0, stratify=digits.target
         )
     except ValueError as exc:
         raise DataError(f"data.val_fraction={cfg.val_fraction} cannot split the {len(labels)} digits with every class "
                         f"on both sides ({exc}); use a fraction between 0.01 and 0.99.") from None
+    train_idx = split_idx
     if cfg.get("train_samples"):  # a harder task: a fixed stratified subset of the training split
-        train_idx = _stratified_subset(train_idx, digits.target, cfg.train_samples)
-    train_idx, val_idx = torch.tensor(train_idx), torch.tensor(val_idx)
-    mean, std = images[train_idx].mean().item(), images[train_idx].std().item()
+        train_idx = _stratified_subset(split_idx, digits.target, cfg.train_samples)
+    unused_idx = sorted(set(split_idx) - set(train_idx))
+    train, unused, val = (torch.tensor(i, dtype=torch.long) for i in (train_idx, unused_idx, val_idx))
+    mean, std = images[train].mean().item(), images[train].std().item()
     images = ((images - mean) / std).expand(-1, 3, -1, -1).contiguous()
-    info = {"mean": mean, "std": std, "train_size": len(train_idx), "val_size": len(val_idx)}
+    info = {"mean": mean, "std": std, "train_size": len(train), "val_size": len(val)}
+    return images, labels, train, unused, val, info
+
+
+def _digits(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
+    """scikit-learn digits as normalised ``3 x S x S`` tensors, stratified fixed split (random_state=0).
+
+    ``data.train_samples`` keeps a fixed stratified subset of the training images (null: all). Training images
+    are shifted by up to ``data.shift`` pixels (0: no augmentation)."""
+    images, labels, train_idx, _, val_idx, info = _digits_split(cfg)
     train: Dataset = TensorPairs(images[train_idx], labels[train_idx])
     if cfg.shift:
+        mean, std = info["mean"], info["std"]
         train = RandomShift(train, cfg.shift, fill=-mean / std)
     return train, TensorPairs(images[val_idx], labels[val_idx]), 10, info
+
+
+def unused_digits(cfg: Any) -> Dataset:
+    """The digits of the training split that ``data.train_samples`` leaves out (normalised as the training images,
+    not shifted): images the baseline never saw that are not the validation split either (a development set)."""
+    if cfg.name != "digits":
+        raise DataError(f"unused_digits needs data=digits, not data={cfg.name}.")
+    images, labels, _, unused_idx, _, _ = _digits_split(cfg)
+    if len(unused_idx) == 0:
+        raise DataError("data.train_samples uses every training image: no unused digits are left.")
+    return TensorPairs(images[unused_idx], labels[unused_idx])
 
 
 def _stratified_subset(indices: list[int], labels: Sequence[int], count: int) -> list[int]:

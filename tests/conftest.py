@@ -1,0 +1,21 @@
+"""Fixtures shared by the test modules (plain helpers, and the one subprocess runner, are in ``helpers.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def offline_hub(monkeypatch, tmp_path) -> Path:
+    """A Hugging Face home of this test's own (``tmp_path/hf``), offline: what ``helpers.put_in_hf_cache`` places
+    there is what a hub id resolves to, and nothing is downloaded."""
+    import huggingface_hub.constants as hf_constants
+
+    hf_home = tmp_path / "hf"
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(hf_home / "hub"))
+    return hf_home

@@ -1,0 +1,74 @@
+"""PlanLoss: the calibration loss of whole plans, equal to applying the plan, with the shared prefix replayed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import zoo
+from zoo import surgery
+from zoo.importance import PlanLoss, calibration_loss
+
+FAMILIES = [  # (model, options, batch maker): one small model per family
+    ("mobilenetv2_035", {"num_classes": 10}, lambda: (torch.randn(6, 3, 32, 32), torch.randint(0, 10, (6,)))),
+    ("tresnet_m", {"num_classes": 10, "width_factor": 0.125},
+     lambda: (torch.randn(3, 3, 32, 32), torch.randint(0, 10, (3,)))),
+    ("resnetv2_50x1_bit", {"num_classes": 10, "width_factor": 0.5},
+     lambda: (torch.randn(3, 3, 32, 32), torch.randint(0, 10, (3,)))),
+    ("retnet_tiny", {"depth": 3}, lambda: (torch.randint(0, 256, (2, 12)), torch.randint(0, 256, (2, 12)))),
+]
+
+
+@pytest.mark.parametrize("name, options, make", FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_plan_loss_equals_the_applied_plan_and_replays_shared_prefixes(name, options, make):
+    torch.manual_seed(0)
+    model = zoo.create_model(name, **options).eval()
+    segs = surgery.segments(model)
+    batches = [make(), make()]
+    score = PlanLoss(model, segs, batches)
+    rng = random.Random(0)
+    for _ in range(2):
+        center = [rng.choice(seg.variants()) for seg in segs]
+        for s in reversed(range(len(segs))):  # a plan's neighbours, last segment first, as the searches score them
+            for variant in rng.sample(segs[s].variants(), min(2, len(segs[s].variants()))):
+                removed = sorted(set().union(*center[:s], variant, *center[s + 1:]))
+                expected = calibration_loss(surgery.apply_plan(model, {"remove": removed, "merge": True},
+                                                               inplace=False), batches)
+                assert score(removed) == pytest.approx(expected, rel=1e-6, abs=1e-7), removed
+    assert score.replayed > score.evaluations // 2  # most neighbours started at their change
+    assert score([]) == pytest.approx(calibration_loss(model, batches), rel=1e-6)
+    plain = PlanLoss(model, segs, batches, replay_mb=0)  # nothing kept: every plan a full forward
+    plain(sorted(segs[-1].variants()[-1]))
+    plain(sorted(segs[0].variants()[-1]))
+    assert plain.replayed == 0 and plain.anchor is None
+
+
+def test_plan_loss_names_a_unit_outside_every_segment():
+    model = zoo.create_model("mobilenetv2_035", num_classes=10).eval()
+    score = PlanLoss(model, surgery.segments(model), [(torch.randn(2, 3, 16, 16), torch.tensor([0, 1]))])
+    with pytest.raises(zoo.errors.ZooError, match="lie in no segment"):
+        score(["conv_stem"])
+
+
+def test_plan_recovery_trains_the_linearised_plan_then_scores_the_calibration_batches():
+    """With no steps it is the loss of the linearised, unmerged plan; with steps it trains on the training batches
+    only (the calibration batches are untouched), always to the same score, and leaves the model unchanged."""
+    from zoo.importance import PlanRecovery
+
+    torch.manual_seed(0)
+    model = zoo.create_model("mobilenetv2_035", num_classes=10).eval()
+    batches = [(torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,)))]
+    train = [(torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))) for _ in range(2)]
+    plan = ["blocks.2.1", "blocks.3.0.bn1.act"]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    linear = calibration_loss(surgery.apply_plan(model, {"remove": plan, "merge": False}, inplace=False), batches)
+    assert PlanRecovery(model, batches, train, steps=0)(plan) == pytest.approx(linear, rel=1e-6)
+    recovered = PlanRecovery(model, batches, train, steps=10)
+    once = recovered(plan)
+    assert once != pytest.approx(linear, rel=1e-3)
+    assert PlanRecovery(model, batches, train, steps=10)(plan) == once
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    with pytest.raises(zoo.errors.ZooError, match="training batches"):
+        PlanRecovery(model, batches, [], steps=10)

@@ -1,0 +1,91 @@
+"""The prune job's fine-tune: the plan applied as a linearised network with fading activations, trained (distilling
+from the baseline, resumable), then merged."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .. import surgery
+from ..training.engine import Callback
+
+_log = logging.getLogger(__name__)
+
+
+class Linearise(Callback):
+    """Fine-tuning callback: fade removed activations to identity over the first part of training."""
+
+    def __init__(self, model: nn.Module, fraction: float):
+        self.model, self.fraction = model, fraction
+
+    def _update(self, trainer: Any) -> None:
+        alpha = 1.0 if self.fraction <= 0 else min(1.0, trainer.progress / self.fraction)
+        surgery.set_linearisation(self.model, alpha)
+
+    def on_train_start(self, trainer: Any) -> None:
+        self._update(trainer)
+
+    def on_step_end(self, trainer: Any) -> None:
+        self._update(trainer)
+
+    def on_epoch_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+        self._update(trainer)
+
+
+def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, logger: Any, output_dir: Path,
+             config: dict) -> tuple[nn.Module, dict[str, float]]:
+    """Apply the plan as a linearised network, fine-tune it (distilling from `baseline`), then merge.
+
+    Seeded anew (``trainer.seed``), so the result does not depend on what ran before it in this process (a baseline
+    trained now or read from the cache); an interrupted fine-tuning resumes from ``finetune/checkpoints``.
+    """
+    from omegaconf import OmegaConf
+
+    from ..training import distributed as dist_utils
+    from ..training import evaluate, fit, seed_everything
+
+    seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
+    fading = cfg.finetune.linearise_fraction > 0 and cfg.finetune.epochs > 0
+    model = surgery.apply_plan(baseline, {**plan, "merge": False}, inplace=False, blend=fading)
+    memory: dict[str, float] = {}
+    if cfg.finetune.epochs > 0:
+        optim_cfg = OmegaConf.merge(cfg.optim, {"lr": cfg.finetune.lr or cfg.optim.lr * 0.3,
+                                                "warmup_epochs": 0})
+        trainer_cfg = OmegaConf.merge(cfg.trainer, {"max_epochs": cfg.finetune.epochs, "resume": None})
+        callback = Linearise(model, cfg.finetune.linearise_fraction)
+        resume = dist_utils.broadcast_object(resumable(output_dir / "finetune") if dist_utils.info().is_main
+                                             else None)
+        done = fit(model, data, optim_cfg, trainer_cfg, logger, teacher=baseline,
+                   distill_weight=cfg.finetune.distill_weight,
+                   distill_temperature=cfg.finetune.distill_temperature, callbacks=[callback],
+                   output_dir=output_dir / "finetune", config=config, resume_from=resume,
+                   resume_hint=" Run the same command again: fine-tuning resumes where it stopped, with the same plan.")
+        memory = done.memory
+    model = surgery.finalize_merges(model) if cfg.prune.merge else model
+    model.finetune_memory = memory  # peak training memory of the fine-tuning, for results.json
+    device = next(baseline.parameters()).device
+    metrics = evaluate(model.to(device).eval(), data.val, task=data.task)
+    return model, metrics
+
+
+def resumable(directory: Path) -> Path | None:
+    """The interrupted fine-tuning's state to resume from, if it is intact; a damaged one is reported and dropped
+    (fine-tuning starts over, which gives the same result: it is seeded)."""
+    import shutil
+
+    from ..errors import CheckpointError
+    from ..training import state as ckpt
+
+    path = ckpt.resolve_resume("auto", directory)
+    if path is None:
+        return None
+    try:
+        ckpt.load_state(path)
+        return path
+    except CheckpointError as exc:
+        _log.warning("The interrupted fine-tuning cannot be resumed (%s): it starts over.", exc)
+        shutil.rmtree(directory)
+        return None

@@ -1,0 +1,127 @@
+"""The prune job's timing: its latency table, baseline and pruned networks side by side in the table's runtime, the
+other runtimes' reports, and the export of the pruned network."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .prune_config import lut_settings, measure_settings
+
+_log = logging.getLogger(__name__)
+
+
+class DecodeStep(nn.Module):
+    """One recurrent decode step of a language model, with its own (zero) state: the ``decode`` workload."""
+
+    def __init__(self, model: nn.Module, batch_size: int):
+        super().__init__()
+        self.model = model
+        self.state = _state_to(model.init_state(batch_size), next(model.parameters()).device)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, mode="recurrent", state=self.state)
+
+
+def _state_to(state: Any, device: torch.device) -> Any:
+    layers = [None if s is None else s.to(device) for s in state.layers]
+    return type(state)(layers, state.offset)
+
+
+def build_lut(cfg: Any, baseline: nn.Module, data: Any, runtime: str | None = None) -> Any:
+    """The latency table of `baseline` for the configured device, batch, dtype, layout and workload, in `runtime`
+    (default ``prune.runtime``)."""
+    from ..latency import build_table
+    from ..latency.device import resolve_device
+
+    p = cfg.prune
+    kwargs: dict[str, Any] = {"input_size": data.input_size}
+    if p.workload == "decode":
+        state = _state_to(baseline.init_state(p.batch_size), resolve_device(p.device))
+        kwargs = {"input_size": (1,), "workload": "decode", "forward_kwargs": {"mode": "recurrent", "state": state}}
+    return build_table(baseline, batch_size=p.batch_size, device=p.device, dtype=p.dtype,
+                       channels_last=p.channels_last, threads=p.threads, cache_dir=p.cache_dir, merge=p.merge,
+                       settings=lut_settings(p), runtime=runtime or p.runtime, **kwargs)
+
+
+def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any = None, unfused: bool = True
+                         ) -> dict[str, dict[str, float]]:
+    """Latency statistics (ms) of each network, timed in interleaved rounds under the table's conditions (its runtime
+    included).
+
+    Each network runs in the form the table measures (its deploy form, :func:`zoo.fuse`, by default) and, with
+    `unfused`, as ``<name>_eager`` as it is. `settings`: a :class:`~zoo.latency.CalibrationSettings` (None: its
+    defaults).
+    """
+    from ..latency.calibrate import CalibrationSettings, time_networks
+    from ..latency.measure import measured_form, prepare
+
+    device = next(table.model.parameters()).device
+    channels_last = table.condition["layout"] == "channels_last"
+    forms = {}
+    for name, net in nets.items():
+        forms[name] = measured_form(net, table.settings)
+        if unfused:
+            forms[f"{name}_eager"] = net
+    prepared = [prepare(copy.deepcopy(net), device, channels_last) for net in forms.values()]
+    if table.condition.get("workload") == "decode":
+        prepared = [DecodeStep(net, table.example.shape[0]) for net in prepared]
+    benches = time_networks(prepared, table.example, {}, table, settings or CalibrationSettings(), list(forms))
+    return {name: {k: round(v, 5) for k, v in bench.summary().items()} for name, bench in zip(forms, benches)}
+
+
+def runtime_row(table: Any, plan: dict[str, Any], measured: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Baseline and pruned latency measured in the table's runtime, beside that table's predictions."""
+    estimate = f"{table.settings.estimator}_ms"
+    base_ms, pruned_ms = measured["baseline"][estimate], measured["pruned"][estimate]
+    base_pred, pruned_pred = table.predict({"remove": []}), table.predict(plan)
+    return {"baseline_ms": base_ms, "pruned_ms": pruned_ms, "measured_speedup": base_ms / pruned_ms,
+            "predicted_baseline_ms": base_pred, "predicted_pruned_ms": pruned_pred,
+            "predicted_speedup": base_pred / pruned_pred, "prediction_error": pruned_pred / pruned_ms - 1.0,
+            "speedup_prediction_error": (base_pred / pruned_pred) / (base_ms / pruned_ms) - 1.0,
+            "table_build_s": round(table.build_s, 3), "runtime_build_s": round(table.runtime_build_s, 3),
+            "runtime_version": table.condition["runtime_version"]}
+
+
+def report_runtimes(cfg: Any, table: Any, measured: dict[str, dict[str, float]], baseline: nn.Module,
+                    pruned: nn.Module, plan: dict[str, Any], data: Any) -> dict[str, dict[str, Any]]:
+    """Per runtime: the chosen plan (chosen in ``prune.runtime``) measured and predicted there. ``prune.runtime`` comes
+    first, from the final measurement; each ``prune.runtime_report`` runtime gets its own (cached) table and its own
+    side-by-side timing of the baseline and the pruned network, deploy forms."""
+    rows = {cfg.prune.runtime: {**runtime_row(table, plan, measured), "chosen_here": True}}
+    for runtime in dict.fromkeys(cfg.prune.runtime_report):
+        if runtime in rows:
+            continue
+        _log.info("runtime report: the plan in %s", runtime)
+        other = build_lut(cfg, baseline, data, runtime)
+        timed = measure_side_by_side(other, {"baseline": baseline, "pruned": pruned.eval()},
+                                     measure_settings(cfg.prune), unfused=False)
+        rows[runtime] = {**runtime_row(other, plan, timed), "chosen_here": False}
+    return rows
+
+
+def export_pruned(cfg: Any, pruned: nn.Module, data: Any, output_dir: Path) -> dict[str, Any]:
+    """``prune.export``: the pruned model as ``pruned.onnx`` or ``pruned.pt2`` at batch 1 and the data's input size
+    (for ``prune.workload=decode``, a RetNet's decode step), checked against PyTorch (zoo.export) within
+    ``prune.export_rtol``. An export that fails or misses the tolerance is recorded (``passed: false`` and the
+    error) and reported, after the run's own results are safe."""
+    from ..errors import ExportError
+    from ..exporting import export
+
+    suffix = {"onnx": "onnx", "torch_export": "pt2"}[cfg.prune.export]
+    path = output_dir / f"pruned.{suffix}"
+    form = "recurrent" if cfg.prune.workload == "decode" else "parallel"
+    try:
+        report = export(copy.deepcopy(pruned).cpu().float(), path, format=cfg.prune.export,
+                        input_size=data.input_size, form=form, rtol=cfg.prune.export_rtol).as_dict()
+    except ExportError as error:
+        _log.error("prune.export=%s failed: %s", cfg.prune.export, error)
+        return {"path": str(path), "format": cfg.prune.export, "form": form, "passed": False, "error": str(error)}
+    _log.info("exported %s (%s; max difference %.1e relative)", report["path"], report["checked_with"],
+              report["max_rel_diff"])
+    return report

@@ -1,0 +1,233 @@
+"""``prune.*`` and ``finetune.*``: the prune job's config schema and every check made before any long work."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ZooError
+from ..importance import SCORES
+from ..search import SEARCHES
+from ..training.config import TrainConfig
+
+
+@dataclass
+
+
+class PruneSettings:
+    """``prune.*``: the budget, the device the latency is measured on, importance and search."""
+
+    target_speedup: float | None = 1.5
+    target_latency_ms: float | None = None
+    device: str = "auto"
+    batch_size: int = 32
+    dtype: str = "float32"
+    channels_last: bool = False
+    threads: int | None = None
+    merge: bool = True
+    importance: str = "loss"
+    calib_batches: int = 4
+    search: str = "interaction"
+    bins: int = 1000
+    target_tolerance: float = 0.05
+    target_corrections: int = 3
+    recovery_steps: int = 20
+    seed: int = 0
+    calibrate_plans: int = 0
+    cache_dir: str | None = None
+    workload: str = "forward"
+    plan: str | None = None
+    force: bool = False
+    export: str | None = None
+    export_rtol: float = 1e-4
+    runtime: str = "eager"
+    runtime_report: list[str] = field(default_factory=list)
+    max_memory_mb: float | None = None
+    lut: dict[str, Any] = field(default_factory=dict)
+    measure: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+
+
+class FinetuneSettings:
+    """``finetune.*``: epochs after surgery, learning rate, distillation, progressive linearisation."""
+
+    epochs: int = 4
+    lr: float | None = None
+    distill_weight: float = 0.3
+    distill_temperature: float = 2.0
+    linearise_fraction: float = 0.5
+
+
+@dataclass
+
+
+class PruneConfig(TrainConfig):
+    """The root schema of ``conf/prune.yaml``: the training schema plus ``checkpoint``, ``prune`` and ``finetune``."""
+
+    checkpoint: str | None = None
+    prune: PruneSettings = field(default_factory=PruneSettings)
+    finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
+
+
+def register_configs(config_dir: str | Path | None = None) -> None:
+    """Store ``prune_schema`` (:class:`PruneConfig`) and the training schemas in Hydra's ConfigStore."""
+    from hydra.core.config_store import ConfigStore
+
+    from ..training.config import register_configs as register_train
+
+    register_train(config_dir)
+    ConfigStore.instance().store(name="prune_schema", node=PruneConfig)
+
+
+def _is_recurrent(entry: Any) -> bool:
+    """Whether a registered model has a recurrent state (its class says so; built on the meta device)."""
+    with torch.device("meta"):
+        return bool(getattr(entry.builder(), "recurrent", False))
+
+
+PRUNE_RANGES = (  # (key, lowest, highest, lowest excluded?): see zoo.training.config.RANGES
+    ("prune.target_speedup", 1.0, None, True), ("prune.target_latency_ms", 0.0, None, True),
+    ("prune.max_memory_mb", 0.0, None, True), ("prune.batch_size", 1, None, False),
+    ("prune.calib_batches", 1, None, False), ("prune.bins", 10, None, False), ("prune.threads", 1, None, False),
+    ("prune.target_tolerance", 0.0, 1.0, True), ("prune.target_corrections", 0, None, False),
+    ("prune.recovery_steps", 0, None, False),
+    ("prune.calibrate_plans", 0, None, False), ("prune.export_rtol", 0.0, None, False),
+    ("finetune.epochs", 0, None, False), ("finetune.lr", 0.0, None, True),
+    ("finetune.distill_weight", 0.0, 1.0, False), ("finetune.distill_temperature", 0.0, None, True),
+    ("finetune.linearise_fraction", 0.0, 1.0, False),
+)
+
+
+def validate_prune(cfg: Any) -> None:
+    """Checks before any long work: budget, choices, ranges, device, the files it names (raises ZooError)."""
+    from ..latency.device import resolve_device, resolve_dtype
+    from ..registry import get_entry
+    from ..training.config import check_ranges, check_writable
+
+    p = cfg.prune
+    if p.target_latency_ms is None and p.target_speedup is None:
+        raise ZooError("Give a budget: prune.target_speedup (e.g. 1.5) or prune.target_latency_ms.")
+    check_ranges(cfg, PRUNE_RANGES)
+    if p.importance not in SCORES:
+        raise ZooError(f"prune.importance={p.importance!r}; allowed: {', '.join(SCORES)}.")
+    if p.search not in SEARCHES:
+        raise ZooError(f"prune.search={p.search!r}; allowed: {', '.join(SEARCHES)}.")
+    if p.workload not in ("forward", "decode"):
+        raise ZooError(f"prune.workload={p.workload!r}; allowed: forward (the whole forward pass) or decode "
+                       "(one recurrent decode step of a language model such as RetNet).")
+    if p.workload == "decode" and not _is_recurrent(get_entry(cfg.model.name)):
+        raise ZooError(f"prune.workload=decode needs a recurrent language model; model={cfg.model.name} has no "
+                       "recurrent state. Use prune.workload=forward.")
+    if p.export is not None:
+        from ..exporting import FORMATS, _require
+
+        if p.export not in FORMATS:
+            raise ZooError(f"prune.export={p.export!r}; allowed: null, {', '.join(FORMATS)}.")
+        if p.export == "onnx":
+            _require("onnx", "onnxscript", "onnxruntime")
+    if p.plan:
+        read_plan_file(p.plan)
+    if cfg.checkpoint:
+        check_baseline_source(cfg)
+    if p.cache_dir:
+        check_writable(p.cache_dir, "prune.cache_dir")
+    lut_settings(p)
+    measure_settings(p)
+    check_runtimes(p, resolve_device(p.device), resolve_dtype(p.dtype, resolve_device(p.device)))
+
+
+def check_runtimes(p: Any, device: torch.device, dtype: torch.dtype) -> None:
+    """``prune.runtime`` and every ``prune.runtime_report`` runtime known and usable here (else ZooError with the
+    install command), before any work; ``prune.lut.runtime`` is not a second way to say it."""
+    from ..latency.runtime import check_runtime
+
+    if "runtime" in (p.lut or {}):
+        raise ZooError("Set the runtime with prune.runtime (it applies to the table and to every measurement), not "
+                       "prune.lut.runtime.")
+    for key, runtime in [("prune.runtime", p.runtime), *(("prune.runtime_report", r) for r in p.runtime_report)]:
+        try:
+            check_runtime(runtime, device, dtype)
+        except ZooError as exc:
+            raise ZooError(f"{key}={runtime}: {exc}") from None
+
+
+def check_baseline_source(cfg: Any) -> None:
+    """``checkpoint=`` names weights: a depthzoo checkpoint of this model, a timm-format file, a hub id or true (the
+    tag's weights). Checked before any work; a hub id is resolved when the baseline is built."""
+    from ..checkpoint import read_checkpoint_meta
+    from ..pretrained import WEIGHT_SUFFIXES, check_source, is_local
+    from ..tags import resolve_tag
+    from ..training import state as ckpt
+    from .models import weights_arg
+
+    source = weights_arg(cfg.checkpoint)
+    if source is True:
+        resolve_tag(cfg.model.name, cfg.model.tag)  # an architecture without published weights fails here
+    if source is True or source is False:
+        return
+    if str(source).endswith(ckpt.STATE_SUFFIX):
+        raise ZooError(f"checkpoint={source} is a training state, not weights. Give the run's weights file (e.g. "
+                       f"checkpoints/best.safetensors), a timm-format file, a hub id, true (the model's pretrained "
+                       f"tag) or leave checkpoint=null to train the baseline.")
+    check_source(source)
+    if is_local(source) and not str(source).endswith(WEIGHT_SUFFIXES) and not Path(source).is_dir():
+        raise ZooError(f"checkpoint={source} is not a weight file; allowed are {', '.join(WEIGHT_SUFFIXES)} files, "
+                       f"a model folder (config.json + safetensors), a hub id such as timm/mobilenetv2_100.ra_in1k, "
+                       f"or true (the model's pretrained tag).")
+    if is_local(source) and Path(source).suffix == ".safetensors":
+        try:
+            meta = read_checkpoint_meta(source)
+        except Exception as exc:  # noqa: BLE001 - any decode failure means the same
+            raise ZooError(f"checkpoint={source} cannot be read as safetensors ({exc}).") from None
+        name = (meta or {}).get("model")
+        if name is not None and name != cfg.model.name:
+            raise ZooError(f"checkpoint={source} holds model {name!r}, but model={cfg.model.name}. Use "
+                           f"model={name} or a checkpoint of {cfg.model.name}.")
+
+
+def _settings(kind: type, values: Any, key: str) -> Any:
+    """A settings dataclass from a ``prune.lut``/``prune.measure`` mapping; an unknown key is a clear error."""
+    from dataclasses import fields
+
+    allowed = [f.name for f in fields(kind)]
+    unknown = sorted(set(values or {}) - set(allowed))
+    if unknown:
+        raise ZooError(f"{key} has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}.")
+    return kind(**dict(values or {}))
+
+
+def lut_settings(p: Any) -> Any:
+    """The latency table's settings from ``prune.lut`` (defaults where unset)."""
+    from ..latency import TableSettings
+
+    return _settings(TableSettings, p.lut, "prune.lut")
+
+
+def measure_settings(p: Any) -> Any:
+    """The final side-by-side timing's settings from ``prune.measure``."""
+    from ..latency import CalibrationSettings
+
+    return _settings(CalibrationSettings, p.measure, "prune.measure")
+
+
+def read_plan_file(path: str | Path) -> dict[str, Any]:
+    """A plan from a JSON file, checked for its form (not yet against a model); raises PlanError."""
+    from ..errors import PlanError
+    from ..surgery import _validate_plan
+
+    example = '{"remove": ["blocks.2.1"], "merge": true}'
+    try:
+        plan = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise PlanError(f"Cannot read plan file {path} ({exc.strerror}). A plan file is JSON such as "
+                        f"{example}.") from None
+    except ValueError as exc:
+        raise PlanError(f"Plan file {path} is not JSON ({exc}). A plan file is JSON such as {example}.") from None
+    _validate_plan(plan)
+    return plan
