@@ -79,7 +79,7 @@ RULES: dict[str, dict[str, str]] = {  # rule: the prune.* settings that make it
     "angular": {"search": "angular", "importance": "loss"}, "reverse": {"search": "reverse", "importance": "loss"},
     "kbest": {"search": "kbest", "importance": "loss"}, "local": {"search": "local", "importance": "loss"},
 }
-TEST_RULES = ("interaction", "dp_loss", "greedy", "random", "sleb", "block_influence", "angular", "reverse")
+TEST_RULES = ("interaction_one_shot", "dp_loss", "greedy", "random", "sleb", "block_influence", "angular", "reverse")
 SELECT_RULES = ("interaction", "interaction_one_shot", "kbest", "local", "dp_loss", "greedy", "sleb")
 DEV_SEEDS = (100, 101, 102)
 TARGETS = (1.5, 2.0)

@@ -35,7 +35,7 @@ class PruneSettings:
     bins: int = 1000
     target_tolerance: float = 0.05
     target_corrections: int = 3
-    recovery_steps: int = 20
+    recovery_steps: int = 0
     seed: int = 0
     calibrate_plans: int = 0
     cache_dir: str | None = None
