@@ -125,8 +125,7 @@ def exact_rounds(calib: CalibrationSettings, rounds: int) -> CalibrationSettings
 
 def in_fresh_process(fn: Any, *args: Any) -> Any:
     """``fn(*args)`` in a new Python process (spawned), as a user's ``prune.py`` run builds its table: cold builds
-    that shared one process predicted slower and slower networks (MobileNetV2's original: 14.0 ms in the first
-    build, 15.2-16.3 ms in later ones, while it measured 13.4-14.8 ms; docs/latency.md)."""
+    that share one process inherit its allocator state and predict slower and slower networks."""
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(fn, *args).result()
 

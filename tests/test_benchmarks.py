@@ -67,6 +67,14 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert proc.returncode == (1 if failed else 3), proc.stdout[-2000:]
     assert steps["retnet_decode"]["batch_1"]["decode"]
     assert f"prune {label} target 1.5: measured" in proc.stdout
+    # re-judging the stored report (what --verdicts does) gives the same verdicts as the run's own
+    from benchmarks.gpu_check import judge
+
+    again = judge(json.loads((tmp_path / "gpu_check.json").read_text()))["steps"]
+    assert {n: (st["status"], st.get("verdicts")) for n, st in again.items()} == {
+        n: (st["status"], st.get("verdicts")) for n, st in steps.items()}
+    assert any(k.startswith("batch_1 decode step") or k.startswith("batch_1 parallel form")
+               for k in again["retnet_decode"]["verdicts"])  # the batch-1 decode targets are judged, not left out
 
 
 @pytest.mark.slow

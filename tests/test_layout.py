@@ -16,7 +16,7 @@ PACKAGE = Path(zoo.__file__).parent
 
 # Each module's layer: a module may import its own layer and the ones below, never a higher one.
 LAYERS = [
-    {"errors", "lazy", "files"},
+    {"errors", "lazy", "files", "signals"},
     {"registry", "tags", "depth", "features", "fuse", "checkpoint", "latency.device"},
     {"surgery", "pretrained", "mobilenetv2", "tresnet", "resnetv2", "retnet", "search", "latency.cache"},
     {"capture"},

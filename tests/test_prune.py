@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -250,6 +251,21 @@ def test_memory_budget_is_met_or_refused(digits_prune, tmp_path):
     assert json.loads((tmp_path / "fits" / "results.json").read_text())["predicted_peak_memory_mb"] <= budget
     proc = run_prune(*TINY, "logger=none", "prune.max_memory_mb=0.000001", base=base, run_dir=tmp_path / "no")
     assert proc.returncode == 2 and "cannot be met" in proc.stdout + proc.stderr
+
+
+def test_recovery_steps_judge_the_finalists_after_training(digits_prune, tmp_path):
+    """prune.recovery_steps > 0: the interaction search's finalists are scored after that many SGD steps on the
+    training batches beyond the calibration ones; the chosen plan's recovered loss is recorded (one-shot: none)."""
+    base, _ = digits_prune
+    first = json.loads((base / "run" / "results.json").read_text())
+    assert first["search_result"]["recovered"] is None  # the default judges one-shot
+    proc = run_prune(*TINY, "logger=none", "prune.recovery_steps=3", "finetune.epochs=0", base=base,
+                     run_dir=tmp_path / "run")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    recovered = results["search_result"]["recovered"]
+    assert results["search_result"]["method"] == "interaction" and recovered is not None
+    assert math.isfinite(recovered) and recovered > 0
 
 
 @pytest.mark.slow

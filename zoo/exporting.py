@@ -55,50 +55,6 @@ class ExportReport:
         return asdict(self)
 
 
-class ParallelForm(nn.Module):
-    """A RetNet's parallel forward without its host-side input checks (a traced program cannot branch on data)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        m = self.model
-        x, _ = m._run_blocks(m.embed(input_ids), "parallel", m.chunk_size, [None] * m.depth, 0, need_state=False)
-        return m.lm_head(m.norm(x))
-
-
-class RecurrentForm(nn.Module):
-    """A RetNet's one-token decode step as a pure function: (token ids [B, 1], position, states...) -> (logits
-    [B, vocab], new states...), one state per retention sub-layer that is present."""
-
-    def __init__(self, model: nn.Module):
-        from .retnet import MultiScaleRetention, decode_frequencies
-
-        super().__init__()
-        self.model = model
-        self.present = [isinstance(b.retention, MultiScaleRetention) for b in model.blocks]
-        self.register_buffer("frequencies", decode_frequencies(model), persistent=False)
-
-    def forward(self, token: torch.Tensor, position: torch.Tensor, *states: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        from .retnet import decode_step
-
-        given = iter(states)
-        per_block = [next(given) if present else None for present in self.present]
-        logits, new_states = decode_step(self.model, token, position, self.frequencies, per_block)
-        return (logits, *(s for s, present in zip(new_states, self.present) if present))
-
-    def example(self, batch_size: int) -> tuple[torch.Tensor, ...]:
-        """A token, position 7 and random states (so that every part of the step matters)."""
-        m = self.model
-        device = m.embed.weight.device
-        generator = torch.Generator().manual_seed(0)
-        states = m.init_state(batch_size).layers
-        states = [torch.randn(s.shape, generator=generator, dtype=s.dtype).to(device) for s in states if s is not None]
-        return (torch.ones(batch_size, 1, dtype=torch.long, device=device),
-                torch.tensor(7.0, dtype=torch.float64, device=device), *states)
-
-
 def export(model: nn.Module, path: str | Path, format: str = "onnx", example: Any = None, batch_size: int = 1,
            input_size: Sequence[int] | None = None, form: str = "parallel", rtol: float = 1e-4,
            opset: int | None = None) -> ExportReport:
@@ -135,8 +91,7 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
 
 def _export(model: nn.Module, path: Path, format: str, example: Any, batch_size: int,
             input_size: Sequence[int] | None, form: str, rtol: float, opset: int | None) -> ExportReport:
-    recurrent_model = getattr(model, "recurrent", False)
-    program = (RecurrentForm(model) if form == "recurrent" else ParallelForm(model) if recurrent_model else model)
+    program = model.export_form(form) if hasattr(model, "export_form") else model  # a family's own forms
     inputs = _inputs(model, program, example, batch_size, input_size)
     path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -165,7 +120,7 @@ def _inputs(model: nn.Module, program: nn.Module, example: Any, batch_size: int,
             input_size: Sequence[int] | None) -> tuple[Any, ...]:
     if example is not None:
         return tuple(example) if isinstance(example, (tuple, list)) else (example,)
-    if isinstance(program, RecurrentForm):
+    if hasattr(program, "example"):  # a form with inputs of its own (RetNet's decode step: token, position, states)
         return program.example(batch_size)
     base = model.example_input(batch_size, input_size)
     generator = torch.Generator().manual_seed(0)

@@ -88,6 +88,9 @@ class RetNetState:
     def detach(self) -> RetNetState:
         return RetNetState([None if s is None else s.detach() for s in self.layers], self.offset)
 
+    def to(self, device: torch.device | str) -> RetNetState:
+        return RetNetState([None if s is None else s.to(device) for s in self.layers], self.offset)
+
     def nbytes(self) -> int:
         """Memory held by the state, in bytes."""
         return sum(s.numel() * s.element_size() for s in self.layers if s is not None)
@@ -556,6 +559,11 @@ class RetNet(DepthMixin, nn.Module):
         :func:`read_foreign`. ``zoo.create_model`` calls it for any weights without depthzoo metadata."""
         return read_foreign(arch, state, config, overrides)
 
+    def export_form(self, form: str) -> nn.Module:
+        """What :func:`zoo.export` traces: ``parallel`` (token ids [B, T] -> logits [B, T, vocab], without host-side
+        input checks) or ``recurrent`` (the decode step as a pure function of token, position and states)."""
+        return RecurrentForm(self) if form == "recurrent" else ParallelForm(self)
+
     def example_input(self, batch_size: int = 1, input_size: Sequence[int] | None = None) -> torch.Tensor:
         """Zero token ids of shape [batch, T] on the model's device (T from input_size or default_cfg)."""
         length = (input_size or self.default_cfg["input_size"])[0]
@@ -751,7 +759,7 @@ class RetNet(DepthMixin, nn.Module):
             device.type)
         slow = any(not getattr(b.retention, "fast_step", True) for b in self.blocks)
         if decode == "forward" or autocast or slow:
-            return _ForwardStep(self, state)
+            return RecurrentStep(self, state)
         if decode == "graph" or (decode == "auto" and device.type == "cuda"):
             try:
                 return RecurrentDecoder(self, state, batch_size, graph=True)
@@ -827,13 +835,18 @@ class RetNet(DepthMixin, nn.Module):
         return ids, mask
 
 
-class _ForwardStep:
-    """One decode step through the public API: ``model(token, mode="recurrent", state=...)``."""
+class RecurrentStep(nn.Module):
+    """One decode step through the public API, ``model(token, mode="recurrent", state=...)``, as a module: token ids
+    [B, 1] -> their logits [B, vocab]. `advance`: each call continues the previous one's state (decoding);
+    otherwise every call starts from the same `state` (one step timed again and again: the ``decode`` workload)."""
 
-    def __init__(self, model: RetNet, state: RetNetState):
-        self.model, self.state = model, state
+    def __init__(self, model: RetNet, state: RetNetState, advance: bool = True):
+        super().__init__()
+        self.model, self.state, self.advance = model, state, advance
 
-    def __call__(self, token: torch.Tensor) -> torch.Tensor:
+    def forward(self, token: torch.Tensor) -> torch.Tensor:
+        if not self.advance:
+            return self.model(token, mode="recurrent", state=self.state)[:, -1]
         logits, self.state = self.model(token, mode="recurrent", state=self.state, return_state=True)
         return logits[:, -1]
 
@@ -869,6 +882,46 @@ def decode_step(model: RetNet, token: torch.Tensor, position: torch.Tensor, freq
         x = block.ffn(x) if ffn_weight is None else block.ffn.step(x, ffn_weight)
     head = packed[-1][0]
     return (model.lm_head(model.norm(x)) if head is None else model.norm(x) @ head), new_states
+
+
+class ParallelForm(nn.Module):
+    """A RetNet's parallel forward without its host-side input checks (a traced program cannot branch on data)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        x, _ = m._run_blocks(m.embed(input_ids), "parallel", m.chunk_size, [None] * m.depth, 0, need_state=False)
+        return m.lm_head(m.norm(x))
+
+
+class RecurrentForm(nn.Module):
+    """A RetNet's one-token decode step as a pure function: (token ids [B, 1], position, states...) -> (logits
+    [B, vocab], new states...), one state per retention sub-layer that is present."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.present = [isinstance(b.retention, MultiScaleRetention) for b in model.blocks]
+        self.register_buffer("frequencies", decode_frequencies(model), persistent=False)
+
+    def forward(self, token: torch.Tensor, position: torch.Tensor, *states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        given = iter(states)
+        per_block = [next(given) if present else None for present in self.present]
+        logits, new_states = decode_step(self.model, token, position, self.frequencies, per_block)
+        return (logits, *(s for s, present in zip(new_states, self.present) if present))
+
+    def example(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        """A token, position 7 and random states (so that every part of the step matters)."""
+        m = self.model
+        device = m.embed.weight.device
+        generator = torch.Generator().manual_seed(0)
+        states = m.init_state(batch_size).layers
+        states = [torch.randn(s.shape, generator=generator, dtype=s.dtype).to(device) for s in states if s is not None]
+        return (torch.ones(batch_size, 1, dtype=torch.long, device=device),
+                torch.tensor(7.0, dtype=torch.float64, device=device), *states)
 
 
 class RecurrentDecoder:

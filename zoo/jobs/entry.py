@@ -27,7 +27,6 @@ import logging
 import os
 import re
 import secrets
-import signal
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -40,6 +39,7 @@ from filelock import FileLock
 
 from ..errors import Interrupted, RunConflictError, ZooError
 from ..files import write_json
+from ..signals import on_stop_signals
 from .runs import names_a_job
 
 _log = logging.getLogger(__name__)
@@ -182,24 +182,13 @@ def log_failure(exc: BaseException) -> None:
 # ----------------------------------------------------------------------------------------------- signals
 
 
-@contextmanager
-def interruptible() -> Iterator[None]:
+def interruptible() -> Any:
     """SIGINT and SIGTERM raise :class:`~zoo.errors.Interrupted` (training overrides this to save ``last`` first)."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def handle(signum: int, frame: Any) -> None:
         raise Interrupted(signum)
 
-    previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    return on_stop_signals(handle)
 
 
 # ------------------------------------------------------------------------------------- failures and ledger

@@ -8,29 +8,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from .prune_config import lut_settings, measure_settings
 
 _log = logging.getLogger(__name__)
-
-
-class DecodeStep(nn.Module):
-    """One recurrent decode step of a language model, with its own (zero) state: the ``decode`` workload."""
-
-    def __init__(self, model: nn.Module, batch_size: int):
-        super().__init__()
-        self.model = model
-        self.state = _state_to(model.init_state(batch_size), next(model.parameters()).device)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, mode="recurrent", state=self.state)
-
-
-def _state_to(state: Any, device: torch.device) -> Any:
-    layers = [None if s is None else s.to(device) for s in state.layers]
-    return type(state)(layers, state.offset)
 
 
 def build_lut(cfg: Any, baseline: nn.Module, data: Any, runtime: str | None = None) -> Any:
@@ -42,7 +24,7 @@ def build_lut(cfg: Any, baseline: nn.Module, data: Any, runtime: str | None = No
     p = cfg.prune
     kwargs: dict[str, Any] = {"input_size": data.input_size}
     if p.workload == "decode":
-        state = _state_to(baseline.init_state(p.batch_size), resolve_device(p.device))
+        state = baseline.init_state(p.batch_size).to(resolve_device(p.device))
         kwargs = {"input_size": (1,), "workload": "decode", "forward_kwargs": {"mode": "recurrent", "state": state}}
     return build_table(baseline, batch_size=p.batch_size, device=p.device, dtype=p.dtype,
                        channels_last=p.channels_last, threads=p.threads, cache_dir=p.cache_dir, merge=p.merge,
@@ -70,7 +52,10 @@ def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any =
             forms[f"{name}_eager"] = net
     prepared = [prepare(copy.deepcopy(net), device, channels_last) for net in forms.values()]
     if table.condition.get("workload") == "decode":
-        prepared = [DecodeStep(net, table.example.shape[0]) for net in prepared]
+        from ..retnet import RecurrentStep
+
+        prepared = [RecurrentStep(net, net.init_state(table.example.shape[0]).to(device), advance=False)
+                    for net in prepared]
     benches = time_networks(prepared, table.example, {}, table, settings or CalibrationSettings(), list(forms))
     return {name: {k: round(v, 5) for k, v in bench.summary().items()} for name, bench in zip(forms, benches)}
 

@@ -41,8 +41,6 @@ _log = logging.getLogger(__name__)
 
 
 @contextmanager
-
-
 def phase(timings: dict[str, float], name: str) -> Iterator[None]:
     """Time a phase of the run into `timings` (seconds) and log it."""
     start = time.perf_counter()
@@ -60,9 +58,9 @@ def run(cfg: Any) -> dict[str, Any]:
     from ..files import read_sealed_json
     from ..training import distributed as dist_utils
     from ..training.config import validate
-    from .entry import run_files
+    from .entry import in_multirun, run_files
     from .models import to_container
-    from .runs import fingerprint, with_inputs
+    from .runs import claimed_by_main, fingerprint, with_inputs
 
     dist = dist_utils.setup()
     validate(cfg, PruneConfig)
@@ -72,7 +70,9 @@ def run(cfg: Any) -> dict[str, Any]:
     if not cfg.prune.force and dist.is_main:
         forget_results_without_checkpoint(output_dir, fingerprint(config))
     try:
-        with claimed_by_main(cfg, config, output_dir) as state:
+        dir_hint = "a new hydra.sweep.dir" if in_multirun() else "a new hydra.run.dir"
+        with claimed_by_main(output_dir, "prune", config, finished="results.json", force=cfg.prune.force,
+                             force_hint="prune.force=true", dir_hint=dir_hint) as state:
             if state == "finished":
                 _log.info("%s exists: this job already finished (prune.force=true runs it again)",
                           output_dir / "results.json")
@@ -81,37 +81,6 @@ def run(cfg: Any) -> dict[str, Any]:
                 return prune_in(cfg, config, output_dir, resumed=state == "resume")
     finally:
         dist_utils.cleanup()
-
-
-@contextmanager
-
-
-def claimed_by_main(cfg: Any, config: dict, output_dir: Path) -> Iterator[str]:
-    """The run directory claimed (by rank 0 under torchrun; every rank gets its state or its refusal)."""
-    from contextlib import ExitStack
-
-    from ..training import distributed as dist_utils
-    from .entry import in_multirun
-    from .runs import claimed
-
-    dir_hint = "a new hydra.sweep.dir" if in_multirun() else "a new hydra.run.dir"
-    with ExitStack() as stack:
-        state, refused = None, None
-        if dist_utils.info().is_main:
-            try:
-                claim = stack.enter_context(claimed(output_dir, "prune", config, finished="results.json",
-                                                    force=cfg.prune.force, force_hint="prune.force=true",
-                                                    dir_hint=dir_hint))
-                state = claim.state
-            except ZooError as exc:
-                refused = exc
-        state, refusal = dist_utils.broadcast_object((state, None if refused is None else (type(refused),
-                                                                                           str(refused))))
-        if refused is not None:
-            raise refused
-        if refusal is not None:
-            raise refusal[0](refusal[1])
-        yield state
 
 
 def forget_results_without_checkpoint(output_dir: Path, ours: str) -> None:

@@ -16,8 +16,6 @@ from ..training.config import TrainConfig
 
 
 @dataclass
-
-
 class PruneSettings:
     """``prune.*``: the budget, the device the latency is measured on, importance and search."""
 
@@ -52,8 +50,6 @@ class PruneSettings:
 
 
 @dataclass
-
-
 class FinetuneSettings:
     """``finetune.*``: epochs after surgery, learning rate, distillation, progressive linearisation."""
 
@@ -65,8 +61,6 @@ class FinetuneSettings:
 
 
 @dataclass
-
-
 class PruneConfig(TrainConfig):
     """The root schema of ``conf/prune.yaml``: the training schema plus ``checkpoint``, ``prune`` and ``finetune``."""
 

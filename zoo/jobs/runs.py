@@ -297,6 +297,32 @@ def claimed(directory: str | Path, kind: str, config: dict[str, Any], **kwargs: 
         taken.release()
 
 
-__all__ = ["NON_DETERMINING", "OUTPUTS", "Claim", "check_reuse", "claim", "claimed", "clear_outputs",
+@contextmanager
+def claimed_by_main(directory: str | Path, kind: str, config: dict[str, Any], **kwargs: Any) -> Iterator[str]:
+    """:func:`claimed` on rank 0 under torchrun (or in the one process); every rank gets its state (``fresh``,
+    ``resume`` or ``finished``), or raises its refusal. The lock is released when the block ends."""
+    from contextlib import ExitStack
+
+    from ..errors import ZooError
+    from ..training import distributed as dist_utils
+
+    with ExitStack() as stack:
+        state, refused = None, None
+        if dist_utils.info().is_main:
+            try:
+                state = stack.enter_context(claimed(directory, kind, config, **kwargs)).state
+            except ZooError as exc:
+                refused = exc
+        state, refusal = dist_utils.broadcast_object((state, None if refused is None else (type(refused),
+                                                                                           str(refused))))
+        if refused is not None:
+            raise refused
+        if refusal is not None:
+            raise refusal[0](refusal[1])
+        yield state
+
+
+__all__ = ["NON_DETERMINING", "OUTPUTS", "Claim", "check_reuse", "claim", "claimed", "claimed_by_main",
+           "clear_outputs",
            "describe_differences", "determining", "fingerprint", "flatten", "names_a_job", "read_record",
            "same_run_config", "with_inputs", "write_record"]

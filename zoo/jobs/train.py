@@ -96,33 +96,11 @@ def adopt_earlier_run(output_dir: Path, config: dict[str, Any]) -> None:
         write_record(output_dir, "train", config)
 
 
-def claim_run_dir(cfg: Any, config: dict[str, Any], output_dir: Path) -> Any:
-    """Claim `output_dir` for this run (rank 0), or raise RunConflictError; other ranks get rank 0's verdict."""
-    from ..errors import RunConflictError
-    from .entry import in_multirun
-    from .runs import claim
-
-    error, taken = None, None
-    dir_hint = "a new hydra.sweep.dir" if in_multirun() else "a new hydra.run.dir"
-    if dist_utils.info().is_main:
-        if cfg.trainer.resume not in (None, ""):
-            adopt_earlier_run(output_dir, config)
-        try:
-            taken = claim(output_dir, "train", config, new_only=cfg.trainer.resume in (None, ""),
-                          force=cfg.trainer.force, force_hint="trainer.force=true", dir_hint=dir_hint)
-        except RunConflictError as exc:
-            error = str(exc)
-    error = dist_utils.broadcast_object(error)
-    if error is not None:
-        raise RunConflictError(error)
-    return taken
-
-
 def run(cfg: Any) -> dict[str, Any]:
     """Validate, claim the run directory, build data/model/logger, train, write ``results.json`` (last)."""
     from ..training.logger import create_logger
-    from .entry import hydra_context, run_files
-    from .runs import with_inputs
+    from .entry import hydra_context, in_multirun, run_files
+    from .runs import claimed_by_main, with_inputs
 
     dist = dist_utils.setup()
     validate(cfg)
@@ -132,16 +110,16 @@ def run(cfg: Any) -> dict[str, Any]:
     resume_path = ckpt.resolve_resume(cfg.trainer.resume, output_dir) if explicit else None
     check_resume_target(resume_path, cfg.model.name)
     check_resume_config(resume_path, config)
-    taken = claim_run_dir(cfg, config, output_dir)
-    try:
-        with run_files(output_dir, cfg, enabled=dist.is_main):
-            if not explicit:
-                resume_path = ckpt.resolve_resume(cfg.trainer.resume, output_dir)
-            check_resume_target(resume_path, cfg.model.name)
-            return train(cfg, config, output_dir, resume_path, create_logger, hydra_context().get("group"))
-    finally:
-        if taken is not None:
-            taken.release()
+    if dist.is_main and cfg.trainer.resume not in (None, ""):
+        adopt_earlier_run(output_dir, config)
+    dir_hint = "a new hydra.sweep.dir" if in_multirun() else "a new hydra.run.dir"
+    with claimed_by_main(output_dir, "train", config, new_only=cfg.trainer.resume in (None, ""),
+                         force=cfg.trainer.force, force_hint="trainer.force=true", dir_hint=dir_hint), \
+            run_files(output_dir, cfg, enabled=dist.is_main):
+        if not explicit:
+            resume_path = ckpt.resolve_resume(cfg.trainer.resume, output_dir)
+        check_resume_target(resume_path, cfg.model.name)
+        return train(cfg, config, output_dir, resume_path, create_logger, hydra_context().get("group"))
 
 
 def train(cfg: Any, config: dict[str, Any], output_dir: Path, resume_path: Path | None, create_logger: Any,

@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -23,35 +23,20 @@ from torch import nn
 from ..surgery import Segment, apply_plan
 from .cache import device_lock
 from .device import resolve_dtype, timing_context
-from .measure import Bench, check_rounds, measured_form, prepare, time_rounds
+from .measure import Bench, RoundSettings, measured_form, prepare, time_rounds
 from .runtime import in_runtime
 from .table import Correction, LatencyTable
 
 
 @dataclass(frozen=True)
-class CalibrationSettings:
-    """Interleaved timing of whole networks: every round runs each network `warm_calls` times untimed (none by
-    default), then `runs_per_round` times timed. A warm call keeps the previous network in the round out of the
-    timing; it is off by default because with it (and a table built the same way) MobileNetV2's speed-up errors
-    moved by -3.2 % on average (docs/latency.md, "Neighbours"). `round_order` ``shuffled`` draws a new order of
-    the networks every round, so none follows the same predecessor every time.
+class CalibrationSettings(RoundSettings):
+    """Interleaved timing of whole networks (calibration, ``prune.py``'s side-by-side measurement, ``prune.measure``):
+    the rounds of :class:`~zoo.latency.measure.RoundSettings`, each network warmed for `net_warmup_s` first; the
+    table's estimator summarises the runs. No warm calls by default: a warm call makes a network's time its own
+    steady state, which inside a served pipeline it is not (docs/latency.md, "Neighbours")."""
 
-    Rounds continue (at least `min_rounds`) until every network's median has a relative standard error of at
-    most `rel_tol`, or `max_rounds` / `max_time_s` is reached. The table's estimator summarises the runs.
-    """
-
-    warmup_s: float = 2.0
     net_warmup_s: float = 0.1
-    runs_per_round: int = 1
-    warm_calls: int = 0
-    round_order: str = "fixed"
-    min_rounds: int = 20
-    max_rounds: int = 100
-    rel_tol: float = 0.005
-    max_time_s: float = 120.0
-
-    def __post_init__(self) -> None:
-        check_rounds(self, "CalibrationSettings (prune.measure)")
+    label: ClassVar[str] = "CalibrationSettings (prune.measure)"
 
 
 @dataclass

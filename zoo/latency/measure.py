@@ -25,7 +25,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -65,6 +65,34 @@ class MeasureSettings:
 
 CLOCKS = ("wall", "thread")
 ROUND_ORDERS = ("fixed", "shuffled")
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """Interleaved rounds, the protocol shared by tables (:class:`~zoo.latency.table.TableSettings`) and whole-network
+    timing (:class:`~zoo.latency.calibrate.CalibrationSettings`).
+
+    warmup_s: untimed running before the first round (CPU speed settles over seconds).
+    runs_per_round: timed calls of each network (entry) per round.
+    warm_calls: untimed calls of each network right before its timed ones in every round (0: the previous network
+        in the round leaves the caches as a real predecessor would).
+    round_order: ``fixed`` (the same order every round) or ``shuffled`` (a new seeded order each round).
+    min_rounds / max_rounds / rel_tol / max_time_s: at least `min_rounds`; then until every median's relative
+        standard error is at most `rel_tol`, or `max_rounds` / `max_time_s` is reached.
+    """
+
+    warmup_s: float = 2.0
+    runs_per_round: int = 1
+    warm_calls: int = 0
+    round_order: str = "fixed"
+    min_rounds: int = 20
+    max_rounds: int = 100
+    rel_tol: float = 0.005
+    max_time_s: float = 120.0
+    label: ClassVar[str] = "RoundSettings"  # how errors name these settings (with their config key)
+
+    def __post_init__(self) -> None:
+        check_rounds(self, self.label)
 
 
 def check_rounds(settings: Any, name: str) -> None:

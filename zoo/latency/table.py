@@ -39,7 +39,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -56,9 +56,9 @@ from .device import device_name, dtype_name, host_allocator, resolve_device, res
 from .measure import (
     CLOCKS,
     Bench,
+    RoundSettings,
     can_queue,
     check_clock,
-    check_rounds,
     measured_form,
     peak_memory,
     prepare,
@@ -81,73 +81,41 @@ DEVICE_BOUND = 0.8  # auto: queued when the device is busy for at least this sha
 
 
 @dataclass(frozen=True)
-class TableSettings:
-    """How a table is measured.
+class TableSettings(RoundSettings):
+    """How a table is measured: the rounds of :class:`~zoo.latency.measure.RoundSettings` (each entry leaves the
+    rounds once its median is precise enough), plus:
 
     runtime: the deploy runtime every entry (and every whole network in calibration and in ``prune.py``'s final
         timing) runs in (:mod:`zoo.latency.runtime`): ``eager``, ``compile`` (torch.compile, inductor),
         ``onnxruntime`` or ``tensorrt`` (CUDA). Outside eager every entry is compiled or exported on its own and
-        timed isolated (a compiled graph has no segment boundaries to time in context); the compile/export time is
-        part of the build time and of each entry's record (``runtime_build_s``).
-    entries: ``context`` times every (segment, variant) inside running networks (:func:`measure_in_context`: a
-        few probe networks that together use every variant, timed in interleaved rounds with hooks at the segment
-        boundaries), so each entry starts from the cache and CPU state the network leaves it in and the fixed part
-        is what the network spends outside its segments; ``isolated`` times each entry alone on its captured
-        inputs, all entries in interleaved rounds (:func:`measure_rounds`, with the machine's drift divided out by
-        the fixed part's network timed in every round), and the fixed part as the network with its segments
-        replaced by replays (outside eager: the whole network less its intact segments); ``auto``: context on the
-        CPU in eager, isolated on CUDA (where the ``cuda_timing`` protocol applies) and in every other runtime.
-        docs/latency.md has the measurements behind the choice.
-
-    warmup_s: one warm-up of the whole network before the first entry (CPU speed settles over seconds).
+        timed isolated; the compile/export time is part of the build time (``runtime_build_s``).
+    entries: ``context`` times every (segment, variant) inside running probe networks (hooks at the segment
+        boundaries), so each entry starts from the cache state the network leaves it in; ``isolated`` times each
+        entry alone on its captured inputs in interleaved rounds, the machine's drift divided out by the fixed
+        part's network timed in every round; ``auto``: context on the CPU in eager, isolated elsewhere.
     entry_warmup_s: untimed calls of each entry (each probe network in context) before the rounds.
-    runs_per_round: timed calls of an entry (a probe network) per round.
-    warm_calls: in context, untimed calls of each network right before its timed calls in every round, so its
-        segments start from the state the network's own previous call leaves, not the one the previous network in
-        the round leaves. Off by default: measured on MobileNetV2 (with the measured networks warmed alike), it
-        lowered the noise but moved every plan's speed-up error by -3.2 % on average (docs/latency.md,
-        "Neighbours"). Isolated entries take none: a second call of an entry alone
-        would time its weights hot, which inside a network they are not.
-    round_order: ``fixed`` runs the networks (entries) in the same order every round, so each follows the same
-        predecessor every time; ``shuffled`` draws a new (seeded) order each round, so the predecessor changes from
-        round to round (:func:`~zoo.latency.measure.time_rounds`). An option: in one MobileNetV2 run it was no
-        better end to end than the fixed order (docs/latency.md, "Where the error sits").
-    min_rounds / max_rounds: every entry gets at least / at most this many rounds; in between, an entry leaves
-        once its median's relative standard error is at most `rel_tol`; `max_time_s` caps the rounds' time. 150 by
-        default: in the one MobileNetV2 pair that changed only this (30 -> 150), the shift a build's table gives
-        every plan's speed-up fell from 1.6 to 0.9 % (sd over 10 builds) and the worst build's anchored max from
-        8.1 to 5.1 %; the runs with 150 had 0.7-1.3 %, the eight before with 30 1.2-2.1 % (docs/latency.md, "Where
-        the error sits"). Builds take about twice as long.
-    estimator: which statistic of the runs the costs use: ``median``, ``p10`` (10th percentile; robust to a
-        busy machine, whose interference only ever adds time) or ``min``. In context, a part's cost is its mean
-        over the runs whose whole-network time is near that statistic of the totals, so the parts add up to it.
-    clock: CPU ``wall`` or ``thread`` time (see :class:`~zoo.latency.measure.MeasureSettings`).
-    probe_spacing: in context, how far apart the segments that take a changed variant are in each probe network
-        (:func:`probe_variants`): 1 changes every segment in every probe network (the fewest networks); ``m`` changes
-        every m-th segment and leaves the others intact, so a changed entry is timed between intact neighbours, as
-        in a pruning plan that changes a few segments (up to m times as many probe networks). 1 by default: 2
-        cut the part of MobileNetV2's per-plan error that repeats from build to build by 30-43 % at batch 1, but
-        at batch 32 it made the table worse (anchored 2.4 / 4.6 % -> 6.0 / 12.0 %; docs/latency.md, "Neighbours").
-    deploy: measure every entry (and every whole network in calibration) in its deploy form, :func:`zoo.fuse`
-        (BatchNorm folded, weight standardisation precomputed), the form a pruned network is served in.
-    cuda_timing: on CUDA, ``queued`` times each entry's device time with its kernels already queued (as inside a
-        device-bound network, where the host runs ahead; see :class:`~zoo.latency.measure.Bench`); ``isolated``
-        times each entry from an idle device, host launch time included (closer when the host is the bottleneck:
-        small batches without CUDA graphs); ``auto`` keeps the protocol of an existing cache file for the
-        condition, else times the whole network both ways and takes ``queued`` when the device is busy for at least
-        80% of its latency (see :func:`resolve_cuda_timing`). Whole networks (calibration, side-by-side) are always
-        timed isolated: that is the latency a user sees.
+    min_rounds: 150 by default: fewer rounds leave a per-build shift in every predicted speed-up (docs/latency.md,
+        "Where the error sits").
+    estimator: the statistic of the runs the costs use: ``median``, ``p10`` (robust to a busy machine, whose
+        interference only adds time) or ``min``. In context, a part's cost is its mean over the runs whose
+        whole-network time is near that statistic of the totals, so the parts add up to it.
+    threads, cuda_graph, clock: as :class:`~zoo.latency.measure.MeasureSettings`.
+    probe_spacing: in context, every m-th segment of a probe network takes a changed variant (1: all of them, the
+        fewest networks; m: each changed entry between intact neighbours, m times the networks).
+    deploy: time every entry and network in its deploy form (:func:`zoo.fuse`), the form a pruned network is
+        served in.
+    cuda_timing: on CUDA, ``queued`` times each entry's device time behind already queued kernels (a device-bound
+        network); ``isolated`` from an idle device, host launch time included (host-bound small batches);
+        ``auto`` keeps an existing cache's protocol, else takes ``queued`` when the device is busy for at least
+        80 % of the network's latency (:func:`resolve_cuda_timing`). Whole networks are always timed isolated.
     """
 
     warmup_s: float = 3.0
-    entry_warmup_s: float = 0.05
-    runs_per_round: int = 1
-    warm_calls: int = 0
-    round_order: str = "fixed"
     min_rounds: int = 150
     max_rounds: int = 400
     rel_tol: float = 0.01
     max_time_s: float = 240.0
+    entry_warmup_s: float = 0.05
     threads: int = 1
     cuda_graph: bool = False
     estimator: str = "p10"
@@ -157,9 +125,10 @@ class TableSettings:
     entries: str = "auto"
     runtime: str = "eager"
     probe_spacing: int = 1
+    label: ClassVar[str] = "TableSettings (prune.lut)"
 
     def __post_init__(self) -> None:
-        check_rounds(self, "TableSettings (prune.lut)")
+        super().__post_init__()
         if self.threads < 1:
             raise ZooError(f"TableSettings (prune.lut): threads={self.threads} must be >= 1.")
         if self.probe_spacing < 1:

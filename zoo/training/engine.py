@@ -21,7 +21,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, NonFiniteLossError, TrainingInterrupted
+from ..signals import on_stop_signals
 from . import distributed as dist_utils
 from . import state as ckpt
 from .data import DataBundle, batches_per_epoch
@@ -574,9 +574,6 @@ class Trainer:
     @contextlib.contextmanager
     def _signals_saved(self):
         """While training, SIGINT/SIGTERM request a save of ``last`` and a clean stop (a second SIGINT aborts)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
 
         def handle(signum, frame):
             if self._stop_signal is not None and signum == signal.SIGINT:
@@ -584,12 +581,8 @@ class Trainer:
             self._stop_signal = signum
             _log.warning("Signal %d received: saving `last` after this step, then stopping.", signum)
 
-        previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        with on_stop_signals(handle):
             yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
 
     def converged(self) -> bool:
         """``trainer.patience`` epochs have passed since the monitor last improved (a validated epoch each)."""
