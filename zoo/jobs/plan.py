@@ -56,13 +56,22 @@ def resumed_plan(path: Path, baseline: nn.Module) -> dict[str, Any] | None:
 
 
 def calibration_batches(data: Any, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The first `count` batches of the (epoch-0 ordered) training split: the importance calibration set."""
-    batches = []
-    for inputs, targets in data.train:
-        batches.append((inputs, targets))
-        if len(batches) == count:
-            break
-    return batches
+    """The first `count` batches of the training split in its epoch-0 order: the importance calibration set, the
+    same whether or not this process trained the baseline first (training leaves the sampler at its last epoch)."""
+    sampler = getattr(data, "sampler", None)
+    saved = (sampler.epoch, sampler.start) if sampler is not None else None
+    if sampler is not None:
+        sampler.set_epoch(0)
+    try:
+        batches = []
+        for inputs, targets in data.train:
+            batches.append((inputs, targets))
+            if len(batches) == count:
+                break
+        return batches
+    finally:
+        if sampler is not None:
+            sampler.set_epoch(*saved)
 
 
 def importance_of(cfg: Any, config: dict, baseline: nn.Module, table: Any, data: Any
