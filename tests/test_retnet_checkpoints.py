@@ -235,8 +235,8 @@ def test_prune_py_from_an_fla_checkpoint_with_its_tokenizer(tmp_path):
     assert not (tmp_path / "outputs" / "baselines").exists()  # evaluated, not trained
     assert results["baseline"]["source"] == str(folder) and results["baseline"]["metrics"]["val/loss"] > 0
     pruned = zoo.load(results["checkpoint"])
-    kept_ffns = [b.ffn for b in pruned.blocks if hasattr(b.ffn, "norm")]  # the plan may remove any sub-layer
-    assert pruned.vocab_size == 300 and kept_ffns and all(f.norm is not None for f in kept_ffns)
+    kept = [m for b in pruned.blocks for m in (b.retention, b.ffn) if hasattr(m, "norm")]  # a plan removes any
+    assert pruned.vocab_size == 300 and kept and all(m.norm is not None for m in kept)  # fla's pre-norms kept
     assert any(b.retention.rope == "neox" for b in pruned.blocks if hasattr(b.retention, "rope"))
 
     small = make_tokenizer(tmp_path / "tok-big", stdlib_corpus().decode()[:200_000], 400)
