@@ -279,8 +279,11 @@ def interaction_search(options: Sequence[Sequence[Choice]], budget: float,
             losses[removed] = loss_of(removed)
         return losses[removed]
 
-    def rank(plans: Sequence[tuple[int, ...]]) -> tuple[int, ...]:  # least loss; among equals, the slowest plan
-        return min(plans, key=lambda picks: (loss(picks), -_totals(options, picks)[0]))
+    def order(picks: tuple[int, ...]) -> tuple[float, float]:  # least loss first; among equals, the slowest plan
+        return loss(picks), -_totals(options, picks)[0]
+
+    def rank(plans: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+        return min(plans, key=order)
 
     def improved(picks: tuple[int, ...]) -> tuple[int, ...]:
         for _ in range(polish):
@@ -310,7 +313,7 @@ def interaction_search(options: Sequence[Sequence[Choice]], budget: float,
             proposals.append(reverse_search(options, budget, whole).choices)
         except BudgetError:
             pass
-    ranked = sorted(dict.fromkeys(proposals), key=lambda picks: (loss(picks), -_totals(options, picks)[0]))
+    ranked = sorted(dict.fromkeys(proposals), key=order)
     first = proposals[:1] if "kbest" in starts else []  # the surrogate's optimum: often far from the best start
     ends = [improved(start) for start in dict.fromkeys([*first, *ranked[:restarts]])]
     picks, recovered = rank(ends), None

@@ -122,6 +122,11 @@ def in_multirun() -> bool:
     return "job_num" in hydra_context()
 
 
+def new_dir_hint() -> str:
+    """What a refused run directory's message suggests instead: a new sweep or run directory."""
+    return "a new hydra.sweep.dir" if in_multirun() else "a new hydra.run.dir"
+
+
 def open_run_files(output_dir: str | Path, cfg: Any) -> logging.Handler | None:
     """Once a run owns `output_dir`: write ``.hydra/{config,hydra,overrides}.yaml`` and log to ``<job>.log`` there.
 

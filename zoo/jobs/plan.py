@@ -4,6 +4,7 @@ target as measured (the plan timed beside the baseline, searched again for the m
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -59,19 +60,14 @@ def calibration_batches(data: Any, count: int) -> list[tuple[torch.Tensor, torch
     """The first `count` batches of the training split in its epoch-0 order: the importance calibration set, the
     same whether or not this process trained the baseline first (training leaves the sampler at its last epoch)."""
     sampler = getattr(data, "sampler", None)
-    saved = (sampler.epoch, sampler.start) if sampler is not None else None
-    if sampler is not None:
-        sampler.set_epoch(0)
+    if sampler is None:
+        return list(itertools.islice(data.train, count))
+    saved = sampler.epoch, sampler.start
+    sampler.set_epoch(0)
     try:
-        batches = []
-        for inputs, targets in data.train:
-            batches.append((inputs, targets))
-            if len(batches) == count:
-                break
-        return batches
+        return list(itertools.islice(data.train, count))
     finally:
-        if sampler is not None:
-            sampler.set_epoch(*saved)
+        sampler.set_epoch(*saved)
 
 
 def importance_of(cfg: Any, config: dict, baseline: nn.Module, table: Any, data: Any
@@ -201,8 +197,6 @@ def choose_plan(cfg: Any, table: Any, options: list[list[Choice]], model_inputs:
 
 
 @dataclass
-
-
 class Correction:
     """One plan of the measured-target loop: the speed-up it was searched for (predicted), its predicted and measured
     speed-ups, and how far the measurement is from the wanted speed-up (relative)."""

@@ -58,7 +58,7 @@ def run(cfg: Any) -> dict[str, Any]:
     from ..files import read_sealed_json
     from ..training import distributed as dist_utils
     from ..training.config import validate
-    from .entry import in_multirun, run_files
+    from .entry import new_dir_hint, run_files
     from .models import to_container
     from .runs import claimed_by_main, fingerprint, with_inputs
 
@@ -70,9 +70,8 @@ def run(cfg: Any) -> dict[str, Any]:
     if not cfg.prune.force and dist.is_main:
         forget_results_without_checkpoint(output_dir, fingerprint(config))
     try:
-        dir_hint = "a new hydra.sweep.dir" if in_multirun() else "a new hydra.run.dir"
         with claimed_by_main(output_dir, "prune", config, finished="results.json", force=cfg.prune.force,
-                             force_hint="prune.force=true", dir_hint=dir_hint) as state:
+                             force_hint="prune.force=true", dir_hint=new_dir_hint()) as state:
             if state == "finished":
                 _log.info("%s exists: this job already finished (prune.force=true runs it again)",
                           output_dir / "results.json")

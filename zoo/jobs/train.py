@@ -99,7 +99,7 @@ def adopt_earlier_run(output_dir: Path, config: dict[str, Any]) -> None:
 def run(cfg: Any) -> dict[str, Any]:
     """Validate, claim the run directory, build data/model/logger, train, write ``results.json`` (last)."""
     from ..training.logger import create_logger
-    from .entry import hydra_context, in_multirun, run_files
+    from .entry import hydra_context, new_dir_hint, run_files
     from .runs import claimed_by_main, with_inputs
 
     dist = dist_utils.setup()
@@ -112,9 +112,8 @@ def run(cfg: Any) -> dict[str, Any]:
     check_resume_config(resume_path, config)
     if dist.is_main and cfg.trainer.resume not in (None, ""):
         adopt_earlier_run(output_dir, config)
-    dir_hint = "a new hydra.sweep.dir" if in_multirun() else "a new hydra.run.dir"
     with claimed_by_main(output_dir, "train", config, new_only=cfg.trainer.resume in (None, ""),
-                         force=cfg.trainer.force, force_hint="trainer.force=true", dir_hint=dir_hint), \
+                         force=cfg.trainer.force, force_hint="trainer.force=true", dir_hint=new_dir_hint()), \
             run_files(output_dir, cfg, enabled=dist.is_main):
         if not explicit:
             resume_path = ckpt.resolve_resume(cfg.trainer.resume, output_dir)
