@@ -322,11 +322,11 @@ def check_retnet_decode(device: str, cfg: Config, budget: Budget) -> dict[str, A
 def check_fla(device: str, cfg: Config, budget: Budget) -> dict[str, Any]:
     """Fused retention kernels vs the PyTorch path: outputs and latency of the chunkwise forward (model level) and
     of the recurrent kernel on one token and on 64 tokens (op level); TF32 as the likely source of differences."""
-    from zoo.retnet import _fla_kernels, retention_fla, retention_recurrent
+    from zoo.models.retention import fla_kernels, retention_fla, retention_recurrent
 
     if device != "cuda":
         return {"skipped": "flash-linear-attention needs CUDA"}
-    if _fla_kernels() is None:
+    if fla_kernels() is None:
         return {"skipped": "flash-linear-attention is not installed"}
     import fla
 

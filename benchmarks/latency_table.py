@@ -17,7 +17,6 @@ wall clock, one thread, the p10 estimator); ``--clock``/``--entries`` change tha
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing
 import os
@@ -36,9 +35,6 @@ import zoo
 from zoo.latency import CalibrationSettings, TableSettings, build_table, evaluate, random_plans
 from zoo.latency.calibrate import fit_correction
 from zoo.latency.measure import ROUND_ORDERS
-
-with contextlib.suppress(ImportError):  # RetNet registers itself on import, if present
-    import zoo.retnet  # noqa: F401
 
 RESULTS = Path(__file__).parent / "results" / "latency_table.json"
 MODELS = ("mobilenetv2_100", "tresnet_m", "resnetv2_50x1_bit", "retnet_small")

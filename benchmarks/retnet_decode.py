@@ -6,7 +6,7 @@ the same parameter count, depth and heads, its width sized to match) with a KV c
 ``scaled_dot_product_attention`` (O(context)), at context lengths 128 ... 8192. Each model is prefilled to every
 context with its own parallel pass (RetNet: chunkwise); then every round times one decode step of each model at each
 context in turn, so that drift hits all of them alike, and a ratio is the median of the per-round ratios.
-RetNet's step is timed as ``generate`` runs it (:class:`zoo.retnet.RecurrentDecoder`:
+RetNet's step is timed as ``generate`` runs it (:class:`zoo.models.retnet.RecurrentDecoder`:
 preallocated state updated in place; on CUDA captured in a CUDA graph) and as the reference recurrent form
 (``set_fast_step(False)``, the step before the fast path). Also: ATen operators per step (non-view operators
 dispatched, counted with a dispatch mode), tokens/s of ``generate`` at batch 1 and 16, and the parallel form's
@@ -42,7 +42,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import zoo
 from zoo.files import write_json
 from zoo.latency.device import synchronize
-from zoo.retnet import GatedFFN, RecurrentDecoder, RetNet, RMSNorm, rotary_frequencies, rotary_tables, rotate
+from zoo.models.retention import rotary_frequencies, rotary_tables, rotate
+from zoo.models.retnet import GatedFFN, RecurrentDecoder, RetNet, RMSNorm
 
 RESULTS = Path(__file__).resolve().parent / "results" / "retnet_decode.json"
 
@@ -315,7 +316,7 @@ def torchscale_twin(model: RetNet) -> tuple[nn.Module, RetNet] | None:
         from torchscale.architecture.retnet import RetNetDecoder
     except ImportError:
         return None
-    from zoo.retnet import torchscale_options, torchscale_state_dict
+    from zoo.models.retnet import torchscale_options, torchscale_state_dict
 
     config = RetNetConfig(decoder_embed_dim=model.dim, decoder_value_embed_dim=model.value_dim,
                           decoder_retention_heads=model.heads, decoder_ffn_embed_dim=model.ffn_dim,

@@ -55,7 +55,7 @@ def test_retnet_parallel_form_and_decode_step(prune, fmt, suffix, tmp_path):
 
 def test_the_recurrent_form_is_the_models_decode_step():
     """The exported step function computes what model(token, mode='recurrent', state=...) computes."""
-    from zoo.retnet import RecurrentForm
+    from zoo.models.retnet import RecurrentForm
 
     torch.manual_seed(0)
     model = zoo.create_model("retnet_tiny", vocab_size=97).eval()

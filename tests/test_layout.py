@@ -18,7 +18,8 @@ PACKAGE = Path(zoo.__file__).parent
 LAYERS = [
     {"errors", "lazy", "files", "signals"},
     {"registry", "tags", "depth", "features", "fuse", "checkpoint", "latency.device"},
-    {"surgery", "pretrained", "mobilenetv2", "tresnet", "resnetv2", "retnet", "search", "latency.cache"},
+    {"surgery", "pretrained", "models.retention", "models.mobilenetv2", "models.tresnet", "models.resnetv2",
+     "models.retnet", "models", "search", "latency.cache"},
     {"capture"},
     {"factory", "exporting", "latency.measure", "latency.context", "latency.runtime", "importance"},
     {"latency.calibrate", "latency.table", "latency", "training.distributed", "training.state", "training.logger",

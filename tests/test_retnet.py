@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.retnet import RETNET_SIZES, RetNetInputError, RetNetState
+from zoo.models.retnet import RETNET_SIZES, RetNetInputError, RetNetState
 
 VOCAB = 97
 MODES = ("parallel", "recurrent", "chunkwise")

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 import zoo
-from zoo.retnet import RETNET_SIZES
+from zoo.models.retnet import RETNET_SIZES
 
 from .helpers import put_in_hf_cache
 
@@ -254,7 +254,7 @@ def test_fla_config_without_its_sizes_is_refused(tmp_path):
     save_file({"model.embeddings.weight": torch.zeros(300, 64)}, str(folder / "model.safetensors"))
     with pytest.raises(zoo.WeightsError, match="lacks hidden_size"):
         zoo.create_model("retnet_tiny", pretrained=folder)
-    from zoo.retnet import fla_options  # without hidden_ratio, fla's RetNetConfig default (2) applies
+    from zoo.models.retnet import fla_options  # without hidden_ratio, fla's RetNetConfig default (2) applies
 
     assert fla_options({**config, "hidden_size": 256})["ffn_dim"] == 512
 

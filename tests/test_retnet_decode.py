@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.retnet import RecurrentDecoder, RetNetInputError
+from zoo.models.retnet import RecurrentDecoder, RetNetInputError
 
 VOCAB = 97
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -75,7 +75,7 @@ def test_fast_step_equals_the_reference_step(options, prune, dtype, tol):
 
 def test_the_reference_step_is_another_path(monkeypatch):
     """The equality above compares two paths: the fast step runs MultiScaleRetention.step, the reference does not."""
-    from zoo.retnet import MultiScaleRetention
+    from zoo.models.retnet import MultiScaleRetention
 
     calls = []
     original = MultiScaleRetention.step
@@ -329,11 +329,11 @@ def test_decoder_made_in_inference_mode_works_outside_it():
 
 
 def test_large_decay_matrices_are_not_kept_between_calls():
-    from zoo import retnet
+    from zoo.models import retention
 
-    retnet._cached_decay_tables.cache_clear()
-    small = retnet.decay_tables((-0.1, -0.2), 16, torch.device("cpu"), torch.float32)
-    assert retnet.decay_tables((-0.1, -0.2), 16, torch.device("cpu"), torch.float32)[0] is small[0]
-    n = int((retnet.TABLE_CACHE_BYTES / 8) ** 0.5) + 1  # 2 heads x n x n x 4 bytes just over the budget
-    retnet.decay_tables((-0.1, -0.2), n, torch.device("cpu"), torch.float32)
-    assert retnet._cached_decay_tables.cache_info().currsize == 1
+    retention._cached_decay_tables.cache_clear()
+    small = retention.decay_tables((-0.1, -0.2), 16, torch.device("cpu"), torch.float32)
+    assert retention.decay_tables((-0.1, -0.2), 16, torch.device("cpu"), torch.float32)[0] is small[0]
+    n = int((retention.TABLE_CACHE_BYTES / 8) ** 0.5) + 1  # 2 heads x n x n x 4 bytes just over the budget
+    retention.decay_tables((-0.1, -0.2), n, torch.device("cpu"), torch.float32)
+    assert retention._cached_decay_tables.cache_info().currsize == 1

@@ -3,7 +3,7 @@
 ``import zoo`` needs only PyTorch and timm: Hydra and W&B belong to the entry points and the logger.
 """
 
-from . import mobilenetv2, resnetv2, retnet, tresnet  # noqa: F401 - importing registers the families
+from . import models  # noqa: F401 - importing registers the families
 from .checkpoint import read_checkpoint_meta, save_checkpoint
 from .depth import DepthUnit, depth_units
 from .errors import ExportError, PlanError, UnknownModelError, WeightsError, ZooError

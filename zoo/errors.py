@@ -21,11 +21,6 @@ class ModelOptionError(ZooError):
     """A builder option (``create_model(name, **options)``, ``model.overrides``) the model does not have or allow."""
 
 
-class RetNetInputError(ZooError):
-    """Input a RetNet cannot take: bad sizes (dim, heads, depth, vocabulary, decay), token ids, mode, chunk size or
-    recurrent state."""
-
-
 class WeightsError(ZooError):
     """A weight file or hub id that cannot be loaded into the requested model."""
 

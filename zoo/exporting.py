@@ -12,7 +12,7 @@ input size of the example (a RetNet's sequence length too); export again for ano
 
 RetNet forms: ``parallel`` (token ids [B, T] -> logits [B, T, vocab]) and ``recurrent`` (the decode step: token
 ids [B, 1], the position as a float64 scalar and one state per retention sub-layer -> logits [B, vocab] and the
-new states), the arithmetic of :meth:`zoo.retnet.MultiScaleRetention.step`.
+new states), the arithmetic of :meth:`zoo.models.retnet.MultiScaleRetention.step`.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any =
             forms[f"{name}_eager"] = net
     prepared = [prepare(copy.deepcopy(net), device, channels_last) for net in forms.values()]
     if table.condition.get("workload") == "decode":
-        from ..retnet import RecurrentStep
+        from ..models.retnet import RecurrentStep
 
         prepared = [RecurrentStep(net, net.init_state(table.example.shape[0]).to(device), advance=False)
                     for net in prepared]
