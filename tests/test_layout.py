@@ -19,7 +19,7 @@ LAYERS = [
     {"errors", "lazy", "files", "signals"},
     {"registry", "tags", "depth", "features", "fuse", "checkpoint", "latency.device"},
     {"surgery", "pretrained", "models.retention", "models.mobilenetv2", "models.tresnet", "models.resnetv2",
-     "models.retnet", "models", "search", "latency.cache"},
+     "models.retnet", "models.plainresnet", "models", "search", "latency.cache"},
     {"capture"},
     {"factory", "exporting", "latency.measure", "latency.context", "latency.runtime", "importance"},
     {"latency.calibrate", "latency.table", "latency", "training.distributed", "training.state", "training.logger",

@@ -36,6 +36,37 @@ _REGISTRY: dict[str, ModelEntry] = {}
 
 
 TASKS = ("classification", "language_model")
+CAPABILITIES = {  # what a family can declare; tests and benchmarks select families by these
+    "timm": "timm has the same architecture under the same names (state dicts, logits, features compared with timm's)",
+    "features": "features_only and forward_intermediates, timm's feature-extraction interface",
+    "grad_checkpointing": "set_grad_checkpointing saves activation memory worth a target (benchmarks.train_memory)",
+    "published_weights": "loads weights people publish (timm tags, or the family's own checkpoint formats)",
+    "decode": "autoregressive generation with a recurrent state",
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a model family declares about itself, once, beside its models: tests and benchmarks iterate these
+    (:func:`list_families`) instead of keeping lists of model names.
+
+    reference: the member benchmarks time at full size. small: the member tests build, with `small_options` (builder
+    options that keep the family's depth structure and make it fast) at `test_input_size` ((C, H, W) or (tokens,)).
+    """
+
+    name: str
+    task: str
+    reference: str
+    small: str
+    test_input_size: tuple[int, ...]
+    small_options: dict[str, Any] = field(default_factory=dict)
+    capabilities: frozenset[str] = frozenset()
+
+    def has(self, capability: str) -> bool:
+        return capability in self.capabilities
+
+
+_FAMILIES: dict[str, Family] = {}
 
 
 def register_model(family: str, task: str = "classification", **default_cfg: Any) -> Callable:
@@ -55,6 +86,43 @@ def register_model(family: str, task: str = "classification", **default_cfg: Any
         return fn
 
     return wrap
+
+
+def register_family(name: str, *, task: str = "classification", reference: str, small: str,
+                    test_input_size: tuple[int, ...], small_options: dict[str, Any] | None = None,
+                    capabilities: tuple[str, ...] = ()) -> Family:
+    """Declare a family (after its models are registered): its task, its reference and small members, a fast test
+    input and its capabilities (keys of :data:`CAPABILITIES`). A family is declared once."""
+    unknown = sorted(set(capabilities) - set(CAPABILITIES))
+    if unknown:
+        raise ValueError(f"Unknown capabilities {unknown} for family {name!r}; allowed: {', '.join(CAPABILITIES)}.")
+    if task not in TASKS:
+        raise ValueError(f"Unknown task {task!r}; allowed: {', '.join(TASKS)}.")
+    if name in _FAMILIES:
+        raise ValueError(f"Family {name!r} is declared already; a family is declared once.")
+    for member in (reference, small):
+        entry = _REGISTRY.get(member)
+        if entry is None or entry.family != name or entry.task != task:
+            raise ValueError(f"Family {name!r} names {member!r}, which is not one of its registered {task} models.")
+    family = Family(name, task, reference, small, tuple(test_input_size), dict(small_options or {}),
+                    frozenset(capabilities))
+    _FAMILIES[name] = family
+    return family
+
+
+def list_families(capability: str | None = None, task: str | None = None) -> list[Family]:
+    """The declared families (sorted by name), those with `capability` and of `task` when given."""
+    if capability is not None and capability not in CAPABILITIES:
+        raise ValueError(f"Unknown capability {capability!r}; allowed: {', '.join(CAPABILITIES)}.")
+    return [f for _, f in sorted(_FAMILIES.items())
+            if (capability is None or f.has(capability)) and (task is None or f.task == task)]
+
+
+def get_family(name: str) -> Family:
+    """A declared family by name (a registered model's ``get_entry(model).family``)."""
+    if name not in _FAMILIES:
+        raise UnknownModelError(f"Unknown family {name!r}; declared: {', '.join(sorted(_FAMILIES))}.")
+    return _FAMILIES[name]
 
 
 PLUGINS_ENV = "DEPTHZOO_MODULES"

@@ -15,7 +15,7 @@ from torch import nn
 from ..depth import BlockSpec, Chain, ConvOp, DepthMixin
 from ..features import FeatureMixin, checkpoint_blocks
 from ..lazy import timm_layers as tl
-from ..registry import register_model
+from ..registry import register_family, register_model
 
 # (expansion, out_channels, repeats, stride) per stage after the depthwise-separable first block.
 MBV2_STAGES = ((6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
@@ -180,3 +180,7 @@ def mobilenetv2_100(**kwargs) -> MobileNetV2:
 @register_model("mobilenetv2", **_cfg())
 def mobilenetv2_140(**kwargs) -> MobileNetV2:
     return _create(1.4, **kwargs)
+
+
+register_family("mobilenetv2", reference="mobilenetv2_100", small="mobilenetv2_035", test_input_size=(3, 32, 32),
+                capabilities=("timm", "features", "published_weights"))

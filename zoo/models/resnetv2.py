@@ -16,7 +16,7 @@ from torch import nn
 from ..depth import BlockSpec, DepthMixin
 from ..features import FeatureMixin, checkpoint_blocks
 from ..lazy import timm_layers as tl
-from ..registry import register_model
+from ..registry import register_family, register_model
 
 
 def _conv(*args, **kwargs) -> nn.Module:
@@ -182,3 +182,8 @@ def resnetv2_152x2_bit(**kwargs) -> ResNetV2:
 @register_model("bit", **_bit_m())
 def resnetv2_152x4_bit(**kwargs) -> ResNetV2:
     return ResNetV2(**{"layers": (3, 8, 36, 3), "width_factor": 4, **kwargs})
+
+
+register_family("bit", reference="resnetv2_50x1_bit", small="resnetv2_50x1_bit", small_options={"width_factor": 0.5},
+                test_input_size=(3, 32, 32),
+                capabilities=("timm", "features", "grad_checkpointing", "published_weights"))

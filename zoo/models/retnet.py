@@ -64,7 +64,7 @@ from torch import nn
 from ..depth import BlockSpec, DepthMixin
 from ..errors import ZooError
 from ..features import check_fraction
-from ..registry import register_model
+from ..registry import register_family, register_model
 from .retention import (
     decay_logs,
     fast_step_applies,
@@ -1079,3 +1079,7 @@ def retnet_2_7b(**kwargs: Any) -> RetNet:
 @register_model("retnet", task="language_model", **_cfg("retnet_6_7b"))
 def retnet_6_7b(**kwargs: Any) -> RetNet:
     return _create("retnet_6_7b", **kwargs)
+
+
+register_family("retnet", task="language_model", reference="retnet_small", small="retnet_tiny", test_input_size=(16,),
+                capabilities=("published_weights", "decode"))

@@ -19,7 +19,7 @@ from torch import nn
 from ..depth import BlockSpec, Chain, ConvOp, DepthMixin
 from ..features import FeatureMixin, checkpoint_blocks
 from ..lazy import timm_layers as tl
-from ..registry import register_model
+from ..registry import register_family, register_model
 
 _leaky = partial(nn.LeakyReLU, negative_slope=1e-3)
 
@@ -178,3 +178,8 @@ def tresnet_l(**kwargs) -> TResNet:
 @register_model("tresnet", **_cfg())
 def tresnet_xl(**kwargs) -> TResNet:
     return TResNet(layers=(4, 5, 24, 3), width_factor=1.3, **kwargs)
+
+
+register_family("tresnet", reference="tresnet_m", small="tresnet_m", small_options={"width_factor": 0.125},
+                test_input_size=(3, 32, 32),
+                capabilities=("timm", "features", "grad_checkpointing", "published_weights"))
