@@ -167,3 +167,27 @@ def put_in_hf_cache(hf_home: Path, repo_id: str, weights: Path) -> None:
     snapshot = repo / "snapshots" / commit
     snapshot.mkdir(parents=True, exist_ok=True)
     shutil.copy(weights, snapshot / "model.safetensors")
+
+
+def small_model(family: Any, **options: Any) -> Any:
+    """The family's small member with its small options (a fast instance of the family's depth structure)."""
+    import zoo
+
+    return zoo.create_model(family.small, **{**family.small_options, **options})
+
+
+def example_batch(family: Any, batch: int = 2, num_classes: int = 10) -> tuple[Any, Any]:
+    """Inputs of the family's test size and targets for its task: images and class ids, or token ids and the next."""
+    import torch
+
+    if family.task == "language_model":
+        tokens = torch.randint(0, 256, (batch, family.test_input_size[0] + 1))
+        return tokens[:, :-1], tokens[:, 1:]
+    return torch.randn(batch, *family.test_input_size), torch.randint(0, num_classes, (batch,))
+
+
+def models_with(capability: str) -> list[str]:
+    """Every registered model whose family declares `capability` (a new family is picked up with no list edited)."""
+    import zoo
+
+    return [n for n in zoo.list_models() if zoo.get_family(zoo.get_entry(n).family).has(capability)]

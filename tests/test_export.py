@@ -12,14 +12,15 @@ from zoo.errors import ExportError
 SMALL = (3, 64, 64)
 
 
-@pytest.mark.parametrize("name", ["mobilenetv2_035", pytest.param("tresnet_m", marks=pytest.mark.slow),
-                                  pytest.param("resnetv2_50x1_bit", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", zoo.list_families(task="classification"), ids=lambda f: f.name)
 @pytest.mark.parametrize("fmt,suffix", [("onnx", "onnx"), ("torch_export", "pt2")])
-def test_every_cnn_family_exports_within_tolerance(name, fmt, suffix, tmp_path):
+def test_every_cnn_family_exports_within_tolerance(family, fmt, suffix, tmp_path):
     from benchmarks.export_parity import moved_norms
 
+    from .helpers import small_model
+
     torch.manual_seed(0)
-    model = moved_norms(zoo.create_model(name, num_classes=10))  # TResNet zeroes each block's last norm scale
+    model = moved_norms(small_model(family, num_classes=10))  # TResNet zeroes each block's last norm scale
     report = zoo.export(model, tmp_path / f"m.{suffix}", format=fmt, input_size=SMALL, batch_size=2)
     assert report.passed and report.max_rel_diff <= 1e-4 and report.input_shapes == [[2, *SMALL]]
     assert (tmp_path / f"m.{suffix}").stat().st_size > 0

@@ -11,7 +11,8 @@ from safetensors.torch import save_file
 import zoo
 from zoo.features import take_indices
 
-CNNS = ["mobilenetv2_050", "tresnet_m", "resnetv2_50x1_bit"]
+CNNS = [f.reference for f in zoo.list_families(capability="features")]  # timm's feature-extraction interface
+TIMM_CNNS = [f.reference for f in zoo.list_families(capability="features") if f.has("timm")]  # compared with timm
 X = (2, 3, 96, 96)
 
 
@@ -20,7 +21,7 @@ def timm_weights(tmp_path_factory):
     """A timm model per family with random weights (random BatchNorm statistics), saved in timm's format."""
     folder = tmp_path_factory.mktemp("weights")
     files = {}
-    for name in CNNS:
+    for name in TIMM_CNNS:
         torch.manual_seed(0)
         model = timm.create_model(name).eval()
         for m in model.modules():
@@ -33,7 +34,7 @@ def timm_weights(tmp_path_factory):
     return files
 
 
-@pytest.mark.parametrize("name", CNNS)
+@pytest.mark.parametrize("name", TIMM_CNNS)
 def test_features_only_equals_timms(name, timm_weights):
     file = str(timm_weights[name])
     theirs = timm.create_model(name, features_only=True, pretrained=True,
@@ -49,7 +50,7 @@ def test_features_only_equals_timms(name, timm_weights):
     assert picked.feature_info.channels() == theirs.feature_info.channels()[-2:]
 
 
-@pytest.mark.parametrize("name", CNNS)
+@pytest.mark.parametrize("name", TIMM_CNNS)
 def test_forward_intermediates_equal_timms(name, timm_weights):
     theirs = timm.create_model(name).eval()
     ours = zoo.create_model(name, pretrained=str(timm_weights[name])).eval()

@@ -1,9 +1,7 @@
-"""Adding a model family is one file: this one. It defines a plain BN-ReLU ResNet, registers it, and takes it through
-create_model, depth units, the latency table, the DP search, merging surgery, save/load, train.py and prune.py
-(docs/architecture.md, "Adding a model family", walks through the same steps).
-
-The command lines see the family through ``DEPTHZOO_MODULES=tests.test_new_family``: no YAML, no other file.
-"""
+"""A model family is one file. The in-tree plain ResNet (zoo/models/plainresnet.py) is checked here the way
+docs/architecture.md ("Adding a model family") walks through it, and every registry-driven test and benchmark picks
+it up with no list edited; a family from outside the tree (tests/plugin_family.py) reaches train.py and prune.py
+through ``DEPTHZOO_MODULES``."""
 
 from __future__ import annotations
 
@@ -11,78 +9,32 @@ import json
 
 import pytest
 import torch
-from torch import nn
 
 import zoo
-from zoo.depth import BlockSpec, Chain, ConvOp, DepthMixin
-from zoo.registry import register_model
-
-# ------------------------------------------------------------------------------------------------ the family
+from zoo.registry import CAPABILITIES, TASKS, register_family
 
 
-class BasicBlock(nn.Module):
-    """conv-BN-ReLU, conv-BN, plus the shortcut, then ReLU. Modules are registered in call order (conv before its
-    BatchNorm), which is what zoo.fuse relies on to fold them."""
-
-    def __init__(self, in_chs: int, out_chs: int, stride: int = 1):
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_chs, out_chs, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(out_chs)
-        self.act1 = nn.ReLU()
-        self.conv2 = nn.Conv2d(out_chs, out_chs, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(out_chs)
-        project = stride != 1 or in_chs != out_chs
-        self.shortcut = nn.Sequential(nn.Conv2d(in_chs, out_chs, 1, stride, bias=False), nn.BatchNorm2d(out_chs)) \
-            if project else nn.Identity()
-        self.act2 = nn.ReLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.bn2(self.conv2(self.act1(self.bn1(self.conv1(x)))))
-        return self.act2(out + self.shortcut(x))
-
-    def depth_spec(self) -> BlockSpec:
-        """The one declaration: removable with an identity shortcut; act1 sits between two BN-folded convs."""
-        ops = [ConvOp(self.conv1, self.bn1, self.act1), ConvOp(self.conv2, self.bn2)]
-        return BlockSpec("block", isinstance(self.shortcut, nn.Identity), Chain(ops, self.shortcut, self.act2))
+def test_every_registered_model_belongs_to_a_declared_family():
+    for name in zoo.list_models():
+        entry = zoo.get_entry(name)
+        family = zoo.get_family(entry.family)
+        assert entry.task == family.task, name
+        assert family.capabilities <= set(CAPABILITIES) and family.task in TASKS
+    assert "plainresnet" in [f.name for f in zoo.list_families()]
+    assert [f.name for f in zoo.list_families(task="language_model")] == ["retnet"]
 
 
-class PlainResNet(DepthMixin, nn.Module):
-    def __init__(self, depths: tuple[int, ...] = (2, 2), width: int = 16, num_classes: int = 10, in_chans: int = 3):
-        super().__init__()
-        self.num_classes = num_classes
-        self.stem = nn.Sequential(nn.Conv2d(in_chans, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
-        stages, chs = [], width
-        for s, depth in enumerate(depths):
-            out = width * 2**s
-            stages.append(nn.Sequential(*[BasicBlock(chs if i == 0 else out, out, 2 if s and i == 0 else 1)
-                                          for i in range(depth)]))
-            chs = out
-        self.stages = nn.Sequential(*stages)
-        self.num_features = chs
-        self.fc = nn.Linear(chs, num_classes)
-
-    def depth_blocks(self) -> list[tuple[str, int, int]]:
-        """Where the blocks are: the other half of the declaration."""
-        return [(f"stages.{s}.{i}", s, i) for s, stage in enumerate(self.stages) for i in range(len(stage))]
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.stages(self.stem(x))
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = x.mean((2, 3))
-        return x if pre_logits else self.fc(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+def test_a_family_declaration_is_checked():
+    with pytest.raises(ValueError, match="declared already"):
+        register_family("plainresnet", reference="plainresnet18", small="plainresnet8", test_input_size=(3, 8, 8))
+    with pytest.raises(ValueError, match="not one of its registered classification models"):
+        register_family("elsewhere", reference="plainresnet18", small="plainresnet8", test_input_size=(3, 8, 8))
+    with pytest.raises(ValueError, match="Unknown capabilities"):
+        register_family("x", reference="a", small="a", test_input_size=(1,), capabilities=("flying",))
+    with pytest.raises(zoo.UnknownModelError, match="Unknown family"):
+        zoo.get_family("no_such_family")
 
 
-@register_model("plainresnet", input_size=(3, 32, 32), num_classes=10, mean=(0.5,) * 3, std=(0.5,) * 3,
-                interpolation="bilinear", crop_pct=1.0, first_conv="stem.0", classifier="fc")
-def plainresnet8(**kwargs) -> PlainResNet:
-    return PlainResNet((2, 2), **kwargs)
-
-
-# ----------------------------------------------------------------------------------------- the same way as ours
 def test_depth_units_follow_from_the_declaration():
     model = zoo.create_model("plainresnet8")
     units = zoo.depth_units(model, (3, 16, 16))
@@ -122,22 +74,23 @@ def test_table_search_surgery_and_checkpoint(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ the command lines
-COMMON = ["model=plainresnet8", "data.image_size=16", "data.batch_size=32", "trainer.max_epochs=1",
-          "trainer.limit_train_batches=4", "trainer.progress=false", "optim.warmup_epochs=0", "logger=none"]
+COMMON = ["data.image_size=16", "data.batch_size=32", "trainer.max_epochs=1", "trainer.limit_train_batches=4",
+          "trainer.progress=false", "optim.warmup_epochs=0", "logger=none"]
 
 
 @pytest.mark.slow
-def test_train_py_and_prune_py_take_the_new_family(tmp_path, monkeypatch):
+def test_train_py_and_prune_py_take_a_family_from_outside_the_tree(tmp_path, monkeypatch):
     from .helpers import FAST_LUT, run_entry
 
-    monkeypatch.setenv("DEPTHZOO_MODULES", "tests.test_new_family")
-    train = run_entry("train", *COMMON, base=tmp_path, run_dir=tmp_path / "train")
+    monkeypatch.setenv("DEPTHZOO_MODULES", "tests.plugin_family")
+    train = run_entry("train", "model=plugin_resnet6", *COMMON, base=tmp_path, run_dir=tmp_path / "train")
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
-    assert json.loads((tmp_path / "train" / "results.json").read_text())["model"] == "plainresnet8"
-    prune = run_entry("prune", *COMMON, "prune.batch_size=2", "prune.calib_batches=1", "finetune.epochs=1",
-                      "prune.target_speedup=1.25", *FAST_LUT, base=tmp_path, run_dir=tmp_path / "prune")
+    assert json.loads((tmp_path / "train" / "results.json").read_text())["model"] == "plugin_resnet6"
+    prune = run_entry("prune", "model=plugin_resnet6", *COMMON, "prune.batch_size=2", "prune.calib_batches=1",
+                      "finetune.epochs=1", "prune.target_speedup=1.25", *FAST_LUT, base=tmp_path,
+                      run_dir=tmp_path / "prune")
     assert prune.returncode == 0, prune.stdout[-3000:] + prune.stderr[-3000:]
     results = json.loads((tmp_path / "prune" / "results.json").read_text())
-    assert results["model"] == "plainresnet8" and results["plan"]["remove"]
+    assert results["model"] == "plugin_resnet6" and results["plan"]["remove"]
     pruned = zoo.load(tmp_path / "prune" / "pruned.safetensors")
     assert pruned.zoo_plan["remove"] == results["plan"]["remove"]

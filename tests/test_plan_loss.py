@@ -11,22 +11,18 @@ import zoo
 from zoo import surgery
 from zoo.importance import PlanLoss, calibration_loss
 
-FAMILIES = [  # (model, options, batch maker): one small model per family
-    ("mobilenetv2_035", {"num_classes": 10}, lambda: (torch.randn(6, 3, 32, 32), torch.randint(0, 10, (6,)))),
-    ("tresnet_m", {"num_classes": 10, "width_factor": 0.125},
-     lambda: (torch.randn(3, 3, 32, 32), torch.randint(0, 10, (3,)))),
-    ("resnetv2_50x1_bit", {"num_classes": 10, "width_factor": 0.5},
-     lambda: (torch.randn(3, 3, 32, 32), torch.randint(0, 10, (3,)))),
-    ("retnet_tiny", {"depth": 3}, lambda: (torch.randint(0, 256, (2, 12)), torch.randint(0, 256, (2, 12)))),
-]
+from .helpers import example_batch, small_model
+
+FAMILIES = zoo.list_families()
 
 
-@pytest.mark.parametrize("name, options, make", FAMILIES, ids=[f[0] for f in FAMILIES])
-def test_plan_loss_equals_the_applied_plan_and_replays_shared_prefixes(name, options, make):
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_plan_loss_equals_the_applied_plan_and_replays_shared_prefixes(family):
     torch.manual_seed(0)
-    model = zoo.create_model(name, **options).eval()
+    options = {} if family.task == "language_model" else {"num_classes": 10}
+    model = small_model(family, **options).eval()
     segs = surgery.segments(model)
-    batches = [make(), make()]
+    batches = [example_batch(family, 3), example_batch(family, 3)]
     score = PlanLoss(model, segs, batches)
     rng = random.Random(0)
     for _ in range(2):

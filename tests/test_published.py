@@ -19,9 +19,9 @@ from safetensors.torch import save_file
 import zoo
 from zoo.tags import EVAL_KEYS, UnknownTagError, pretrained_cfg, resolve_tag
 
-from .helpers import FAST_LUT, ROOT, put_in_hf_cache, run_prune
+from .helpers import FAST_LUT, ROOT, models_with, put_in_hf_cache, run_prune
 
-CNN_ARCHS = [n for n in zoo.list_models() if zoo.get_entry(n).task == "classification"]
+CNN_ARCHS = models_with("timm")  # timm publishes their weights under timm's tags
 
 
 def varied_timm_model(name: str, num_classes: int, seed: int = 0) -> torch.nn.Module:

@@ -16,9 +16,10 @@ from torch import nn
 
 import zoo
 
-from .helpers import max_rel_diff, randomise_norm_stats
+from .helpers import max_rel_diff, models_with, randomise_norm_stats, small_model
 
-CNN_FAMILIES = {"mobilenetv2": "mobilenetv2_100", "tresnet": "tresnet_m", "bit": "resnetv2_50x1_bit"}
+TIMM_FAMILIES = zoo.list_families(capability="timm")  # the families timm has too, by their reference members
+CNN_FAMILIES = zoo.list_families(task="classification")
 SMALL_INPUT = (2, 3, 64, 64)
 
 
@@ -50,7 +51,7 @@ def test_list_models_and_info():
     assert info["input_size"] == (3, 224, 224) and info["pretrained_tag"] == "mobilenetv2_100.ra_in1k"
 
 
-@pytest.mark.parametrize("name", [n for n in zoo.list_models() if zoo.get_entry(n).family in CNN_FAMILIES])
+@pytest.mark.parametrize("name", models_with("timm"))
 def test_every_cnn_builds_and_matches_timm_shapes(name):
     """Every CNN builds on meta with exactly timm's state-dict keys and shapes."""
     with torch.device("meta"):
@@ -65,10 +66,10 @@ def test_every_cnn_builds_and_matches_timm_shapes(name):
         assert hasattr(ours, attr)
 
 
-@pytest.mark.parametrize("family", CNN_FAMILIES)
+@pytest.mark.parametrize("family", TIMM_FAMILIES, ids=lambda f: f.name)
 @pytest.mark.parametrize("fmt", ["pth", "safetensors"])
 def test_timm_weights_give_timm_logits(family, fmt, weights_dir):
-    name = CNN_FAMILIES[family]
+    name = family.reference
     path = weights_dir / f"{name}.{fmt}"
     reference = timm_weights(name, path, fmt)
     model = zoo.create_model(name, pretrained=path).eval()
@@ -143,19 +144,16 @@ def test_offline_hub_error_names_the_hub_id(monkeypatch, tmp_path):
         zoo.create_model("mobilenetv2_035", pretrained=True)
 
 
-@pytest.mark.parametrize("name", ["mobilenetv2_050", "tresnet_m", "resnetv2_50x1_bit"])
-def test_depth_units_are_consistent(name):
-    model = zoo.create_model(name, num_classes=10).eval()
+@pytest.mark.parametrize("family", CNN_FAMILIES, ids=lambda f: f.name)
+def test_depth_units_are_consistent(family):
+    model = small_model(family, num_classes=10).eval()
     units = zoo.depth_units(model, input_size=(3, 64, 64))
     assert [u.name for u in units] == [u.name for u in model.depth_unit_specs()]
     blocks = [u for u in units if u.kind == "block"]
     assert blocks and all(u.in_shape == u.out_shape and u.stride == 1 for u in blocks if u.removable)
     assert any(not u.removable for u in blocks)  # downsampling blocks stay
-    acts = [u for u in units if u.kind == "act"]
-    if name.startswith("resnetv2"):
-        assert not acts  # GroupNorm cannot be folded: no mergeable activations in BiT
-    else:
-        assert acts and all(u.mergeable and len(u.merge) == 4 for u in acts)
+    acts = [u for u in units if u.kind == "act"]  # none in BiT: GroupNorm cannot be folded (test_surgery)
+    assert all(u.mergeable and len(u.merge) == 4 for u in acts)
     removable = [u.name for u in blocks if u.removable]
     pruned = zoo.remove_units(model, removable)
     with torch.no_grad():
@@ -169,19 +167,18 @@ def test_depth_units_are_consistent(name):
         zoo.remove_units(model, ["blocks.99"])
 
 
-@pytest.mark.parametrize("name", ["mobilenetv2_100", "tresnet_m", "resnetv2_50x1_bit"])
-def test_fuse_keeps_outputs_with_fewer_modules(name):
-    model = randomise_norm_stats(zoo.create_model(name)).eval()
+@pytest.mark.parametrize("family", CNN_FAMILIES, ids=lambda f: f.name)
+def test_fuse_keeps_outputs_with_fewer_modules(family):
+    model = randomise_norm_stats(small_model(family)).eval()
     fused = zoo.fuse(model)
     x = torch.randn(*SMALL_INPUT)
     with torch.no_grad():
         assert max_rel_diff(model(x), fused(x)) <= 1e-4
     count = lambda m, kind: sum(isinstance(x, kind) for x in m.modules())  # noqa: E731
-    assert count(fused, nn.BatchNorm2d) == 0
-    if name.startswith("resnetv2"):
-        assert count(fused, timm.layers.StdConv2d) == 0 < count(model, timm.layers.StdConv2d)
+    if count(model, timm.layers.StdConv2d):  # BiT: weight standardisation folded into plain convolutions
+        assert count(fused, timm.layers.StdConv2d) == 0
     else:
-        assert len(list(fused.modules())) < len(list(model.modules()))
+        assert count(fused, nn.BatchNorm2d) == 0 < count(model, nn.BatchNorm2d)
 
 
 def test_project_checkpoint_roundtrip_keeps_head_overrides_and_plan(tmp_path):

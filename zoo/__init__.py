@@ -10,7 +10,7 @@ from .errors import ExportError, PlanError, UnknownModelError, WeightsError, Zoo
 from .exporting import export
 from .factory import create_model, load
 from .fuse import fuse
-from .registry import get_entry, is_model, list_models, register_model
+from .registry import get_entry, get_family, is_model, list_families, list_models, register_family, register_model
 from .surgery import apply_plan, remove_units
 from .tags import known_tags, model_info
 
@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DepthUnit", "ExportError", "PlanError", "UnknownModelError", "WeightsError", "ZooError", "apply_plan",
-    "create_model", "depth_units", "export", "fuse", "get_entry", "is_model", "known_tags", "list_models", "load",
-    "model_info", "read_checkpoint_meta", "register_model", "remove_units", "save_checkpoint",
+    "create_model", "depth_units", "export", "fuse", "get_entry", "get_family", "is_model", "known_tags",
+    "list_families", "list_models", "load", "model_info", "read_checkpoint_meta", "register_family", "register_model",
+    "remove_units", "save_checkpoint",
 ]
