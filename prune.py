@@ -1,7 +1,7 @@
 """Depth-prune any depthzoo model on the device you run on: ``python prune.py [group=option ...] [key=value ...]``.
 
 Thin entry point: composes ``conf/prune.yaml`` and hands it to :func:`zoo.jobs.prune.run` through
-:func:`zoo.jobs.entry.run_job`. Returns the pruned model's validation metric so Hydra sweepers can optimise it. A user
+:func:`zoo.jobs.cli.run_job`. Returns the pruned model's validation metric so Hydra sweepers can optimise it. A user
 error ends a single run with one clear message and exit status 2; a multirun runs every job, records each failure
 (``failed.json``) and exits with status 1 after the last job if any failed (docs/failures.md).
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from zoo.jobs.entry import guard, register_resolvers, run_job
+from zoo.jobs.cli import guard, register_resolvers, run_job
 from zoo.jobs.prune_config import PruneConfig, register_configs
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"

@@ -1,7 +1,7 @@
 """Train any depthzoo model from Hydra configs: ``python train.py [group=option ...] [key=value ...]``.
 
 Thin entry point: composes ``conf/train.yaml`` and hands it to :func:`zoo.jobs.train.run` through
-:func:`zoo.jobs.entry.run_job`. Returns the monitored metric (``val/acc1`` or ``val/loss``) so Hydra sweepers can
+:func:`zoo.jobs.cli.run_job`. Returns the monitored metric (``val/acc1`` or ``val/loss``) so Hydra sweepers can
 optimise it. Every user error (a misspelt key, an unknown option, a bad value, missing data, a run directory that holds
 another run) ends with one clear message and exit status 2; SIGINT/SIGTERM save ``last`` and exit with 128 + the
 signal number; a multirun exits with status 1 after its last job if any job failed (docs/failures.md).
@@ -14,7 +14,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from zoo.jobs.entry import guard, register_resolvers, run_job
+from zoo.jobs.cli import guard, register_resolvers, run_job
 from zoo.training.config import TrainConfig, register_configs
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"

@@ -84,12 +84,12 @@ def _entry_module(script: str):
 
 
 def run_in_process(script: str, *args: str) -> Outcome:
-    """Run an entry point's ``__main__`` path (:func:`zoo.jobs.entry.guard` around its Hydra main) in this process.
+    """Run an entry point's ``__main__`` path (:func:`zoo.jobs.cli.guard` around its Hydra main) in this process.
 
     The same code as the command line, without the interpreter start-up; for error paths that stop early.
     Returns the exit status and everything printed or logged.
     """
-    from zoo.jobs.entry import guard
+    from zoo.jobs.cli import guard
 
     module = _entry_module(script)
     schema = module.PruneConfig if script == "prune" else module.TrainConfig

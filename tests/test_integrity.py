@@ -17,7 +17,7 @@ import zoo
 from zoo.errors import CorruptFileError, RunConflictError
 from zoo.files import read_sealed_json, write_sealed_json
 from zoo.jobs import runs
-from zoo.jobs.entry import job_dir_name
+from zoo.jobs.cli import job_dir_name
 
 from .helpers import ROOT, TINY_TRAIN, entry_cmd, env_for, snapshot
 

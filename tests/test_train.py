@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.jobs.entry import register_resolvers
+from zoo.jobs.cli import register_resolvers
 from zoo.training import (
     Callback,
     CheckpointError,

@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import ReportError
 from .files import atomic_write
-from .jobs.entry import SweepCallback
+from .jobs.cli import SweepCallback
 
 COLUMNS = ("model", "search", "importance", "target_speedup", "device", "baseline_ms", "predicted_ms", "measured_ms",
            "measured_speedup", "prediction_error", "params", "baseline_params", "metric", "baseline_metric",
@@ -261,7 +261,7 @@ def _log_wandb(root: Path, rows: list[dict[str, Any]], paths: dict[str, str]) ->
 
 class ReportCallback(SweepCallback):
     """Hydra callback (``hydra.callbacks.outcome._target_: zoo.report.ReportCallback``): at the end of each sweep,
-    write its report, then exit with status 1 if any job of this launch failed (:class:`~zoo.jobs.entry.SweepCallback`).
+    write its report, then exit with status 1 if any job of this launch failed (:class:`~zoo.jobs.cli.SweepCallback`).
     """
 
     def __init__(self, allow_mixed_devices: bool = False, log_wandb: bool = False):

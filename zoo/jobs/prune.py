@@ -58,7 +58,7 @@ def run(cfg: Any) -> dict[str, Any]:
     from ..files import read_sealed_json
     from ..training import distributed as dist_utils
     from ..training.config import validate
-    from .entry import new_dir_hint, run_files
+    from .cli import new_dir_hint, run_files
     from .models import to_container
     from .runs import claimed_by_main, fingerprint, with_inputs
 
@@ -111,7 +111,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
     from ..training import build_loaders, create_logger, seed_everything
     from ..training import distributed as dist_utils
     from ..training.engine import resolve_device
-    from .entry import hydra_context
+    from .cli import hydra_context
     from .models import data_model_cfg
     from .runs import SEED_KEYS, fingerprint, flatten, study_group
 
@@ -203,7 +203,7 @@ def job_logger_cfg(cfg: Any) -> Any:
     """The logger config; in a multirun each W&B run is named after its job's overrides (same group)."""
     from omegaconf import OmegaConf
 
-    from .entry import hydra_context
+    from .cli import hydra_context
 
     context = hydra_context()
     if cfg.logger.run_name or "job_num" not in context:

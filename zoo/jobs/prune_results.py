@@ -127,12 +127,12 @@ def log_to_wandb(logger: Any, table: Any, options: list, damages: list, plan: di
     run.log({
         "prune/lookup_table": wandb.Table(columns=["segment", "variant", "latency_ms", "damage"], data=lut_rows),
         "prune/plan": wandb.Table(columns=["removed unit"], data=[[u] for u in plan["remove"]]),
-        "prune/pareto": wandb.Image(pareto_figure(table, options, results)),
+        "prune/pareto": wandb.Image(plan_front_figure(table, options, results)),
     })
     run.summary["prune/plan_json"] = json.dumps(plan)
 
 
-def pareto_figure(table: Any, options: list, results: dict) -> Any:
+def plan_front_figure(table: Any, options: list, results: dict) -> Any:
     """Predicted latency vs retained importance along the DP front, with the chosen and measured points."""
     import matplotlib
 

@@ -8,7 +8,7 @@ reused only by a run with the same fingerprint: a finished prune job is skipped,
 naming the keys that differ, and the directory is left exactly as it was; ``force`` discards its results first.
 While a run works in a directory it holds ``.run.lock``, so two processes never share one.
 
-Nothing here imports Hydra; :mod:`zoo.jobs.entry` ties it to the entry points.
+Nothing here imports Hydra; :mod:`zoo.jobs.cli` ties it to the entry points.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def adopt_earlier_run(output_dir: Path, config: dict[str, Any]) -> None:
 def run(cfg: Any) -> dict[str, Any]:
     """Validate, claim the run directory, build data/model/logger, train, write ``results.json`` (last)."""
     from ..training.logger import create_logger
-    from .entry import hydra_context, new_dir_hint, run_files
+    from .cli import hydra_context, new_dir_hint, run_files
     from .runs import claimed_by_main, with_inputs
 
     dist = dist_utils.setup()
