@@ -27,6 +27,37 @@ def test_every_cnn_family_exports_within_tolerance(family, fmt, suffix, tmp_path
     assert report.checked_with.startswith("onnxruntime" if fmt == "onnx" else "torch.export")
 
 
+def test_onnx_has_a_dynamic_batch_axis_and_optionally_dynamic_size(tmp_path):
+    """The exported file takes any batch in onnxruntime (timm's default); dynamic_size lets it take another image
+    size; dynamic_batch=False fixes the batch, and onnxruntime then refuses another one."""
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    model = zoo.create_model("mobilenetv2_035", num_classes=10).eval()
+    report = zoo.export(model, tmp_path / "m.onnx", input_size=SMALL)
+    (name,) = report.dynamic_axes
+    assert report.dynamic_axes == {name: {0: "batch"}} and report.opset >= 18
+    assert report.checked_shapes == [[[2, *SMALL]], [[3, *SMALL]]]
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    for batch in (1, 5):
+        x = torch.randn(batch, *SMALL)
+        (logits,) = session.run(None, {name: x.numpy()})
+        with torch.no_grad():
+            torch.testing.assert_close(torch.from_numpy(logits), model(x), rtol=1e-4, atol=1e-4)
+    sized = zoo.export(model, tmp_path / "s.onnx", input_size=SMALL, dynamic_size=True)
+    assert sized.dynamic_axes == {name: {0: "batch", 2: "height", 3: "width"}}
+    assert sized.checked_shapes[1] == [[3, 3, 96, 96]]
+    session = ort.InferenceSession(str(tmp_path / "s.onnx"), providers=["CPUExecutionProvider"])
+    assert session.run(None, {name: torch.randn(1, 3, 128, 160).numpy()})[0].shape == (1, 10)
+    fixed = zoo.export(model, tmp_path / "f.onnx", input_size=SMALL, dynamic_batch=False)
+    assert fixed.dynamic_axes == {} and fixed.checked_shapes == [[[1, *SMALL]]]
+    session = ort.InferenceSession(str(tmp_path / "f.onnx"), providers=["CPUExecutionProvider"])
+    with pytest.raises(Exception, match="(?i)dimension|shape"):
+        session.run(None, {name: torch.randn(2, *SMALL).numpy()})
+    with pytest.raises(ExportError, match="takes no images"):
+        zoo.export(zoo.create_model("retnet_tiny"), tmp_path / "r.onnx", dynamic_size=True)
+
+
 def test_pruned_merged_and_fused_models_export(tmp_path):
     """Removed blocks, merged convolutions (dense convs replacing a depthwise chain) and the deploy form."""
     torch.manual_seed(0)
@@ -47,11 +78,13 @@ def test_retnet_parallel_form_and_decode_step(prune, fmt, suffix, tmp_path):
     if prune:
         model = zoo.remove_units(model, ["blocks.0.retention", "blocks.1.ffn"])
     parallel = zoo.export(model, tmp_path / f"p.{suffix}", format=fmt, input_size=(24,))
-    assert parallel.passed and parallel.input_shapes == [[1, 24]]
+    assert parallel.passed and parallel.checked_shapes == [[[2, 24]], [[3, 24]]]  # traced at 2, checked at 2 and 3
     step = zoo.export(model, tmp_path / f"s.{suffix}", format=fmt, form="recurrent", batch_size=2)
     assert step.passed and step.max_rel_diff <= 1e-4
     assert step.input_shapes[0] == [2, 1] and len(step.input_shapes) == 2 + (1 if prune else 2)  # token, position,
-    # one state per retention sub-layer
+    # one state per retention sub-layer; the states' batch axis is dynamic too, the position has none
+    second = step.checked_shapes[1]
+    assert second[0] == [3, 1] and second[1] == [] and all(shape[0] == 3 for shape in second[2:])
 
 
 def test_the_recurrent_form_is_the_models_decode_step():

@@ -60,3 +60,19 @@ def test_jobs_without_a_group_stay_separate(tmp_path):
         (tmp_path / f"old_{seed}" / "results.json").write_text(json.dumps(data))
     result = make_report(tmp_path)
     assert [s["n"] for s in summarize(result["rows"])] == [1, 1]
+
+
+def test_the_report_draws_the_measured_pareto_front(tmp_path):
+    """Five configs (one job each): (ms, acc) = (4, 70) (5, 80) (6, 75) (7, 85) (8, 85). The front, fastest first, is
+    the configs no other beats on both: 4/70, 5/80, 7/85 (6/75 is beaten by 5/80, 8/85 by 7/85)."""
+    from zoo.report import pareto_front
+
+    points = [(4.0, 70.0), (5.0, 80.0), (6.0, 75.0), (7.0, 85.0), (8.0, 85.0)]
+    for i, (ms, acc) in enumerate(points):
+        write_job(tmp_path, f"job{i}", f"g{i}", 0, "dp", ms, acc)
+    result = make_report(tmp_path)
+    front = pareto_front(summarize(result["rows"]))
+    assert [(p["measured_ms_mean"], p["pruned_metric_mean"]) for p in front] == [(4.0, 70.0), (5.0, 80.0), (7.0, 85.0)]
+    assert "Pareto front (measured): 3 of 5 configs" in (tmp_path / "report.md").read_text()
+    (line,) = [ln for ln in pareto_figure(result["rows"]).axes[0].lines if "Pareto front" in ln.get_label()]
+    assert list(line.get_xdata()) == [4.0, 5.0, 7.0] and list(line.get_ydata()) == [70.0, 80.0, 85.0]

@@ -267,3 +267,64 @@ def test_torchscale_tied_embeddings_stay_tied(tmp_path):
     torch.save(state, path)
     ours = zoo.create_model("retnet_tiny", pretrained=path)
     assert ours.tie_embeddings and ours.lm_head.weight is ours.embed.weight
+
+
+# ------------------------------------------------------------------- out: a pruned RetNet as an fla model folder
+def _hf_model(folder: Path) -> torch.nn.Module:
+    import fla  # noqa: F401 - registers fla's models with transformers' Auto classes
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_a_pruned_retnet_is_an_fla_folder_transformers_loads(fla_on_cpu, tmp_path, tie):
+    """Whole layers removed: transformers + fla load the folder and give our logits (fp32, 1e-5) and our greedy
+    continuation; the tokenizer is saved beside it; the report says it was checked."""
+    from transformers import AutoTokenizer
+
+    from zoo.training.data import stdlib_corpus
+
+    torch.manual_seed(0)
+    model = zoo.create_model("retnet_tiny", depth=3, vocab_size=300, rope="neox", head_norm_affine=True,
+                             tie_embeddings=tie)
+    model = randomise(model)
+    pruned = zoo.remove_units(model, ["blocks.1.retention", "blocks.1.ffn"]).eval()
+    tokenizer = make_tokenizer(tmp_path / "tok", stdlib_corpus().decode()[:100_000], 300)
+    report = zoo.export(pruned, tmp_path / "hf", format="hf", tokenizer=str(tokenizer))
+    assert report.passed is True, report.checked_with
+    assert report.max_rel_diff <= 1e-5 and report.checked_with.startswith("transformers")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and config["model_type"] == "retnet"
+    theirs = _hf_model(tmp_path / "hf")
+    tokens = torch.randint(0, 300, (2, 19))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(tokens).logits, pruned(tokens), rtol=1e-5, atol=1e-5)
+        hf_greedy = theirs.generate(tokens, max_new_tokens=6, do_sample=False, use_cache=False)
+    ours_greedy = pruned.generate(tokens, max_new_tokens=6)
+    assert torch.equal(hf_greedy, ours_greedy)
+    saved = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert saved("import os").input_ids == AutoTokenizer.from_pretrained(str(tokenizer))("import os").input_ids
+
+
+def test_what_fla_cannot_express_is_refused(tmp_path):
+    fla_like = {"rope": "neox", "head_norm_affine": True}
+    half = zoo.remove_units(zoo.create_model("retnet_tiny", **fla_like), ["blocks.0.ffn"])
+    with pytest.raises(zoo.ExportError, match=r"single sub-layers \(blocks.0.ffn\).*prune whole layers"):
+        zoo.export(half, tmp_path / "a", format="hf")
+    with pytest.raises(zoo.ExportError, match="rope='torchscale'.*model.overrides.rope=neox"):
+        zoo.export(zoo.create_model("retnet_tiny"), tmp_path / "b", format="hf")
+    with pytest.raises(zoo.ExportError, match="decay='linspace'"):
+        zoo.export(zoo.create_model("retnet_tiny", decay="linspace", **fla_like), tmp_path / "c", format="hf")
+    with pytest.raises(zoo.ExportError, match="has none.*onnx"):
+        zoo.export(zoo.create_model("mobilenetv2_035"), tmp_path / "d", format="hf")
+    assert not any((tmp_path / name).exists() for name in "abcd")  # refused before anything is written
+
+
+def test_without_flas_kernels_the_folder_is_written_and_said_unchecked(tmp_path):
+    model = zoo.create_model("retnet_tiny", rope="neox", head_norm_affine=True).eval()
+    report = zoo.export(model, tmp_path / "hf", format="hf")  # on this CPU, fla's Triton kernels cannot run
+    if torch.cuda.is_available():
+        pytest.skip("fla runs here: the check does (the fla_on_cpu test covers the comparison)")
+    assert report.passed is None and report.checked_with.startswith("not checked")
+    assert {p.name for p in (tmp_path / "hf").iterdir()} == {"config.json", "model.safetensors"}

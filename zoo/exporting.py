@@ -3,12 +3,22 @@
     report = zoo.export(model, "model.onnx")                      # ONNX, checked in onnxruntime
     report = zoo.export(model, "model.pt2", format="torch_export")  # torch.export.save, checked by running it
     report = zoo.export(retnet, "step.onnx", form="recurrent")    # RetNet's one-token step with its state
+    report = zoo.export(retnet, "folder", format="hf")            # a flash-linear-attention model folder
 
-The exported program is run on the example input (the model's default input size, or ``example=``) and its
-outputs are compared with the PyTorch model's: the report holds the largest absolute and relative difference
-(relative to the largest PyTorch output), and an export whose difference exceeds ``rtol`` raises
-:class:`~zoo.errors.ExportError` after writing the file (so it can be inspected). Shapes are static: the batch and
-input size of the example (a RetNet's sequence length too); export again for another shape.
+``format="hf"`` writes a model's Hugging Face form (``model.hf_form()``: RetNet's is a flash-linear-attention
+``RetNetForCausalLM``) as ``config.json`` + ``model.safetensors`` (+ the tokenizer, when given), which
+``transformers.AutoModelForCausalLM.from_pretrained`` loads once ``fla`` is imported; the check loads it that way and
+compares its logits. fla's kernels need a GPU (Triton): where they cannot run the report says "not checked" and why,
+and ``passed`` is None (never True).
+
+The batch axis is dynamic by default, as timm's exporter makes it (``dynamic_batch=False`` fixes it to the
+example's); ``dynamic_size=True`` makes an image model's height and width dynamic too (other axes, such as a RetNet's
+sequence length, stay those of the example). The exported program is run on the example input (the model's default
+input size, or ``example=``) and, when an axis is dynamic, on a second input one sample larger (and 32 pixels
+larger with ``dynamic_size``); its outputs are compared with the PyTorch model's each time: the report holds the
+largest absolute and relative difference (relative to the largest PyTorch output) over both, the shapes checked,
+the opset and the dynamic axes. An export whose difference exceeds ``rtol`` raises
+:class:`~zoo.errors.ExportError` after writing the file (so it can be inspected).
 
 RetNet forms: ``parallel`` (token ids [B, T] -> logits [B, T, vocab]) and ``recurrent`` (the decode step: token
 ids [B, 1], the position as a float64 scalar and one state per retention sub-layer -> logits [B, vocab] and the
@@ -28,11 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .errors import ExportError
 
-FORMATS = ("onnx", "torch_export")
+FORMATS = ("onnx", "torch_export", "hf")
 FORMS = ("parallel", "recurrent")
 
 
@@ -48,8 +59,11 @@ class ExportReport:
     max_abs_diff: float
     max_rel_diff: float
     rtol: float
-    passed: bool
+    passed: bool | None  # None: the export could not be run here (checked_with says why)
     seconds: float
+    opset: int | None = None
+    dynamic_axes: dict[str, dict[int, str]] | None = None  # input name -> {axis: name}
+    checked_shapes: list[list[list[int]]] | None = None  # every input's shape, per parity check
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,11 +71,14 @@ class ExportReport:
 
 def export(model: nn.Module, path: str | Path, format: str = "onnx", example: Any = None, batch_size: int = 1,
            input_size: Sequence[int] | None = None, form: str = "parallel", rtol: float = 1e-4,
-           opset: int | None = None) -> ExportReport:
+           opset: int | None = None, dynamic_batch: bool = True, dynamic_size: bool = False,
+           tokenizer: str | None = None) -> ExportReport:
     """Write `model` (eval mode) to `path` as ONNX or a ``torch.export`` program and check it against PyTorch.
 
     example: the input (a tensor or a tuple); default the model's ``example_input(batch_size, input_size)`` (random
-    values; token ids for a RetNet) or, for ``form="recurrent"``, a token, a position and random states. rtol: the
+    values; token ids for a RetNet) or, for ``form="recurrent"``, a token, a position and random states. With a
+    dynamic batch the program is traced at a batch of at least 2 (torch.export specialises a batch of 1).
+    tokenizer: for ``format="hf"``, a tokenizer folder or hub name saved beside the weights. rtol: the
     largest allowed difference relative to the largest output. Raises ExportError for an unknown format or form, a
     missing runtime (with the install command), an operator the exporter cannot handle (naming the model), or a
     difference beyond `rtol` (after writing the file).
@@ -76,6 +93,18 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
                           f"none. Use form='parallel'.")
     if format == "onnx":
         _require("onnx", "onnxscript", "onnxruntime")
+    if format == "hf":
+        if not hasattr(model, "hf_form"):
+            raise ExportError(f"format='hf' writes a model's Hugging Face form; {type(model).__name__} has none (a "
+                              f"RetNet has: a flash-linear-attention model). Use format='onnx' or 'torch_export'.")
+        was_training = model.training
+        try:
+            return _export_hf(model.eval(), Path(path), rtol, tokenizer)
+        finally:
+            model.train(was_training)
+    if dynamic_size and getattr(model, "task", "classification") != "classification":
+        raise ExportError(f"dynamic_size=True makes an image's height and width dynamic; {type(model).__name__} takes "
+                          f"no images. Export with dynamic_size=False (its other axes are the example's).")
     if format == "torch_export" and Path(path).suffix != ".pt2":
         raise ExportError(f"A torch.export program is saved as a .pt2 file (torch.export.save's format); got {path}.")
     dtype = next(model.parameters()).dtype
@@ -84,32 +113,109 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
                           f"export model.float() (or use format='torch_export').")
     was_training = model.training
     try:
-        return _export(model.eval(), Path(path), format, example, batch_size, input_size, form, rtol, opset)
+        axes = Axes(dynamic_batch, dynamic_size)
+        return _export(model.eval(), Path(path), format, example, batch_size, input_size, form, rtol, opset, axes)
     finally:
         model.train(was_training)  # the caller's model is left as it was
 
 
+@dataclass(frozen=True)
+class Axes:
+    """Which axes of the exported program are dynamic: the batch (axis 0 of every batched input), and an image's
+    height and width (axes 2 and 3)."""
+
+    batch: bool = True
+    size: bool = False
+
+    def specs(self, inputs: tuple[Any, ...]) -> tuple[dict[int, Any] | None, ...] | None:
+        """torch.export's ``dynamic_shapes``, one entry per input (None: all static)."""
+        if not (self.batch or self.size):
+            return None
+        batch_dim = torch.export.Dim("batch", min=1, max=65536) if self.batch else None
+        height, width = (torch.export.Dim("height", min=32, max=8192), torch.export.Dim("width", min=32, max=8192)) \
+            if self.size else (None, None)
+        batch = _batch_of(inputs)
+        specs = []
+        for t in inputs:
+            axes: dict[int, Any] = {}
+            if torch.is_tensor(t) and t.dim() and t.shape[0] == batch:
+                if batch_dim is not None:
+                    axes[0] = batch_dim
+                if height is not None and t.dim() == 4:
+                    axes[2], axes[3] = height, width
+            specs.append(axes or None)
+        return tuple(specs)
+
+    def names(self, inputs: tuple[Any, ...], input_names: Sequence[str]) -> dict[str, dict[int, str]]:
+        specs = self.specs(inputs) or ()
+        return {name: {axis: dim.__name__ for axis, dim in spec.items()}
+                for name, spec in zip(input_names, specs) if spec}
+
+    def second(self, inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """A second input for the parity check: one sample more (and 32 pixels more a side), or None when static."""
+        if not (self.batch or self.size):
+            return None
+        batch = _batch_of(inputs)
+        out = []
+        for t in inputs:
+            if torch.is_tensor(t) and t.dim() and t.shape[0] == batch:
+                if self.batch:
+                    t = torch.cat([t, t[:1]])
+                if self.size and t.dim() == 4:
+                    t = F.pad(t, (16, 16, 16, 16), mode="reflect")
+            out.append(t)
+        return tuple(out)
+
+
+def _as_signature(program: nn.Module, specs: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+    """`specs` grouped as torch.export matches them to ``forward``'s parameters: those of ``*args`` in one tuple."""
+    import inspect
+
+    if specs is None:
+        return None
+    kinds = [p.kind for p in inspect.signature(program.forward).parameters.values()]
+    if inspect.Parameter.VAR_POSITIONAL in kinds:
+        k = kinds.index(inspect.Parameter.VAR_POSITIONAL)
+        return (*specs[:k], tuple(specs[k:]))
+    return specs
+
+
+def _batch_of(inputs: tuple[Any, ...]) -> int | None:
+    first = next((t for t in inputs if torch.is_tensor(t) and t.dim()), None)
+    return None if first is None else first.shape[0]
+
+
 def _export(model: nn.Module, path: Path, format: str, example: Any, batch_size: int,
-            input_size: Sequence[int] | None, form: str, rtol: float, opset: int | None) -> ExportReport:
+            input_size: Sequence[int] | None, form: str, rtol: float, opset: int | None, axes: Axes
+            ) -> ExportReport:
     program = model.export_form(form) if hasattr(model, "export_form") else model  # a family's own forms
-    inputs = _inputs(model, program, example, batch_size, input_size)
+    traced_batch = max(batch_size, 2) if axes.batch else batch_size  # a batch of 1 would be specialised
+    inputs = _inputs(model, program, example, traced_batch, input_size)
+    checks = [inputs] + [x for x in [axes.second(inputs)] if x is not None]
     path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    name = type(model).__name__
     with torch.no_grad():
-        with _exact_matmuls():  # the reference in full fp32 (TF32 would differ by ~1e-3 from any runtime)
-            expected = _flatten(program(*inputs))
+        with _exact_matmuls():  # the references first, in full fp32 (TF32 would differ by ~1e-3 from any runtime),
+            expected = [_flatten(program(*check)) for check in checks]  # before tracing fills any cache
         if format == "onnx":
-            _export_onnx(program, inputs, path, opset, type(model).__name__)
-            got, runtime = _run_onnx(path, inputs)
+            input_names = _export_onnx(program, inputs, path, opset, name, _as_signature(program, axes.specs(inputs)))
+            outputs = [_run_onnx(path, check) for check in checks]
+            got, runtime = [o for o, _ in outputs], outputs[0][1]
+            opset = opset or _onnx_opset(path)
         else:
-            program_ep = _torch_export(program, inputs, type(model).__name__)
-            torch.export.save(program_ep, str(path))
+            input_names = [f"input_{i}" for i in range(len(inputs))]
+            dynamic = _as_signature(program, axes.specs(inputs))
+            torch.export.save(_torch_export(program, inputs, name, dynamic), str(path))
+            loaded = torch.export.load(str(path)).module()
             with _exact_matmuls():
-                got = _flatten(torch.export.load(str(path)).module()(*inputs))
+                got = [_flatten(loaded(*check)) for check in checks]
             runtime = "torch.export " + torch.__version__
-    abs_diff, rel_diff = _differences(expected, got)
-    report = ExportReport(str(path), format, form, runtime, [list(t.shape) for t in inputs if torch.is_tensor(t)],
-                          abs_diff, rel_diff, rtol, rel_diff <= rtol, time.perf_counter() - start)
+    differences = [_differences(want, have) for want, have in zip(expected, got)]
+    abs_diff, rel_diff = max(d[0] for d in differences), max(d[1] for d in differences)
+    shapes = [[list(t.shape) for t in check if torch.is_tensor(t)] for check in checks]
+    report = ExportReport(str(path), format, form, runtime, shapes[0], abs_diff, rel_diff, rtol, rel_diff <= rtol,
+                          time.perf_counter() - start, opset, axes.names(inputs, input_names), shapes)
     if not report.passed:
         raise ExportError(f"The {format} export of {type(model).__name__} ({path}) differs from PyTorch by "
                           f"{rel_diff:.2e} relative ({abs_diff:.2e} absolute), beyond rtol={rtol:g}.")
@@ -130,22 +236,80 @@ def _inputs(model: nn.Module, program: nn.Module, example: Any, batch_size: int,
     return (torch.randint(0, model.vocab_size, base.shape, generator=generator).to(base.device),)
 
 
-def _export_onnx(program: nn.Module, inputs: tuple[Any, ...], path: Path, opset: int | None, name: str) -> None:
-    """torch.onnx's exporter (torch.export based), its chatter kept off the terminal unless it fails."""
+def _export_hf(model: nn.Module, folder: Path, rtol: float, tokenizer: str | None) -> ExportReport:
+    """config.json + model.safetensors (+ tokenizer files) in `folder`, then the folder loaded as transformers loads
+    it and its logits compared with the model's, where fla can run."""
+    from safetensors.torch import save_file
+
+    from .files import atomic_write, write_json
+
+    config, state = model.hf_form()
+    start = time.perf_counter()
+    atomic_write(folder / "model.safetensors", lambda tmp: save_file(state, str(tmp), metadata={"format": "pt"}))
+    write_json(folder / "config.json", config)
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(tokenizer).save_pretrained(str(folder))
+    tokens = torch.randint(0, model.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), _exact_matmuls():
+        expected = [model(tokens.to(model.embed.weight.device)).float().cpu()]
+    try:
+        got, checked_with = [hf_logits(folder, tokens)], f"transformers {_version('transformers')} + fla " \
+                                                          f"{_version('flash-linear-attention')}"
+        abs_diff, rel_diff = _differences(expected, got)
+        passed: bool | None = rel_diff <= rtol
+    except Exception as error:  # noqa: BLE001 - fla's kernels (Triton) or transformers missing: say so, not passed
+        checked_with = f"not checked: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        abs_diff = rel_diff = math.nan
+        passed = None
+    report = ExportReport(str(folder), "hf", "parallel", checked_with, [list(tokens.shape)], abs_diff, rel_diff, rtol,
+                          passed, time.perf_counter() - start, checked_shapes=[[list(tokens.shape)]])
+    if passed is False:
+        raise ExportError(f"The Hugging Face form of {type(model).__name__} ({folder}) differs from PyTorch by "
+                          f"{rel_diff:.2e} relative ({abs_diff:.2e} absolute), beyond rtol={rtol:g}.")
+    return report
+
+
+def hf_logits(folder: str | Path, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits of a Hugging Face model folder on `tokens`, loaded by ``AutoModelForCausalLM`` (fla registers its
+    models with transformers when imported), in fp32 on the CPU."""
+    import fla  # noqa: F401 - registers flash-linear-attention's models with transformers' Auto classes
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(tokens).logits.float()
+
+
+def _export_onnx(program: nn.Module, inputs: tuple[Any, ...], path: Path, opset: int | None, name: str,
+                 dynamic_shapes: Any) -> list[str]:
+    """torch.onnx's exporter (torch.export based), its chatter kept off the terminal unless it fails; returns the
+    graph's input names."""
     log = io.StringIO()
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(log):
             warnings.simplefilter("ignore")
             torch.onnx.export(program, inputs, str(path), dynamo=True, opset_version=opset, external_data=False,
-                              verbose=False)
+                              verbose=False, dynamic_shapes=dynamic_shapes)
     except Exception as error:  # noqa: BLE001 - any exporter failure becomes one message naming the model
         raise ExportError(f"{name} could not be exported to ONNX: {type(error).__name__}: "
                           f"{str(error).splitlines()[0] if str(error) else ''}") from error
+    import onnx
+
+    return [i.name for i in onnx.load(str(path), load_external_data=False).graph.input]
 
 
-def _torch_export(program: nn.Module, inputs: tuple[Any, ...], name: str) -> Any:
+def _onnx_opset(path: Path) -> int | None:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def _torch_export(program: nn.Module, inputs: tuple[Any, ...], name: str, dynamic_shapes: Any) -> Any:
     try:
-        return torch.export.export(program, inputs)
+        return torch.export.export(program, inputs, dynamic_shapes=dynamic_shapes)
     except Exception as error:  # noqa: BLE001
         raise ExportError(f"{name} could not be exported with torch.export: {type(error).__name__}: "
                           f"{str(error).splitlines()[0] if str(error) else ''}") from error

@@ -167,6 +167,12 @@ def markdown(rows: list[dict[str, Any]], problems: list[dict[str, str]]) -> str:
                          f"{_spread(row, 'measured_ms', '.3f')} | {_spread(row, 'measured_speedup', '.2f')}x | "
                          f"{_spread(row, 'prediction_error', '+.1%')} | {row['params_mean']:,.0f} | "
                          f"{_spread(row, 'baseline_metric', '.3f')} | {_spread(row, 'pruned_metric', '.3f')} |")
+        front = pareto_front(summaries)
+        lines += ["", f"Pareto front (measured): {len(front)} of {len(summaries)} configs are beaten by no other on "
+                  f"both latency and {first['metric']}:", "", f"| measured ms | {first['metric']} | jobs |",
+                  "|---|---|---|"]
+        lines += [f"| {_spread(row, 'measured_ms', '.3f')} | {_spread(row, 'pruned_metric', '.3f')} | "
+                  f"{row['jobs']} |" for row in front]
         lines.append("")
     if problems:
         lines += ["## Jobs without results", "", "| job | status | overrides | reason |", "|---|---|---|---|"]
@@ -176,8 +182,29 @@ def markdown(rows: list[dict[str, Any]], problems: list[dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def higher_is_better(metric: str) -> bool:
+    return metric.endswith(("acc1", "acc5"))
+
+
+def pareto_front(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The configs no other config beats on both measured latency and metric (per model), fastest first: what a
+    study found, whatever its sweeper (a grid, or Optuna's multi-objective search)."""
+    front = []
+    for model in sorted({s["model"] for s in summaries}):
+        points = sorted((s for s in summaries if s["model"] == model), key=lambda s: s["measured_ms_mean"])
+        sign = 1.0 if higher_is_better(points[0]["metric"]) else -1.0
+        best = -float("inf")
+        for point in points:
+            value = sign * point["pruned_metric_mean"]
+            if value > best:
+                front.append(point)
+                best = value
+    return front
+
+
 def pareto_figure(rows: list[dict[str, Any]]) -> Any:
-    """Measured latency vs metric, one curve per (model, search method), each model's baseline as a star."""
+    """Measured latency vs metric, one curve per (model, search method), the measured Pareto front over all of them
+    as a step line, each model's baseline as a star."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -192,6 +219,11 @@ def pareto_figure(rows: list[dict[str, Any]]) -> Any:
         ax.errorbar([p["measured_ms_mean"] for p in points], [p["pruned_metric_mean"] for p in points],
                     xerr=[p["measured_ms_std"] for p in points], yerr=[p["pruned_metric_std"] for p in points],
                     fmt="o-", capsize=3, label=f"{model} {method} ({importance})")
+    front = pareto_front(summarize(rows))
+    for model in sorted({p["model"] for p in front}):
+        points = [p for p in front if p["model"] == model]
+        ax.step([p["measured_ms_mean"] for p in points], [p["pruned_metric_mean"] for p in points], "k--",
+                where="post", lw=1.5, alpha=0.6, label=f"{model} Pareto front (measured)")
     for model in sorted({r["model"] for r in rows}):
         base = next(r for r in rows if r["model"] == model)
         ax.plot(base["baseline_ms"], base["baseline_metric"], "k*", ms=12)

@@ -405,6 +405,10 @@ class RetNet(DepthMixin, nn.Module):
         input checks) or ``recurrent`` (the decode step as a pure function of token, position and states)."""
         return RecurrentForm(self) if form == "recurrent" else ParallelForm(self)
 
+    def hf_form(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """(config.json, state dict) as a flash-linear-attention model that transformers loads (:func:`fla_form`)."""
+        return fla_form(self)
+
     def example_input(self, batch_size: int = 1, input_size: Sequence[int] | None = None) -> torch.Tensor:
         """Zero token ids of shape [batch, T] on the model's device (T from input_size or default_cfg)."""
         length = (input_size or self.default_cfg["input_size"])[0]
@@ -1024,6 +1028,64 @@ def read_foreign(arch: str, state: dict[str, torch.Tensor], config: dict[str, An
         raise WeightsError(f"These {fmt} weights are a RetNet of {', '.join(f'{k} {v}' for k, v in found.items())}, "
                            f"not {arch} ({', '.join(f'{k} {expected.get(k)}' for k in SHAPE_KEYS)}): {hint}.")
     return options, converted
+
+
+def fla_form(model: RetNet) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(config.json, state dict) of `model` as a flash-linear-attention RetNet (``RetNetForCausalLM``), the inverse
+    of :func:`fla_options` and :func:`fla_state_dict`: what ``zoo.export(model, folder, format="hf")`` writes.
+
+    A layer whose retention and FFN sub-layers were both removed is left out (fla numbers the rest); fla's layers
+    always have both, so a plan that removed one of them, and options fla's RetNet does not have (torchscale's
+    interleaved rotary, the paper's linspace decays), are refused with what to do instead. fla's fused kernels are
+    switched off in the config (``fuse_norm``, ``fuse_swiglu``, ``fuse_cross_entropy``: false, so the head norm's
+    key is ``g_norm``): the same numbers from fla's unfused modules."""
+    from ..errors import ExportError
+
+    first = next((b.retention for b in model.blocks if isinstance(b.retention, MultiScaleRetention)), None)
+    problems = []
+    gone = [(isinstance(b.retention, nn.Identity), isinstance(b.ffn, nn.Identity)) for b in model.blocks]
+    half = [f"blocks.{i}.{'retention' if retention else 'ffn'}" for i, (retention, ffn) in enumerate(gone)
+            if retention != ffn]
+    if half:
+        problems.append(f"the plan removed single sub-layers ({', '.join(half)}), and fla's RetNet layers always have "
+                        f"both: prune whole layers (both blocks.i.retention and blocks.i.ffn), or export this plan as "
+                        f"ONNX / torch.export or a depthzoo checkpoint")
+    if first is None:
+        problems.append("every retention sub-layer was removed")
+    elif first.rope != "neox":
+        problems.append(f"rope={first.rope!r} (torchscale's interleaved rotary); fla's RetNet rotates halves: build "
+                        f"the model with model.overrides.rope=neox (as models loaded from fla checkpoints are)")
+    elif list(first.log_decays) != decay_logs(model.heads, "torchscale"):
+        problems.append("decay='linspace' (the paper's experiments); fla's RetNet has torchscale's decays")
+    elif first.rope_theta != 10000.0:
+        problems.append(f"rope_theta={first.rope_theta:g}; fla's RetNet rotates with base 10000")
+    if problems:
+        raise ExportError(f"This RetNet cannot be written as a flash-linear-attention model: {'; '.join(problems)}.")
+    kept = [i for i, b in enumerate(model.blocks) if not isinstance(b.retention, nn.Identity)]
+    config = {"model_type": "retnet", "architectures": ["RetNetForCausalLM"], "hidden_size": model.dim,
+              "num_hidden_layers": len(kept), "num_heads": model.heads, "num_kv_heads": None, "expand_k": 1,
+              "expand_v": model.value_dim / model.dim, "intermediate_size": model.ffn_dim, "hidden_act": "swish",
+              "use_short_conv": False, "use_output_gate": True, "feature_map": None, "attn": None,
+              "elementwise_affine": first.head_norm_weight is not None, "norm_eps": model.norm.eps,
+              "vocab_size": model.vocab_size, "tie_word_embeddings": model.tie_embeddings,
+              "max_position_embeddings": int(getattr(model, "default_cfg", {}).get("input_size", (2048,))[0]),
+              "fuse_norm": False, "fuse_swiglu": False, "fuse_cross_entropy": False,
+              "torch_dtype": str(model.embed.weight.dtype).removeprefix("torch.")}
+    sub = {"retention.norm": "attn_norm", "retention.out_proj": "o_proj", "retention.head_norm_weight": "g_norm.weight",
+           "retention.": "", "ffn.norm": "mlp_norm", "ffn.": "mlp."}
+    state: dict[str, torch.Tensor] = {"model.embeddings.weight": model.embed.weight,
+                                      "model.norm.weight": model.norm.weight}
+    for new, old in enumerate(kept):
+        for key, tensor in model.blocks[old].state_dict().items():
+            prefix = next(o for o in sub if key.startswith(o))
+            rest = key[len(prefix):]
+            name = sub[prefix] + rest if prefix != "retention." else rest
+            if prefix.startswith("retention") and prefix != "retention.norm":
+                name = "attn." + name
+            state[f"model.layers.{new}.{name}"] = tensor
+    if not model.tie_embeddings:
+        state["lm_head.weight"] = model.lm_head.weight
+    return config, {k: v.detach().contiguous() for k, v in state.items()}
 
 
 # ----------------------------------------------------------------------------------------------------------
