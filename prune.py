@@ -1,7 +1,8 @@
 """Depth-prune any depthzoo model on the device you run on: ``python prune.py [group=option ...] [key=value ...]``.
 
 Thin entry point: composes ``conf/prune.yaml`` and hands it to :func:`zoo.jobs.prune.run` through
-:func:`zoo.jobs.cli.run_job`. Returns the pruned model's validation metric so Hydra sweepers can optimise it. A user
+:func:`zoo.jobs.cli.run_job`. Returns ``prune.objectives`` (default: the pruned model's validation metric; several
+for a multi-objective sweeper such as Optuna's) so Hydra sweepers can optimise them. A user
 error ends a single run with one clear message and exit status 2; a multirun runs every job, records each failure
 (``failed.json``) and exits with status 1 after the last job if any failed (docs/failures.md).
 """
@@ -14,7 +15,7 @@ import hydra
 from omegaconf import DictConfig
 
 from zoo.jobs.cli import guard, register_resolvers, run_job
-from zoo.jobs.prune_config import PruneConfig, register_configs
+from zoo.jobs.prune_config import PruneConfig, objective_values, register_configs
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 
@@ -22,16 +23,11 @@ register_configs(CONFIG_DIR)
 register_resolvers()
 
 
-def pruned_metric(results: dict) -> float | None:
-    metrics = results["pruned"]["metrics"]
-    return metrics.get("val/acc1", metrics.get("val/loss"))
-
-
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="prune")
-def main(cfg: DictConfig) -> float | None:
+def main(cfg: DictConfig) -> float | tuple[float, ...] | None:
     from zoo.jobs.prune import run
 
-    return run_job(cfg, run, pruned_metric)
+    return run_job(cfg, run, lambda results: objective_values(results, list(cfg.prune.objectives)))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Latency measurement, lookup tables, cache safety, calibration, CLI and benchmark smoke test (CPU, tiny sizes)."""
+"""Latency measurement, lookup tables, cache safety, prediction error and correction, CLI and benchmark smoke test
+(CPU, tiny sizes)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from zoo.latency import (
     random_plans,
     resolve_device,
 )
-from zoo.latency.calibrate import Correction, fit_correction
+from zoo.latency.correction import Correction, fit_correction
 from zoo.surgery import apply_plan, segments
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,7 +124,7 @@ def test_table_costs_and_predict(table: zoo.latency.LatencyTable) -> None:
     for seg_costs in costs:
         for variant, cost in seg_costs:
             assert cost >= 0 and (cost == 0 if any(n in variant for n in removable) else True)
-    assert table.n_entries < sum(len(s.variants()) for s in segs)  # identical blocks share entries
+    assert table.n_records < sum(len(s.variants()) for s in segs)  # identical blocks share records
     assert table.predict_memory({}) > 0
     with pytest.raises(PlanError, match="not removable units"):
         table.predict({"remove": ["blocks.9.9"]})
@@ -373,7 +374,7 @@ def test_cuda_auto_timing_keeps_the_protocol_of_an_existing_cache(tmp_path: Path
 @needs_cuda
 def test_cuda_probe_sees_a_call_that_synchronises() -> None:
     from zoo.latency.measure import Bench
-    from zoo.latency.table import host_launch
+    from zoo.latency.protocol import host_launch
 
     x = torch.zeros(4, device="cuda")
     assert host_launch(Bench(lambda: (x + 1).sum().item(), device=torch.device("cuda")))[1] is True
@@ -382,7 +383,7 @@ def test_cuda_probe_sees_a_call_that_synchronises() -> None:
 
 def test_auto_timing_probe_compares_device_time_with_latency() -> None:
     from zoo.latency.device import timing_context
-    from zoo.latency.table import resolve_cuda_timing
+    from zoo.latency.protocol import resolve_cuda_timing
 
     # on the CPU both probes are plain isolated timings of the same call, so the "device" is busy ~100 % of it
     model, cpu = zoo.create_model(MODEL).eval(), torch.device("cpu")
@@ -434,7 +435,8 @@ def test_context_bench_attributes_time_to_the_segment_it_was_spent_in() -> None:
 def test_probe_networks_use_every_variant_and_estimator_windows_add_up(table) -> None:
     import numpy as np
 
-    from zoo.latency.table import estimator_runs, probe_variants
+    from zoo.latency.context import probe_variants
+    from zoo.latency.drift import estimator_runs
 
     assert probe_variants(table.keys, 2) != probe_variants(table.keys, 1)
     for spacing in (1, 2, 3):
@@ -465,7 +467,7 @@ def test_probe_networks_use_every_variant_and_estimator_windows_add_up(table) ->
 
 def test_cpu_tables_time_entries_in_context_by_default_and_isolated_on_request(table, tmp_path: Path) -> None:
     assert table.condition["protocol"] == "context-peers-1" and table.settings.entries == "context"
-    probes = zoo.latency.table.probe_variants(table.keys, table.settings.probe_spacing)
+    probes = zoo.latency.context.probe_variants(table.keys, table.settings.probe_spacing)
     assert table.records[table.fixed_key]["networks"] == 1 + len(probes)  # the intact network and each probe one
     assert table.overhead_ms == 0.0 and table.fixed_raw_ms > 0
     isolated = build_table(MODEL, input_size=SIZE, device="cpu", cache_dir=str(tmp_path),
@@ -481,12 +483,12 @@ def test_cpu_tables_time_entries_in_context_by_default_and_isolated_on_request(t
     with pytest.raises(ValueError, match="round_order='random' must be one of fixed, shuffled"):
         TableSettings(round_order="random")
     with pytest.raises(ValueError, match="round_order='random'"):
-        zoo.latency.CalibrationSettings(round_order="random")
+        zoo.latency.NetworkTimingSettings(round_order="random")
     keys = {TableSettings(entries="context", **kw): None for kw in ({}, {"probe_spacing": 2}, {"warm_calls": 1},
                                                                     {"round_order": "shuffled"})}
-    assert len({zoo.latency.table.protocol_name(torch.device("cpu"), s) for s in keys}) == 4  # no cache mixes them
+    assert len({zoo.latency.keys.protocol_name(torch.device("cpu"), s) for s in keys}) == 4  # no cache mixes them
     isolated = [TableSettings(entries="isolated", round_order=order) for order in ("fixed", "shuffled")]
-    assert len({zoo.latency.table.protocol_name(torch.device("cpu"), s) for s in isolated}) == 2
+    assert len({zoo.latency.keys.protocol_name(torch.device("cpu"), s) for s in isolated}) == 2
 
 
 def test_warm_calls_keep_the_previous_network_in_the_round_out_of_the_timing() -> None:
@@ -565,10 +567,10 @@ def test_shuffled_rounds_spread_the_previous_networks_effect_over_every_network(
 
 
 def test_evaluation_anchors_predictions_to_the_original_measured_in_the_same_session(table) -> None:
-    from zoo.latency import CalibrationSettings, evaluate
+    from zoo.latency import NetworkTimingSettings, prediction_error
 
-    evaluation = evaluate(table, random_plans(table.segments, 3, seed=11),
-                          CalibrationSettings(warmup_s=0.05, net_warmup_s=0.0, min_rounds=3, max_rounds=3))
+    evaluation = prediction_error(table, random_plans(table.segments, 3, seed=11),
+                                  NetworkTimingSettings(warmup_s=0.05, net_warmup_s=0.0, min_rounds=3, max_rounds=3))
     original = evaluation.results[0]
     assert original.anchored_error() == pytest.approx(0.0)  # the anchor itself
     assert evaluation.drift == pytest.approx(original.predicted_raw_ms / original.measured_ms - 1)
@@ -586,7 +588,7 @@ def test_diagnosis_splits_each_networks_error_into_segments_and_rest() -> None:
     from benchmarks.latency_diagnosis import diagnose, drift_trace, hook_check, neighbour_check, report, session_check
 
     quick = replace(FAST, entries="isolated")
-    calib = zoo.latency.CalibrationSettings(warmup_s=0.05, net_warmup_s=0.0, min_rounds=5, max_rounds=5)
+    calib = zoo.latency.NetworkTimingSettings(warmup_s=0.05, net_warmup_s=0.0, min_rounds=5, max_rounds=5)
     result = diagnose(MODEL, 1, SIZE, 2, 0, quick, calib, rebuild=False)
     assert len(result["networks"]) == 3 and result["entries"]
     for n in result["networks"]:  # in-context parts add up to the measured total, so the split is exact
@@ -681,8 +683,9 @@ def test_isolated_rounds_divide_the_machines_drift_out_by_the_reference_network(
     put back at the speed that statistic picks from the reference's raw runs: p10 at the fast state (as the entry
     timed alone on a machine that stays fast reports it), the median at the slow one (timed alone, always slow).
     Comparing with those two runs keeps each sleep's overshoot on a loaded machine out of the verdict."""
+    from zoo.capture import Capture
     from zoo.latency.device import timing_context
-    from zoo.latency.table import Capture, Pending, measure_rounds
+    from zoo.latency.rounds import Pending, measure_rounds
 
     x = torch.zeros(1)
     settings = TableSettings(min_rounds=20, max_rounds=20, entry_warmup_s=0.0, rel_tol=0.0)
@@ -710,7 +713,7 @@ def test_each_bench_is_divided_by_the_speed_the_other_benches_saw():
     """Four networks on a machine that turns 20 % slower halfway; network A also turns 10 % slower on its own after
     a quarter. Every network loses the machine's step once divided by its speed, and A keeps its own step: its own
     runs do not set its speed (divided by itself, its step would vanish and its costs drift toward its median)."""
-    from zoo.latency.table import speeds_from_others
+    from zoo.latency.drift import speeds_from_others
 
     rounds = np.arange(100)
     machine = np.where(rounds < 50, 1.0, 1.2)
@@ -729,7 +732,7 @@ def test_each_bench_is_divided_by_the_speed_the_other_benches_saw():
 def test_speed_levels_put_each_estimator_back_where_the_raw_reference_has_it():
     """A reference at 10 ms for 30 rounds, then 20 % slower for 70: divided by its speed every run is at the median
     (slow) state; the levels bring p10 and min back to the fast state and leave the median where it is."""
-    from zoo.latency.table import machine_speed, speed_levels
+    from zoo.latency.drift import machine_speed, speed_levels
 
     raw = np.r_[np.full(30, 10.0), np.full(70, 12.0)] + np.random.default_rng(0).uniform(0, 0.01, 100)
     levels = speed_levels(raw, machine_speed(raw))

@@ -17,16 +17,17 @@ PACKAGE = Path(zoo.__file__).parent
 # Each module's layer: a module may import its own layer and the ones below, never a higher one.
 LAYERS = [
     {"errors", "lazy", "files", "signals"},
-    {"registry", "tags", "depth", "features", "fuse", "checkpoint", "latency.device"},
+    {"registry", "tags", "depth", "features", "fuse", "checkpoint", "latency.device", "latency.correction"},
     {"surgery", "pretrained", "models.retention", "models.mobilenetv2", "models.tresnet", "models.resnetv2",
      "models.retnet", "models.plainresnet", "models", "search", "latency.cache"},
     {"capture"},
-    {"factory", "exporting", "latency.measure", "latency.context", "latency.runtime", "importance"},
-    {"latency.calibrate", "latency.table", "latency", "training.distributed", "training.state", "training.logger",
-     "training.config", "training.data"},
+    {"factory", "exporting", "latency.measure", "latency.context", "latency.runtime", "latency.settings",
+     "latency.drift", "latency.keys", "latency.rounds", "latency.protocol", "latency.table", "importance"},
+    {"latency.networks", "latency.accuracy", "latency.build", "latency", "training.distributed", "training.state",
+     "training.logger", "training.config", "training.data"},
     {"training.engine", "training"},
-    {"jobs.runs", "jobs.entry", "jobs.models", "jobs.train", "jobs.prune_results", "jobs.prune_config", "jobs.baseline",
-     "jobs.plan", "jobs.finetune", "jobs.measure", "jobs.prune", "jobs", "report", "__main__",
+    {"jobs.runs", "jobs.cli", "jobs.models", "jobs.train", "jobs.prune_results", "jobs.card", "jobs.prune_config",
+     "jobs.baseline", "jobs.plan", "jobs.finetune", "jobs.measure", "jobs.prune", "jobs", "report", "__main__",
      "latency.__main__"},
 ]
 

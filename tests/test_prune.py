@@ -37,7 +37,8 @@ def test_prune_py_digits_end_to_end(digits_prune):
     assert results["model"] == "mobilenetv2_035" and results["plan"]["remove"]
     export = results["export"]  # prune.export=onnx: the pruned, merged model in onnxruntime
     assert export["passed"] and export["max_rel_diff"] <= 1e-4 and (base / "run" / "pruned.onnx").is_file()
-    assert export["input_shapes"] == [[1, 3, 16, 16]]
+    assert export["checked_shapes"] == [[[2, 3, 16, 16]], [[3, 3, 16, 16]]]  # a dynamic batch, checked at two sizes
+    assert export["dynamic_axes"] == {next(iter(export["dynamic_axes"])): {"0": "batch"}} and export["opset"]
     for side in ("baseline", "pruned"):
         assert results[side]["latency_ms"] > 0 and results[side]["params"] > 0 and "val/acc1" in results[side][
             "metrics"]
@@ -112,6 +113,44 @@ def test_prune_wandb_run_holds_tables_plan_and_results(digits_prune):
     assert any(k.startswith("train/") for k in logged)  # the fine-tuning curves
     media = list((run_file.parent / "files" / "media").rglob("*"))
     assert any(p.suffix == ".png" for p in media) and any(p.name.endswith(".table.json") for p in media)
+
+
+def test_the_prune_run_logs_its_lineage_as_linked_artifacts(digits_prune):
+    """Baseline weights, latency table, plan and pruned checkpoint (with its card) are artifacts of the offline run;
+    each names the digests of what it was made from."""
+    base, _ = digits_prune
+    results = json.loads((base / "run" / "results.json").read_text())
+    (run_file,) = find_run_files(base / "run")
+    artifacts = {a["name"]: a for a in read_run(run_file).artifacts if a["type"] != "run_table"}  # not wandb.Table's
+    names = [f"mobilenetv2_035-{kind}" for kind in ("baseline", "latency-table", "plan", "pruned")]
+    assert sorted(artifacts) == sorted(names)
+    baseline, table, plan, pruned = (artifacts[n] for n in names)
+    assert [a["type"] for a in (baseline, table, plan, pruned)] == ["model", "latency-table", "plan", "model"]
+    assert baseline["files"] == ["best.safetensors"] and pruned["files"] == ["README.md", "pruned.safetensors"]
+    assert table["metadata"]["baseline"] == baseline["digest"]
+    assert plan["metadata"]["baseline"] == baseline["digest"] and plan["metadata"]["latency_table"] == table["digest"]
+    assert pruned["metadata"]["plan"] == plan["digest"] and pruned["metadata"]["baseline"] == baseline["digest"]
+    assert results["lineage"][names[3]]["digest"] == pruned["digest"]
+    table_file = json.loads((base / "run" / "latency_table.json").read_text())
+    assert [s["name"] for s in table_file["segments"]] and table_file["fixed_ms"] > 0
+
+
+def test_the_pruned_checkpoint_has_a_model_card(digits_prune):
+    """README.md in Hugging Face's model-card format, parsed back by huggingface_hub: metadata, the plan, the
+    measured speed-up, quality before and after, the command, how to load it (depthzoo and the ONNX export)."""
+    from huggingface_hub import ModelCard
+
+    base, _ = digits_prune
+    results = json.loads((base / "run" / "results.json").read_text())
+    card = ModelCard.load(base / "run" / "README.md")
+    assert card.data.library_name == "depthzoo" and card.data.pipeline_tag == "image-classification"
+    assert "depth-pruning" in card.data.tags and card.data.base_model is None  # trained here, not from a hub
+    (top1,) = [r for r in card.data.eval_results if r.metric_name == "top-1 accuracy (%)"]
+    assert top1.metric_value == pytest.approx(results["pruned"]["metrics"]["val/acc1"], abs=1e-4)
+    assert f"{results['measured_speedup']:.2f}x" in card.text
+    assert all(f"`{unit}`" in card.text for unit in results["plan"]["remove"])
+    assert "python prune.py" in card.text and "prune.export=onnx" in card.text
+    assert 'zoo.load("pruned.safetensors")' in card.text and "onnxruntime" in card.text
 
 
 def test_second_job_reuses_baseline_table_and_importance(digits_prune):

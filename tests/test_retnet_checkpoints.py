@@ -328,3 +328,27 @@ def test_without_flas_kernels_the_folder_is_written_and_said_unchecked(tmp_path)
         pytest.skip("fla runs here: the check does (the fla_on_cpu test covers the comparison)")
     assert report.passed is None and report.checked_with.startswith("not checked")
     assert {p.name for p in (tmp_path / "hf").iterdir()} == {"config.json", "model.safetensors"}
+
+
+@pytest.mark.slow
+def test_prune_py_writes_the_fla_folder_with_its_card(tmp_path):
+    """prune.export=hf with a whole-layer plan: hf/ holds config.json, the weights and the model card; on a CPU the
+    folder cannot be run in fla (Triton), which results.json says instead of claiming a check."""
+    from huggingface_hub import ModelCard
+
+    from .helpers import FAST_LUT, run_prune
+
+    plan = tmp_path / "layers.json"
+    plan.write_text(json.dumps({"remove": ["blocks.1.retention", "blocks.1.ffn"]}))
+    proc = run_prune(*TINY_LM_PRUNE, *FAST_LUT, "+model.overrides.rope=neox", "+model.overrides.head_norm_affine=true",
+                     f"prune.plan={plan}", "prune.export=hf", base=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    export, folder = results["export"], tmp_path / "run" / "hf"
+    assert export["format"] == "hf" and export["path"] == str(folder)
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 1
+    if not torch.cuda.is_available():
+        assert export["passed"] is None and export["checked_with"].startswith("not checked")
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.pipeline_tag == "text-generation" and "AutoModelForCausalLM" in card.text
+    assert "`blocks.1.retention`" in card.text and (tmp_path / "run" / "README.md").is_file()

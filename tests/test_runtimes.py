@@ -1,5 +1,6 @@
-"""Deploy runtimes (zoo.latency.runtime): latency tables, calibration and prune runs in torch.compile and onnxruntime,
-the fixed part derived from the whole network there, refusals before any work, and failures that name the entry."""
+"""Deploy runtimes (zoo.latency.runtime): latency tables, their correction and prune runs in torch.compile and
+onnxruntime, the fixed part derived from the whole network there, refusals before any work, and failures that name
+the record."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import pytest
 import torch
 from torch import nn
 
+from zoo.capture import Capture
 from zoo.errors import ZooError
-from zoo.latency import CalibrationSettings, LatencyCache, TableSettings, build_table, calibrate
+from zoo.latency import LatencyCache, NetworkTimingSettings, TableSettings, build_table, correct
+from zoo.latency.build import STATS, fixed_from_whole, record_cost
 from zoo.latency.device import timing_context
+from zoo.latency.rounds import Pending, measure_rounds
 from zoo.latency.runtime import RuntimeCall, RuntimeFailure, check_runtime, in_runtime, tensorrt_backend
-from zoo.latency.table import STATS, Capture, Pending, entry_cost, fixed_from_whole, measure_rounds
 
 from .helpers import TINY_PRUNE as TINY
 from .helpers import run_prune
@@ -24,7 +27,7 @@ from .helpers import run_prune
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 FAST = TableSettings(warmup_s=0.1, entry_warmup_s=0.0, min_rounds=3, max_rounds=4)
-QUICK_CALIB = CalibrationSettings(warmup_s=0.1, net_warmup_s=0.0, min_rounds=3, max_rounds=4)
+QUICK_TIMING = NetworkTimingSettings(warmup_s=0.1, net_warmup_s=0.0, min_rounds=3, max_rounds=4)
 
 
 class Branchy(nn.Module):
@@ -79,14 +82,14 @@ def test_the_fixed_part_outside_eager_is_the_whole_network_less_its_intact_segme
         return {s: (p10 if s in ("p10_ms", "min_ms") else median) for s in STATS}
 
     overhead, seg0, chain1 = rec(0.5, 0.4), rec(3.0, 2.8), rec(5.5, 5.0)
-    intact = [{s: entry_cost(seg0, overhead, s) for s in STATS}, {s: entry_cost(chain1, seg0, s) for s in STATS}]
+    intact = [{s: record_cost(seg0, overhead, s) for s in STATS}, {s: record_cost(chain1, seg0, s) for s in STATS}]
     fixed = fixed_from_whole(rec(10.0, 9.0), intact)
     assert fixed["median_ms"] == pytest.approx(5.0) and fixed["p10_ms"] == pytest.approx(4.4)
     assert fixed["peak_mem_bytes"] is None
 
 
 @pytest.mark.slow
-def test_an_onnxruntime_table_is_its_own_condition_predicts_the_whole_network_and_calibrates(tmp_path):
+def test_an_onnxruntime_table_is_its_own_condition_predicts_the_whole_network_and_is_corrected(tmp_path):
     kwargs = dict(input_size=16, device="cpu", cache_dir=str(tmp_path), settings=FAST)
     table = build_table("mobilenetv2_035", runtime="onnxruntime", **kwargs)
     assert table.condition["runtime"] == "onnxruntime" and table.condition["runtime_version"].startswith("onnxruntime")
@@ -100,26 +103,26 @@ def test_an_onnxruntime_table_is_its_own_condition_predicts_the_whole_network_an
     cached = LatencyCache(table.condition, str(tmp_path)).load()
     assert "whole network" in cached[table.fixed_key]["what"]
     assert table.predict(corrected=False) == pytest.approx(cached[table.fixed_key]["p10_ms"])
-    # entries are timed chained after the previous segment; their cost is the chain less that segment alone
+    # records are timed chained after the previous segment; their cost is the chain less that segment alone
     chained = [i for i, prefix in enumerate(table.prefix_keys) if prefix]
     assert chained and table.prefix_keys[0] is None
     i = chained[0]
     assert table.raw_cost(i, frozenset()) == pytest.approx(max(0.0, cached[table.keys[i][frozenset()]]["p10_ms"]
                                                                - cached[table.prefix_keys[i]]["p10_ms"]))
     eager = build_table("mobilenetv2_035", **kwargs)  # same cache folder, another condition: measured anew
-    assert eager.n_measured == eager.n_entries and eager.condition["runtime"] == "eager"
-    evaluation = calibrate(table, 2, settings=QUICK_CALIB)
+    assert eager.n_measured == eager.n_records and eager.condition["runtime"] == "eager"
+    evaluation = correct(table, 2, settings=QUICK_TIMING)
     assert len(evaluation.results) == 3 and all(r.measured_ms > 0 for r in evaluation.results)
 
 
 @pytest.mark.slow
-def test_a_compiled_table_builds_caches_and_calibrates(tmp_path):
+def test_a_compiled_table_builds_caches_and_is_corrected(tmp_path):
     kwargs = dict(input_size=16, device="cpu", cache_dir=str(tmp_path), settings=FAST, runtime="compile")
     table = build_table("mobilenetv2_035", **kwargs)
-    assert table.condition["runtime"] == "compile" and table.n_measured == table.n_entries
+    assert table.condition["runtime"] == "compile" and table.n_measured == table.n_records
     assert table.runtime_build_s > 0
     assert build_table("mobilenetv2_035", **kwargs).n_measured == 0
-    evaluation = calibrate(table, 2, settings=QUICK_CALIB)
+    evaluation = correct(table, 2, settings=QUICK_TIMING)
     assert all(r.measured_ms > 0 for r in evaluation.results)
 
 

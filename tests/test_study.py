@@ -139,3 +139,27 @@ def test_slurm_launcher_config_composes():
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "SlurmLauncher" in proc.stdout and "partition: gpu" in proc.stdout and "gpus_per_node: 1" in proc.stdout
+
+
+@pytest.mark.slow
+def test_an_optuna_study_searches_two_objectives_and_reports_its_front(tmp_path):
+    """``prune.py -m experiment=mbv2_digits_optuna``: Hydra's Optuna sweeper (NSGA-II) runs 4 trials over the
+    pruning settings, each returning (val/acc1, measured latency); Optuna writes its Pareto solutions and the report
+    draws the measured front."""
+    import yaml
+
+    space = ("hydra.sweeper.params={prune.target_speedup:'interval(1.1,1.6)',prune.search:'choice(dp,greedy)',"
+             "prune.importance:'choice(loss,block_influence)'}")
+    proc = run_sweep(tmp_path, "experiment=mbv2_digits_optuna", "model=mobilenetv2_035", "prune.batch_size=2",
+                     "finetune.epochs=1", "hydra.sweeper.n_trials=4", "hydra.sweeper.sampler.population_size=4",
+                     space, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (sweep_dir,) = list((tmp_path / "outputs" / "prune" / "multiruns").iterdir())
+    results = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/results.json"))]
+    assert len(results) == 4 and len({r["target_speedup"] for r in results}) == 4  # sampled, not a grid
+    assert all(1.1 <= r["target_speedup"] <= 1.6 and r["search"] in ("dp", "greedy") for r in results)
+    solutions = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())["solutions"]
+    measured = {(r["pruned"]["metrics"]["val/acc1"], r["pruned"]["latency_ms"]) for r in results}
+    assert solutions and all(tuple(s["values"]) in measured for s in solutions)  # what the jobs returned
+    report = (sweep_dir / "report.md").read_text()
+    assert "Pareto front (measured)" in report and (sweep_dir / "pareto.png").stat().st_size > 0

@@ -1,4 +1,4 @@
-"""Read back an offline W&B run (``run-<id>.wandb``) in tests: history rows, summary, config, run info.
+"""Read back an offline W&B run (``run-<id>.wandb``) in tests: history rows, summary, config, run info, artifacts.
 
 The file is a LevelDB-style log: a 7-byte header (``:W&B`` + version), then 32 KiB blocks of records, each
 framed by a CRC (uint32), a length (uint16) and a type (uint8: 1 full, 2 first, 3 middle, 4 last); the
@@ -26,6 +26,7 @@ class WandbRun:
     config: dict[str, Any] = field(default_factory=dict)
     run: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None
+    artifacts: list[dict[str, Any]] = field(default_factory=list)  # name, type, digest, metadata, files
 
 
 def read_records(path: str | Path) -> list[bytes]:
@@ -88,6 +89,11 @@ def read_run(path: str | Path) -> WandbRun:
             run.config.update(_items(record.run.config.update))
         elif kind == "exit":
             run.exit_code = record.exit.exit_code
+        elif kind == "artifact":
+            a = record.artifact
+            run.artifacts.append({"name": a.name, "type": a.type, "digest": a.digest,
+                                  "metadata": json.loads(a.metadata or "{}"),
+                                  "files": [entry.path for entry in a.manifest.contents]})
     return run
 
 

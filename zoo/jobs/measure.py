@@ -37,11 +37,12 @@ def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any =
     included).
 
     Each network runs in the form the table measures (its deploy form, :func:`zoo.fuse`, by default) and, with
-    `unfused`, as ``<name>_eager`` as it is. `settings`: a :class:`~zoo.latency.CalibrationSettings` (None: its
+    `unfused`, as ``<name>_eager`` as it is. `settings`: a :class:`~zoo.latency.NetworkTimingSettings` (None: its
     defaults).
     """
-    from ..latency.calibrate import CalibrationSettings, time_networks
     from ..latency.measure import measured_form, prepare
+    from ..latency.networks import time_networks
+    from ..latency.settings import NetworkTimingSettings
 
     device = next(table.model.parameters()).device
     channels_last = table.condition["layout"] == "channels_last"
@@ -56,7 +57,7 @@ def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any =
 
         prepared = [RecurrentStep(net, net.init_state(table.example.shape[0]).to(device), advance=False)
                     for net in prepared]
-    benches = time_networks(prepared, table.example, {}, table, settings or CalibrationSettings(), list(forms))
+    benches = time_networks(prepared, table.example, {}, table, settings or NetworkTimingSettings(), list(forms))
     return {name: {k: round(v, 5) for k, v in bench.summary().items()} for name, bench in zip(forms, benches)}
 
 
@@ -91,19 +92,23 @@ def report_runtimes(cfg: Any, table: Any, measured: dict[str, dict[str, float]],
 
 
 def export_pruned(cfg: Any, pruned: nn.Module, data: Any, output_dir: Path) -> dict[str, Any]:
-    """``prune.export``: the pruned model as ``pruned.onnx`` or ``pruned.pt2`` at batch 1 and the data's input size
-    (for ``prune.workload=decode``, a RetNet's decode step), checked against PyTorch (zoo.export) within
-    ``prune.export_rtol``. An export that fails or misses the tolerance is recorded (``passed: false`` and the
-    error) and reported, after the run's own results are safe."""
+    """``prune.export``: the pruned model as ``pruned.onnx`` or ``pruned.pt2`` with a dynamic batch axis at the data's
+    input size (dynamic height and width too with ``prune.export_dynamic_size``; for ``prune.workload=decode``, a
+    RetNet's decode step), checked against PyTorch (zoo.export) at two batch sizes within ``prune.export_rtol``; or,
+    with ``hf``, a RetNet as a flash-linear-attention folder ``hf/`` (with the run's tokenizer, when it used one).
+    An export that fails or misses the tolerance is recorded (``passed: false`` and the error) and reported, after
+    the run's own results are safe."""
     from ..errors import ExportError
     from ..exporting import export
 
-    suffix = {"onnx": "onnx", "torch_export": "pt2"}[cfg.prune.export]
-    path = output_dir / f"pruned.{suffix}"
-    form = "recurrent" if cfg.prune.workload == "decode" else "parallel"
+    path = output_dir / {"onnx": "pruned.onnx", "torch_export": "pruned.pt2", "hf": "hf"}[cfg.prune.export]
+    form = "recurrent" if cfg.prune.workload == "decode" and cfg.prune.export != "hf" else "parallel"
+    tokenizer = cfg.data.get("tokenizer")
     try:
         report = export(copy.deepcopy(pruned).cpu().float(), path, format=cfg.prune.export,
-                        input_size=data.input_size, form=form, rtol=cfg.prune.export_rtol).as_dict()
+                        input_size=data.input_size, form=form, rtol=cfg.prune.export_rtol,
+                        dynamic_size=cfg.prune.export_dynamic_size,
+                        tokenizer=tokenizer if tokenizer not in (None, "bytes") else None).as_dict()
     except ExportError as error:
         _log.error("prune.export=%s failed: %s", cfg.prune.export, error)
         return {"path": str(path), "format": cfg.prune.export, "form": form, "passed": False, "error": str(error)}

@@ -20,7 +20,7 @@ from typing import Any
 from ..checkpoint import save_checkpoint
 from ..errors import ZooError
 from ..files import write_json
-from ..latency.calibrate import calibrate
+from ..latency.accuracy import correct
 from .baseline import evaluate_baseline, load_or_train_baseline
 from .finetune import finetune
 from .measure import build_lut, export_pruned, measure_side_by_side, report_runtimes
@@ -35,7 +35,7 @@ from .plan import (
     target_check,
 )
 from .prune_config import PruneConfig, measure_settings, validate_prune
-from .prune_results import assemble_results, format_summary, log_to_wandb
+from .prune_results import assemble_results, format_summary, log_lineage, log_to_wandb, table_record
 
 _log = logging.getLogger(__name__)
 
@@ -108,9 +108,9 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
     before ``results.json`` (sealed, with the config's fingerprint) is written, last.
     """
     from ..files import file_digest, write_sealed_json
+    from ..latency.device import resolve_device
     from ..training import build_loaders, create_logger, seed_everything
     from ..training import distributed as dist_utils
-    from ..training.engine import resolve_device
     from .cli import hydra_context
     from .models import data_model_cfg
     from .runs import SEED_KEYS, fingerprint, flatten, study_group
@@ -119,8 +119,9 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
     timings: dict[str, float] = {}
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     weights = cfg.checkpoint if cfg.checkpoint else None
+    device = resolve_device(cfg.trainer.device, dist.local_rank, warn_fallback=False)
     data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=data_model_cfg(cfg.model, weights), rank=dist.rank,
-                         world=dist.world, pin_memory=resolve_device(cfg.trainer.device).type == "cuda")
+                         world=dist.world, pin_memory=device.type == "cuda")
     with phase(timings, "baseline"):
         baseline, baseline_path = load_or_train_baseline(cfg, data, config)
         baseline.eval()
@@ -135,7 +136,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
             try:
                 with phase(timings, "latency_table"):
                     table = build_lut(cfg, baseline, data)
-                    calibration = calibrate(table, cfg.prune.calibrate_plans) if cfg.prune.calibrate_plans else None
+                    calibration = correct(table, cfg.prune.calibrate_plans) if cfg.prune.calibrate_plans else None
                 with phase(timings, "importance"):  # (also with a given plan: it is logged beside the table)
                     damages, importance_cached = importance_of(cfg, config, baseline, table, data)
                 plan_file = output_dir / "plan.json"
@@ -188,7 +189,12 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         results["checkpoint_sha256"] = file_digest(checkpoint)
         if cfg.prune.export:
             results["export"] = export_pruned(cfg, pruned, data, output_dir)
+        files = {"baseline": baseline_file(baseline_path, baseline, output_dir), "checkpoint": checkpoint,
+                 "plan": write_json(output_dir / "plan.json", plan),
+                 "latency_table": write_json(output_dir / "latency_table.json", table_record(table)),
+                 "card": write_cards(cfg, results, output_dir)}
         log_to_wandb(logger, table, options, damages, plan, results)
+        results["lineage"] = log_lineage(logger, results, files)
     except BaseException:
         logger.finish(exit_code=1)
         raise
@@ -197,6 +203,30 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
     dist_utils.barrier()  # the other ranks end once the results are written
     print(format_summary(results))
     return results
+
+
+def baseline_file(source: Any, baseline: Any, output_dir: Path) -> Path:
+    """The baseline's weight file, or (for weights from a hub or a folder) ``baseline_source.json`` naming the source
+    and the weights' digest: what the W&B lineage records as the baseline."""
+    from ..importance import weights_digest
+
+    if Path(str(source)).is_file():
+        return Path(str(source))
+    return write_json(output_dir / "baseline_source.json", {"source": str(source), "tag": getattr(
+        baseline, "zoo_tag", None), "weights_digest": weights_digest(baseline)})
+
+
+def write_cards(cfg: Any, results: dict[str, Any], output_dir: Path) -> Path:
+    """The model card (``README.md``) beside ``pruned.safetensors``, and in the ``hf/`` folder of an hf export."""
+    from ..registry import get_entry
+    from .card import write_model_card
+    from .cli import hydra_context
+
+    overrides, task = hydra_context().get("overrides"), get_entry(cfg.model.name).task
+    export = results.get("export") or {}
+    if export.get("format") == "hf" and export.get("passed") is not False:
+        write_model_card(export["path"], results, overrides, task)
+    return write_model_card(output_dir, results, overrides, task)
 
 
 def job_logger_cfg(cfg: Any) -> Any:

@@ -42,6 +42,8 @@ class PruneSettings:
     force: bool = False
     export: str | None = None
     export_rtol: float = 1e-4
+    export_dynamic_size: bool = False
+    objectives: list[str] = field(default_factory=lambda: ["metric"])
     runtime: str = "eager"
     runtime_report: list[str] = field(default_factory=list)
     max_memory_mb: float | None = None
@@ -98,10 +100,33 @@ PRUNE_RANGES = (  # (key, lowest, highest, lowest excluded?): see zoo.training.c
 )
 
 
+OBJECTIVES = {  # what a prune job can return to a Hydra sweeper (Optuna): name -> where it is in results.json
+    "metric": "the pruned model's validation metric (val/acc1, else val/loss)",
+    "val/acc1": "top-1 accuracy (%)", "val/acc5": "top-5 accuracy (%)", "val/loss": "validation loss",
+    "val/ppl": "validation perplexity", "latency_ms": "the pruned model's measured latency (ms)",
+    "speedup": "the measured speed-up against the baseline", "params": "the pruned model's parameter count",
+}
+
+
+def objective_values(results: dict[str, Any], objectives: list[str]) -> float | tuple[float, ...]:
+    """The values of `objectives` in a prune job's results (one float for one objective, else a tuple); a metric
+    the task does not have raises ZooError naming the ones it has."""
+    metrics = results["pruned"]["metrics"]
+    known = {**metrics, "metric": metrics.get("val/acc1", metrics.get("val/loss")),
+             "latency_ms": results["pruned"]["latency_ms"], "speedup": results["measured_speedup"],
+             "params": results["pruned"]["params"]}
+    missing = [o for o in objectives if known.get(o) is None]
+    if missing:
+        raise ZooError(f"prune.objectives names {', '.join(missing)}, which this run does not measure; it has "
+                       f"{', '.join(k for k, v in known.items() if v is not None)}.")
+    values = tuple(float(known[o]) for o in objectives)
+    return values[0] if len(values) == 1 else values
+
+
 def validate_prune(cfg: Any) -> None:
     """Checks before any long work: budget, choices, ranges, device, the files it names (raises ZooError)."""
     from ..latency.device import resolve_device, resolve_dtype
-    from ..registry import get_entry
+    from ..registry import get_entry, model_class
     from ..training.config import check_ranges, check_writable
 
     p = cfg.prune
@@ -112,6 +137,12 @@ def validate_prune(cfg: Any) -> None:
         raise ZooError(f"prune.importance={p.importance!r}; allowed: {', '.join(SCORES)}.")
     if p.search not in SEARCHES:
         raise ZooError(f"prune.search={p.search!r}; allowed: {', '.join(SEARCHES)}.")
+    task_metrics = ("val/ppl",) if get_entry(cfg.model.name).task == "language_model" else ("val/acc1", "val/acc5")
+    unknown = [o for o in p.objectives if o not in OBJECTIVES or (o in ("val/acc1", "val/acc5", "val/ppl")
+                                                                   and o not in task_metrics)]
+    if unknown or not p.objectives:
+        raise ZooError(f"prune.objectives={list(p.objectives)}: give one or more of {', '.join(OBJECTIVES)} (what a "
+                       f"job returns to a sweeper, in the order of hydra.sweeper.direction).")
     if p.workload not in ("forward", "decode"):
         raise ZooError(f"prune.workload={p.workload!r}; allowed: forward (the whole forward pass) or decode "
                        "(one recurrent decode step of a language model such as RetNet).")
@@ -125,6 +156,9 @@ def validate_prune(cfg: Any) -> None:
             raise ZooError(f"prune.export={p.export!r}; allowed: null, {', '.join(FORMATS)}.")
         if p.export == "onnx":
             _require("onnx", "onnxscript", "onnxruntime")
+        if p.export == "hf" and not hasattr(model_class(cfg.model.name), "hf_form"):
+            raise ZooError(f"prune.export=hf writes a Hugging Face model folder; {cfg.model.name} has no such form "
+                           f"(a RetNet has: a flash-linear-attention model). Use prune.export=onnx or torch_export.")
     if p.plan:
         read_plan_file(p.plan)
     if cfg.checkpoint:
@@ -205,9 +239,9 @@ def lut_settings(p: Any) -> Any:
 
 def measure_settings(p: Any) -> Any:
     """The final side-by-side timing's settings from ``prune.measure``."""
-    from ..latency import CalibrationSettings
+    from ..latency import NetworkTimingSettings
 
-    return _settings(CalibrationSettings, p.measure, "prune.measure")
+    return _settings(NetworkTimingSettings, p.measure, "prune.measure")
 
 
 def read_plan_file(path: str | Path) -> dict[str, Any]:

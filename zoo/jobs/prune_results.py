@@ -59,7 +59,7 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
         "measured_speedup": base_ms / pruned_ms,
         "measured_speedup_eager": eager_base / eager_pruned,
         "measurements": measured,
-        "lut": {"entries": table.n_entries, "measured_now": table.n_measured, "cached": table.n_cached,
+        "lut": {"entries": table.n_records, "measured_now": table.n_measured, "cached": table.n_cached,
                 "build_s": round(table.build_s, 3),
                 "calibration": None if calibration is None else calibration.summary()},
         "importance_cached": importance_cached,
@@ -105,7 +105,8 @@ def format_summary(results: dict[str, Any]) -> str:
     if export:
         lines.append(f"export {export['path']}: " + (
             f"within {export['rtol']:g} of PyTorch ({export['max_rel_diff']:.1e}, {export['checked_with']})"
-            if export["passed"] else f"FAILED: {export.get('error', 'beyond the tolerance')}"))
+            if export["passed"] else f"written, {export['checked_with']}" if export["passed"] is None
+            else f"FAILED: {export.get('error', 'beyond the tolerance')}"))
     lines += [f"note: {note}" for note in results.get("notes", [])]
     return "\n".join(lines)
 
@@ -130,6 +131,49 @@ def log_to_wandb(logger: Any, table: Any, options: list, damages: list, plan: di
         "prune/pareto": wandb.Image(plan_front_figure(table, options, results)),
     })
     run.summary["prune/plan_json"] = json.dumps(plan)
+
+
+def table_record(table: Any) -> dict[str, Any]:
+    """The latency table the search used, as JSON (``latency_table.json``): its condition, fixed part and every
+    segment variant's cost."""
+    return {"condition": table.condition, "fixed_ms": table.fixed_cost(),
+            "segments": [{"name": seg.name, "variants": [{"removed": sorted(v), "ms": cost} for v, cost in costs]}
+                         for seg, costs in zip(table.segments, table.segment_costs())]}
+
+
+def log_lineage(logger: Any, results: dict, files: dict[str, Path]) -> dict[str, dict[str, str]]:
+    """The run's baseline weights, latency table, plan and pruned checkpoint (with its model card) as W&B artifacts,
+    each naming the digests of those it was made from in its metadata (so offline runs are linked too); an online
+    run also declares the baseline and the table as its inputs (W&B's lineage graph). Returns name -> type and
+    digest (``results.json``: ``lineage``), or {} without a W&B run."""
+    run = getattr(logger, "run", None)
+    if run is None:
+        return {}
+    import wandb
+
+    model, logged = results["model"], {}
+
+    def log(kind: str, name: str, paths: list[Path], metadata: dict[str, Any], use: bool = False) -> str:
+        artifact = wandb.Artifact(name, type=kind, metadata=metadata)
+        for path in paths:
+            artifact.add_file(str(path))
+        run.log_artifact(artifact)
+        if use and not getattr(run, "offline", True):
+            run.use_artifact(artifact)
+        logged[name] = {"type": kind, "digest": artifact.digest}
+        return artifact.digest
+
+    baseline = log("model", f"{model}-baseline", [files["baseline"]],
+                   {"source": results["baseline"].get("source"), "metrics": results["baseline"]["metrics"]}, use=True)
+    table = log("latency-table", f"{model}-latency-table", [files["latency_table"]],
+                {"condition": results["condition"], "baseline": baseline}, use=True)
+    plan = log("plan", f"{model}-plan", [files["plan"]],
+               {"baseline": baseline, "latency_table": table, "search": results["search"],
+                "importance": results["importance"], "target_speedup": results["target_speedup"]})
+    log("model", f"{model}-pruned", [files["checkpoint"], *([files["card"]] if "card" in files else [])],
+        {"baseline": baseline, "latency_table": table, "plan": plan, "measured_speedup": results["measured_speedup"],
+         "metrics": results["pruned"]["metrics"]})
+    return logged
 
 
 def plan_front_figure(table: Any, options: list, results: dict) -> Any:

@@ -41,11 +41,12 @@ LOCATION_AND_REUSE = ("paths", "logger", "hydra", "task_name", "tags", "trainer.
 # Dotted config keys that never change what a run computes. Everything else in the resolved config is part of the
 # fingerprint, and so are the contents of the files it names (:func:`with_inputs`).
 NON_DETERMINING = (*LOCATION_AND_REUSE, "trainer.progress", "trainer.log_every", "trainer.save_checkpoints",
-                   "data.num_workers", "data.download")
+                   "data.num_workers", "data.download", "prune.objectives")
 # The files and folders each kind of run leaves in its directory: what a conflict protects and what force removes.
 OUTPUTS = {
     "train": ("results.json", "checkpoints"),
-    "prune": ("results.json", "plan.json", "finetune", "pruned.safetensors", "pruned.onnx", "pruned.pt2"),
+    "prune": ("results.json", "plan.json", "finetune", "pruned.safetensors", "pruned.onnx", "pruned.pt2", "hf",
+              "README.md", "latency_table.json"),
     "baseline": ("checkpoints", "trained.json"),
 }
 ALL_OUTPUTS = tuple(dict.fromkeys(name for names in OUTPUTS.values() for name in names))

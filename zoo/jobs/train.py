@@ -13,11 +13,12 @@ from typing import Any
 
 from torch import nn
 
+from ..latency.device import resolve_device
 from ..training import distributed as dist_utils
 from ..training import state as ckpt
 from ..training.config import validate
 from ..training.data import DataBundle, build_loaders
-from ..training.engine import FitResult, fit, resolve_device, seed_everything
+from ..training.engine import FitResult, fit, seed_everything
 from .models import build_model, data_model_cfg, to_container
 
 _log = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ def train(cfg: Any, config: dict[str, Any], output_dir: Path, resume_path: Path 
     """The training itself, in a claimed directory: W&B is finished before ``results.json`` is written."""
     dist = dist_utils.info()
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
-    device = resolve_device(cfg.trainer.device)
+    device = resolve_device(cfg.trainer.device, dist.local_rank, warn_fallback=False)
     data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=data_model_cfg(cfg.model),
                          rank=dist.rank, world=dist.world, pin_memory=device.type == "cuda")
     model = build_model(cfg.model, data)

@@ -1,12 +1,13 @@
 """``python -m zoo.latency model=NAME [key=value ...]``: build (or load) a latency table, print it and,
-with ``calibrate=N``, its prediction error over N random plans beside the noise floor.
+with ``calibrate=N``, its prediction error over N random plans beside the noise floor and the fitted correction
+(:func:`~zoo.latency.accuracy.correct`).
 
 Keys: model, batch_size, input_size (int or [C,H,W] / [T]), device (auto|cpu|cuda|cuda:N), dtype
 (float32|bfloat16|float16), channels_last, threads, cache_dir, calibrate, seed, clock (wall|thread),
 estimator (median|p10|min), warmup_s, min_rounds, max_rounds, entries (auto|context|isolated),
 cuda_timing (auto|queued|isolated), cuda_graph, runtime (eager|compile|onnxruntime|tensorrt: the deploy runtime the
-entries and the calibration run in), json (write a summary there). The defaults are prune.py's: the wall clock, one
-thread, eager, entries timed in context on the CPU (docs/latency.md says why).
+records and the prediction check run in), json (write a summary there). The defaults are prune.py's: the wall clock,
+one thread, eager, records timed in context on the CPU (docs/latency.md says why).
 Example: ``python -m zoo.latency model=mobilenetv2_100 batch_size=32 device=cuda calibrate=5``.
 """
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ZooError
-from .table import TableSettings
+from .settings import TableSettings
 
 _TABLE = TableSettings()  # the defaults are prune.py's, declared once
 
@@ -85,8 +86,9 @@ def check(cfg: LatencyConfig) -> LatencyConfig:
 
 
 def run(cfg: LatencyConfig) -> dict[str, Any]:
-    """Build the table (and calibrate it if asked); print both; return a JSON-able summary."""
-    from . import CalibrationSettings, TableSettings, build_table, calibrate
+    """Build the table (and, with ``calibrate=N``, measure its error over N random plans and fit its correction);
+    print both; return a JSON-able summary."""
+    from . import NetworkTimingSettings, TableSettings, build_table, correct
 
     settings = TableSettings(threads=cfg.threads, warmup_s=cfg.warmup_s, min_rounds=cfg.min_rounds,
                              max_rounds=cfg.max_rounds, estimator=cfg.estimator, clock=cfg.clock,
@@ -97,11 +99,11 @@ def run(cfg: LatencyConfig) -> dict[str, Any]:
     print(table.format())
     summary: dict[str, Any] = {"table": table.summary()}
     if cfg.calibrate > 0:
-        evaluation = calibrate(table, cfg.calibrate, seed=cfg.seed, settings=CalibrationSettings())
+        error = correct(table, cfg.calibrate, seed=cfg.seed, settings=NetworkTimingSettings())
         print()
-        print(evaluation.format())
-        print(f"leave-one-out error of the chosen correction: {evaluation.loo_error:.1%}")
-        summary["calibration"] = evaluation.summary()
+        print(error.format())
+        print(f"leave-one-out error of the chosen correction: {error.loo_error:.1%}")
+        summary["calibration"] = error.summary()
     if cfg.json:
         with open(cfg.json, "w") as f:
             json.dump(summary, f, indent=1, default=str)

@@ -1,11 +1,12 @@
-"""The on-disk latency cache: one JSON file per measurement condition, entries keyed by segment signature.
+"""The on-disk latency cache: one JSON file per measurement condition, its records (under the file's ``entries``)
+keyed by record key (:func:`~zoo.latency.keys.record_key`).
 
 A condition is (device name, torch version, dtype, batch size, input size, layout, threads, workload, timing
 protocol, clock, form, runtime, host allocator). Writers
-take a file lock, re-read the file, merge their entries and atomically replace it (temp file + ``os.replace``), so
-concurrent jobs (Hydra multirun) never lose or corrupt entries and readers never see a partial file. Files are
+take a file lock, re-read the file, merge their records and atomically replace it (temp file + ``os.replace``), so
+concurrent jobs (Hydra multirun) never lose or corrupt records and readers never see a partial file. Files are
 sealed with a SHA-256 of their content; a corrupt, truncated, foreign or stale file is reported with a
-:class:`LatencyCacheWarning`, ignored (its entries are re-measured) and replaced on the next write.
+:class:`LatencyCacheWarning`, ignored (its records are re-measured) and replaced on the next write.
 :func:`device_lock` keeps two processes from timing on one device at the same moment.
 """
 
@@ -76,15 +77,15 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")[:40]
 
 
-def _valid_entry(entry: Any) -> bool:
-    if not isinstance(entry, dict):
+def _valid_record(record: Any) -> bool:
+    if not isinstance(record, dict):
         return False
-    values = [entry.get(name) for name in ("median_ms", "p10_ms", "min_ms")]
+    values = [record.get(name) for name in ("median_ms", "p10_ms", "min_ms")]
     return all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in values)
 
 
 class LatencyCache:
-    """Entries measured under one condition (`key`), stored in ``<cache_dir>/<readable-name>-<hash>.json``."""
+    """Records measured under one condition (`key`), stored in ``<cache_dir>/<readable-name>-<hash>.json``."""
 
     def __init__(self, key: dict[str, Any], cache_dir: str | Path | None = None):
         self.key = json.loads(json.dumps(key, sort_keys=True))  # as it reads back from JSON (tuples -> lists)
@@ -96,7 +97,7 @@ class LatencyCache:
         self.lock = FileLock(str(self.path) + ".lock", timeout=LOCK_TIMEOUT_S)
 
     def load(self) -> dict[str, dict[str, Any]]:
-        """The valid entries on disk ({} if none); a corrupt, foreign or stale file warns and counts as empty."""
+        """The valid records on disk ({} if none); a corrupt, foreign or stale file warns and counts as empty."""
         if not self.path.exists():
             return {}
         try:
@@ -114,24 +115,24 @@ class LatencyCache:
             return self._unusable("it has no 'entries' mapping")
         if data.get("format") not in (1, CACHE_FORMAT) or data.get("key") != self.key:
             return self._unusable(f"it is stale (format {data.get('format')!r}, or written for another condition)")
-        entries = {k: v for k, v in data["entries"].items() if _valid_entry(v)}
-        if len(entries) < len(data["entries"]):
-            warnings.warn(f"Latency cache {self.path}: {len(data['entries']) - len(entries)} malformed entries "
+        records = {k: v for k, v in data["entries"].items() if _valid_record(v)}
+        if len(records) < len(data["entries"]):
+            warnings.warn(f"Latency cache {self.path}: {len(data['entries']) - len(records)} malformed entries "
                           "ignored; they will be measured again.", LatencyCacheWarning, stacklevel=3)
-        return entries
+        return records
 
     def _unusable(self, why: str) -> dict[str, dict[str, Any]]:
         warnings.warn(f"Latency cache file {self.path} is ignored because {why}; its entries will be measured "
                       "again and the file replaced.", LatencyCacheWarning, stacklevel=4)
         return {}
 
-    def merge_write(self, new_entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """Under the file lock: re-read, add `new_entries`, atomically replace the file. Returns all entries."""
+    def merge_write(self, new_records: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Under the file lock: re-read, add `new_records`, atomically replace the file. Returns all records."""
         self.dir.mkdir(parents=True, exist_ok=True)
         with self.lock:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", LatencyCacheWarning)  # already reported by the reader
-                entries = self.load()
-            entries.update(new_entries)
-            write_sealed_json(self.path, {"format": CACHE_FORMAT, "key": self.key, "entries": entries})
-        return entries
+                records = self.load()
+            records.update(new_records)
+            write_sealed_json(self.path, {"format": CACHE_FORMAT, "key": self.key, "entries": records})
+        return records

@@ -34,12 +34,20 @@ def _warn_cpu_fallback() -> None:
     logger.warning("device=auto: no CUDA device available, so these latencies are CPU latencies.")
 
 
-def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
-    """The torch device for `device` (``auto``, ``cpu``, ``cuda``, ``cuda:N``); raises if it is not available."""
+def resolve_device(device: str | torch.device | None = "auto", index: int | None = None,
+                   warn_fallback: bool = True) -> torch.device:
+    """The torch device for `device` (``auto``, ``cpu``, ``cuda``, ``cuda:N``); raises :class:`LatencyDeviceError` if
+    it is not available.
+
+    ``auto`` is CUDA when available, else the CPU (with `warn_fallback`, logged once per process: the latencies
+    measured there are CPU latencies). `index`: the CUDA device that ``auto`` and ``cuda`` stand for (default: the
+    current one; a torchrun process passes its local rank).
+    """
     if device is None or str(device) == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
-        _warn_cpu_fallback()
+            return torch.device("cuda", torch.cuda.current_device() if index is None else index)
+        if warn_fallback:
+            _warn_cpu_fallback()
         return torch.device("cpu")
     try:
         dev = torch.device(device)
@@ -54,7 +62,12 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
             f"Device {device!r} is not supported for latency measurement; allowed are 'auto', 'cpu', 'cuda', 'cuda:N'."
         )
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    index = torch.cuda.current_device() if dev.index is None and count else (dev.index or 0)
+    if dev.index is not None:
+        index = dev.index
+    elif count:
+        index = torch.cuda.current_device() if index is None else index
+    else:
+        index = 0
     if index >= count:
         raise LatencyDeviceError(
             f"Device {device!r} is not available: this machine has {count} CUDA device(s) "

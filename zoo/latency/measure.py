@@ -5,13 +5,13 @@ fixed thread count, flushed denormals, GC paused). CUDA: an event pair recorded 
 CUDA-graph replay), synchronised after the end event so no host work sits inside the timed region; every run
 starts from an idle device, so this is latency, not pipelined throughput.
 
-A *queued* CUDA bench (latency-table entries) first enqueues a GPU sleep longer than the host needs to launch the
+A *queued* CUDA bench (latency-table records) first enqueues a GPU sleep longer than the host needs to launch the
 call, then records the start event: the call's kernels are all queued when the device reaches them, as they are
 for a segment deep inside a device-bound network (the host runs ahead). The time is then the device's alone; an
 isolated run would add the host's Python and launch time before the first kernel to every segment.
 
 :class:`Bench` holds one callable and its samples; :func:`measure` warms it up and repeats until the median's
-relative uncertainty is under a tolerance or a run/time cap is hit. Table builds and calibrations drive many
+relative uncertainty is under a tolerance or a run/time cap is hit. Table builds and whole-network timing drive many
 benches in interleaved rounds with the same class, so CPU and CUDA share every line but the timer.
 """
 
@@ -69,11 +69,11 @@ ROUND_ORDERS = ("fixed", "shuffled")
 
 @dataclass(frozen=True)
 class RoundSettings:
-    """Interleaved rounds, the protocol shared by tables (:class:`~zoo.latency.table.TableSettings`) and whole-network
-    timing (:class:`~zoo.latency.calibrate.CalibrationSettings`).
+    """Interleaved rounds, the protocol shared by tables (:class:`~zoo.latency.settings.TableSettings`) and
+    whole-network timing (:class:`~zoo.latency.settings.NetworkTimingSettings`).
 
     warmup_s: untimed running before the first round (CPU speed settles over seconds).
-    runs_per_round: timed calls of each network (entry) per round.
+    runs_per_round: timed calls of each network (record) per round.
     warm_calls: untimed calls of each network right before its timed ones in every round (0: the previous network
         in the round leaves the caches as a real predecessor would).
     round_order: ``fixed`` (the same order every round) or ``shuffled`` (a new seeded order each round).
@@ -96,7 +96,7 @@ class RoundSettings:
 
 
 def check_rounds(settings: Any, name: str) -> None:
-    """The round and time settings of a timing protocol (``TableSettings``, ``CalibrationSettings``) in range."""
+    """The round and time settings of a timing protocol (``TableSettings``, ``NetworkTimingSettings``) in range."""
     from ..errors import ZooError
 
     problems = [f"{key}={getattr(settings, key)} must be {rule}" for key, ok, rule in (
@@ -222,7 +222,7 @@ class Bench:
                     self._eager()
             torch.cuda.current_stream(self.device).wait_stream(side)
             self._graph = torch.cuda.CUDAGraph()
-            with warnings.catch_warnings():  # a call without kernels (the call-overhead entry) captures nothing
+            with warnings.catch_warnings():  # a call without kernels (the call-overhead record) captures nothing
                 warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
                 with torch.cuda.graph(self._graph):
                     self.graph_output = self._eager()
@@ -320,8 +320,8 @@ def sleep_cycles_per_us(device: torch.device) -> float:
         return 2_000_000 / (start.elapsed_time(end) * 1e3)
 
 
-def peak_memory(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any], device: torch.device
-                ) -> tuple[int, bool]:
+def call_peak_memory(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any], device: torch.device
+                     ) -> tuple[int, bool]:
     """(bytes, estimated) of one call's peak memory above what was allocated before it.
 
     CUDA: the caching allocator's peak (``max_memory_allocated`` after a reset) minus the allocation before the
@@ -426,7 +426,7 @@ def measure(
             fn = fn.to(memory_format=torch.channels_last)
     bench = Bench(fn, args, call_kwargs, dev, settings.cuda_graph, settings.clock)
     with device_lock(dev), timing_context(dev, torch_dtype, settings.threads):
-        mem = peak_memory(fn, args, call_kwargs, dev) if memory else (None, True)
+        mem = call_peak_memory(fn, args, call_kwargs, dev) if memory else (None, True)
         bench.warmup(settings.warmup_s)
         cap_hit = repeat_until_converged(bench, settings)
     return make_stats(bench, cap_hit, torch_dtype, settings.threads, channels_last, mem)

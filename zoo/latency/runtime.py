@@ -1,10 +1,10 @@
-"""Deploy runtimes: a module made into the callable a runtime runs, for table entries and whole networks alike.
+"""Deploy runtimes: a module made into the callable a runtime runs, for table records and whole networks alike.
 
 * ``eager``: the module as it is (PyTorch eager).
 * ``compile``: ``torch.compile`` (inductor, static shapes, one graph: a graph break is an error; weights frozen as
   constants, inductor's inference setting, which lets it pre-pack convolution weights). Each module gets a
-  call frame of its own, so its compiled code is the only cache entry there (no guard lists shared between entries,
-  no recompile limit that would drop an entry back to eager).
+  call frame of its own, so its compiled code is the only dynamo cache entry there (no guard lists shared between
+  modules, no recompile limit that would drop a module back to eager).
 * ``onnxruntime``: the module exported to ONNX (torch.onnx, the exporter :func:`zoo.export` uses) and run in an
   InferenceSession: the CPU execution provider on the CPU (``threads`` intra-op threads, sequential), the CUDA one on
   a GPU, on PyTorch's current stream through I/O binding.

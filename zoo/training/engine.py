@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, NonFiniteLossError, TrainingInterrupted
+from ..latency.device import resolve_device
 from ..signals import on_stop_signals
 from . import distributed as dist_utils
 from . import state as ckpt
@@ -67,11 +68,11 @@ class FitResult:
     monitor: str = ""
     best_value: float | None = None
     best_epoch: int | None = None
-    memory: dict[str, Any] = field(default_factory=dict)  # peak memory of the training (see peak_memory)
+    memory: dict[str, Any] = field(default_factory=dict)  # peak memory of the training (process_peak_memory)
     converged: bool = False  # stopped by trainer.patience: the monitor stopped improving
 
 
-def peak_memory(device: torch.device) -> dict[str, float]:
+def process_peak_memory(device: torch.device) -> dict[str, float]:
     """Peak memory of this training process: allocated tensors on CUDA (since :func:`reset_peak_memory`), resident
     memory of the process on the CPU (its lifetime peak, as the OS counts it)."""
     if device.type == "cuda":
@@ -108,16 +109,6 @@ def reset_peak_memory(device: torch.device) -> str:
         return "training"
     except OSError:
         return "process"
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("trainer.device=cuda but no CUDA device is available; use trainer.device=cpu.")
-        return torch.device("cuda", dist_utils.info().local_rank)
-    return torch.device(name)
 
 
 def seed_everything(seed: int, deterministic: bool = True) -> None:
@@ -218,7 +209,9 @@ class Trainer:
         self.config = config or {}
         self.resume_hint = resume_hint
         self.dist = dist_utils.info()
-        self.device = resolve_device(trainer_cfg.device)
+        if trainer_cfg.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("trainer.device=cuda but no CUDA device is available; use trainer.device=cpu.")
+        self.device = resolve_device(trainer_cfg.device, self.dist.local_rank, warn_fallback=False)
         if trainer_cfg.precision == "fp16" and self.device.type != "cuda":
             raise ConfigError("trainer.precision=fp16 needs CUDA; on CPU use bf16 or fp32.")
         if self.device.type == "cpu":
@@ -614,7 +607,7 @@ class Trainer:
         directory = self._checkpoint_dir()
         last = directory / "last.safetensors" if directory else None
         best = directory / "best.safetensors" if directory and (directory / "best.safetensors").exists() else None
-        memory = {**{k: round(v, 1) for k, v in peak_memory(self.device).items()}, "scope": memory_scope}
+        memory = {**{k: round(v, 1) for k, v in process_peak_memory(self.device).items()}, "scope": memory_scope}
         self.logger.summary({**self.metrics, "best/" + self.monitor: self.best_value, "best/epoch": self.best_epoch,
                              "trainer/steps": self.step, "train_time_s": self.train_time_s,
                              **{f"memory/{k}": v for k, v in memory.items()}})

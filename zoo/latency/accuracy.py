@@ -1,11 +1,13 @@
-"""Calibration: how well a table predicts measured end-to-end latency, and a correction if one helps.
+"""How well a table predicts measured end-to-end latency, and a correction where one helps.
 
-The original network and pruned networks (:func:`zoo.surgery.apply_plan`, merged) are timed in interleaved
-rounds (A B C ... A' ... each round), with the table's device, dtype, layout and thread count. The original runs
-twice (A and A'); their relative difference is the **noise floor**: a prediction error below it cannot be told
-from measurement noise. A correction ``scale * raw + offset`` (kind scale or offset) is chosen by leave-one-out
-error over the measured networks and kept only when it beats the raw prediction on networks it was not fit on by
-more than the noise floor; otherwise there is none (raw predictions are used).
+:func:`prediction_error` times the original network and pruned networks (:func:`zoo.surgery.apply_plan`, merged)
+in interleaved rounds (A B C ... A' ... each round, :func:`~zoo.latency.networks.time_networks`), with the table's
+device, dtype, layout, thread count and runtime. The original runs twice (A and A'); their relative difference is
+the **noise floor**: a prediction error below it cannot be told from measurement noise. :func:`correct` does this
+for random plans and fits a correction ``scale * raw + offset`` (:func:`~zoo.latency.correction.fit_correction`:
+kind scale or offset, chosen by leave-one-out error over the measured networks), kept only when it beats the raw
+prediction on networks it was not fit on by more than the noise floor; otherwise there is none (raw predictions
+are used).
 """
 
 from __future__ import annotations
@@ -15,28 +17,14 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
-import torch
-from torch import nn
-
-from ..surgery import Segment, apply_plan
-from .cache import device_lock
-from .device import resolve_dtype, timing_context
-from .measure import Bench, RoundSettings, measured_form, prepare, time_rounds
-from .runtime import in_runtime
-from .table import Correction, LatencyTable
-
-
-@dataclass(frozen=True)
-class CalibrationSettings(RoundSettings):
-    """Interleaved timing of whole networks (calibration, ``prune.py``'s side-by-side measurement, ``prune.measure``):
-    the rounds of :class:`~zoo.latency.measure.RoundSettings`, each network warmed for `net_warmup_s` first; the
-    table's estimator summarises the runs. No warm calls by default: a warm call makes a network's time its own
-    steady state, which inside a served pipeline it is not (docs/latency.md, "Neighbours")."""
-
-    net_warmup_s: float = 0.1
-    label: ClassVar[str] = "CalibrationSettings (prune.measure)"
+from ..surgery import Segment
+from .correction import Correction, fit_correction
+from .measure import Bench
+from .networks import pruned_network, time_networks
+from .settings import NetworkTimingSettings
+from .table import LatencyTable
 
 
 @dataclass
@@ -65,7 +53,7 @@ class NetworkResult:
 
 
 @dataclass
-class Evaluation:
+class PredictionError:
     """Measured networks (the original first) with the noise floor of the measurement."""
 
     results: list[NetworkResult]
@@ -141,48 +129,10 @@ def random_plans(segs: Sequence[Segment], n: int, seed: int = 0, fraction: tuple
     return plans
 
 
-def time_interleaved(callables: Sequence[Any], args: Sequence[Any], kwargs: Mapping[str, Any], device: torch.device,
-                     dtype: torch.dtype, threads: int, settings: CalibrationSettings, cuda_graph: bool = False,
-                     clock: str = "wall") -> list[Bench]:
-    """Time callables on the same inputs in interleaved rounds (A B C A B C ...); one bench per callable."""
-    benches = [Bench(fn, tuple(args), kwargs, device, cuda_graph, clock) for fn in callables]
-    with device_lock(device), timing_context(device, dtype, threads):
-        benches[0].warmup(settings.warmup_s)
-        for bench in benches:
-            bench.warmup(settings.net_warmup_s)
-        time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round, settings.rel_tol,
-                    settings.max_time_s, warm_calls=settings.warm_calls, order=settings.round_order)
-    return benches
-
-
-def time_networks(nets: Sequence[nn.Module], example: Any, forward_kwargs: Mapping[str, Any], table: LatencyTable,
-                  settings: CalibrationSettings, labels: Sequence[str] | None = None) -> list[Bench]:
-    """Time whole networks in interleaved rounds under the table's conditions (its runtime too: each network is
-    compiled or exported first, once per distinct network); one bench per network. `labels` name them in errors."""
-    device = next(iter(table.model.parameters())).device
-    dtype = resolve_dtype(table.condition["dtype"], device)
-    runtime, threads = table.settings.runtime, table.settings.threads
-    made: dict[int, Any] = {}
-    with timing_context(device, dtype, threads):
-        for i, net in enumerate(nets):
-            if id(net) not in made:
-                what = f"network {labels[i] if labels else i}"
-                made[id(net)] = in_runtime(net, (example,), forward_kwargs, runtime, device, threads, dtype, what)
-    return time_interleaved([made[id(net)] for net in nets], (example,), forward_kwargs, device, dtype, threads,
-                            settings, table.settings.cuda_graph, table.settings.clock)
-
-
-def pruned_network(table: LatencyTable, plan: Mapping[str, Any]) -> nn.Module:
-    """The table's model with `plan` applied (a copy), prepared like the table's segments."""
-    model = measured_form(apply_plan(table.model, dict(plan), inplace=False), table.settings)
-    channels_last = table.condition["layout"] == "channels_last"
-    return prepare(model, next(iter(table.model.parameters())).device, channels_last)
-
-
-def evaluate(table: LatencyTable, plans: Sequence[Mapping[str, Any]], settings: CalibrationSettings | None = None
-             ) -> Evaluation:
+def prediction_error(table: LatencyTable, plans: Sequence[Mapping[str, Any]],
+                     settings: NetworkTimingSettings | None = None) -> PredictionError:
     """Measure the original (twice, for the noise floor) and each plan's network; compare with predictions."""
-    settings = settings or CalibrationSettings()
+    settings = settings or NetworkTimingSettings()
     start = time.perf_counter()
     nets = [pruned_network(table, plan) for plan in plans]
     half = len(nets) // 2
@@ -203,7 +153,7 @@ def evaluate(table: LatencyTable, plans: Sequence[Mapping[str, Any]], settings: 
     anchor = results[0].measured_ms / results[0].predicted_raw_ms
     for r in results:
         r.predicted_anchored_ms = r.predicted_raw_ms * anchor
-    return Evaluation(results, abs(a - b) / ((a + b) / 2), time.perf_counter() - start, table.correction)
+    return PredictionError(results, abs(a - b) / ((a + b) / 2), time.perf_counter() - start, table.correction)
 
 
 def _result(label: str, plan: dict[str, Any], table: LatencyTable, bench: Bench) -> NetworkResult:
@@ -213,59 +163,25 @@ def _result(label: str, plan: dict[str, Any], table: LatencyTable, bench: Bench)
                          len(bench.times_ms))
 
 
-def _fit(kind: str, predicted: Sequence[float], measured: Sequence[float]) -> Correction:
-    if kind == "scale":
-        return Correction("scale", statistics.median(m / p for p, m in zip(predicted, measured)), 0.0)
-    if kind == "offset":
-        return Correction("offset", 1.0, statistics.median(m - p for p, m in zip(predicted, measured)))
-    return Correction()
+def correct(table: LatencyTable, n_plans: int = 5, seed: int = 0, settings: NetworkTimingSettings | None = None,
+            fit: bool = True) -> PredictionError:
+    """Measure the prediction error over `n_plans` random plans; with `fit`, set ``table.correction`` to the best
+    correction. The result is kept as ``table.measured_error``.
 
-
-def fit_correction(predicted: Sequence[float], measured: Sequence[float], margin: float = 0.0
-                   ) -> tuple[Correction, float]:
-    """The correction kind with the lowest leave-one-out mean abs relative error, and that error.
-
-    A correction is kept only when its leave-one-out error beats the raw prediction's error by more than `margin`
-    (a relative error, e.g. the noise floor: an improvement smaller than the measurement noise is not evidence);
-    otherwise 'none' is returned with the raw error.
-    """
-    n = len(predicted)
-    if n < 2:
-        return Correction(), float("nan")
-    loo: dict[str, float] = {}
-    for kind in ("none", "scale", "offset"):
-        errors = []
-        for i in range(n):
-            rest = [j for j in range(n) if j != i]
-            corr = _fit(kind, [predicted[j] for j in rest], [measured[j] for j in rest])
-            errors.append(abs(corr.apply(predicted[i]) / measured[i] - 1.0))
-        loo[kind] = statistics.fmean(errors)
-    best = min(("scale", "offset"), key=lambda kind: loo[kind])
-    if loo[best] < loo["none"] - margin - 1e-12:
-        return _fit(best, predicted, measured), loo[best]
-    return Correction(), loo["none"]
-
-
-def calibrate(table: LatencyTable, n_plans: int = 5, seed: int = 0, settings: CalibrationSettings | None = None,
-              fit: bool = True) -> Evaluation:
-    """Evaluate `n_plans` random plans; with `fit`, set ``table.correction`` to the best correction.
-
-    The returned evaluation's corrected errors are in-sample; ``loo_error`` is the honest out-of-sample one.
+    The result's corrected errors are in-sample; ``loo_error`` is the honest out-of-sample one.
     """
     if table.model is None:
         raise ValueError("This table has no model attached (it was not built in this process); rebuild it.")
-    evaluation = evaluate(table, random_plans(table.segments, n_plans, seed, merge=table.merge), settings)
+    error = prediction_error(table, random_plans(table.segments, n_plans, seed, merge=table.merge), settings)
     if fit:
-        predicted = [r.predicted_raw_ms for r in evaluation.results]
-        measured = [r.measured_ms for r in evaluation.results]
-        table.correction, evaluation.loo_error = fit_correction(predicted, measured, evaluation.noise_floor)
-        evaluation.correction = table.correction
-        for r in evaluation.results:
+        predicted = [r.predicted_raw_ms for r in error.results]
+        measured = [r.measured_ms for r in error.results]
+        table.correction, error.loo_error = fit_correction(predicted, measured, error.noise_floor)
+        error.correction = table.correction
+        for r in error.results:
             r.predicted_ms = table.predict(r.plan)
-    table.calibration = evaluation
-    return evaluation
+    table.measured_error = error
+    return error
 
 
-__all__ = ["CalibrationSettings", "Evaluation", "NetworkResult", "calibrate", "evaluate", "fit_correction",
-           "random_plans", "time_interleaved", "time_networks"]
-
+__all__ = ["NetworkResult", "PredictionError", "correct", "prediction_error", "random_plans"]
