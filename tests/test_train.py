@@ -175,7 +175,7 @@ def test_bytes_corpus_is_embedded_and_deterministic(tmp_path):
     assert 2.0 < unigram_entropy(tokens) < torch.log(torch.tensor(256.0)).item()
     data = build_loaders(compose(["data=bytes", "model=retnet_tiny", "data.seq_len=32"], tmp_path).data, seed=0)
     inputs, targets = next(iter(data.train))
-    assert data.task == "lm" and data.num_classes == 256 and inputs.shape == (32, 32)
+    assert data.task == "language_model" and data.num_classes == 256 and inputs.shape == (32, 32)
     assert torch.equal(inputs[:, 1:], targets[:, :-1]) and inputs.dtype == torch.long
     assert data.info["unigram_entropy"] > 0
 
@@ -185,7 +185,7 @@ def test_text_files_and_missing_files(tmp_path):
     (tmp_path / "b.txt").write_text("more text here\n" * 400)
     assert read_text_files([str(tmp_path / "*.txt")]).count(b"hello") == 400
     cfg = compose(["data=text", "model=retnet_tiny", f"data.files=[{tmp_path}/*.txt]", "data.seq_len=16"], tmp_path)
-    assert build_loaders(cfg.data, seed=0).task == "lm"
+    assert build_loaders(cfg.data, seed=0).task == "language_model"
     with pytest.raises(DataError, match="matches no file"):
         read_text_files([str(tmp_path / "missing.txt")])
 
@@ -264,12 +264,12 @@ def test_bits_per_byte_follow_the_bytes_per_token(tmp_path):
     data = build_loaders(compose(["data=bytes", "model=retnet_tiny", "data.seq_len=32", "data.val_samples=8"],
                                  tmp_path).data, seed=0)
     model = zoo.create_model("retnet_tiny")
-    metrics = evaluate(model, data.val, "lm")
+    metrics = evaluate(model, data.val, "language_model")
     assert data.info["bytes_per_token"] == 1.0
     assert metrics["bpb"] == pytest.approx(metrics["loss"] / math.log(2))
     windows = data.val.dataset
     wider = torch.utils.data.DataLoader(FixedWindows(windows.tokens, 32, 8, bytes_per_token=4.0), batch_size=8)
-    assert evaluate(model, wider, "lm")["bpb"] == pytest.approx(metrics["bpb"] / 4.0)
+    assert evaluate(model, wider, "language_model")["bpb"] == pytest.approx(metrics["bpb"] / 4.0)
 
 
 def test_digits_train_samples_is_a_fixed_stratified_subset(tmp_path):
@@ -572,7 +572,7 @@ def test_train_py_bytes_language_model(tmp_path):
                      "logger=none", run_dir=run_dir)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((run_dir / "results.json").read_text())
-    assert set(results["metrics"]) >= {"val/loss", "val/ppl"} and results["task"] == "lm"
+    assert set(results["metrics"]) >= {"val/loss", "val/ppl"} and results["task"] == "language_model"
     assert results["metrics"]["val/loss"] < torch.log(torch.tensor(256.0)).item()
     assert results["data_info"]["unigram_entropy"] > 0
     assert zoo.load(results["checkpoint"]).vocab_size == 256

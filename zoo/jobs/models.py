@@ -26,7 +26,7 @@ def model_kwargs(model_cfg: Any, data: DataBundle, weights: bool = False) -> dic
     tokenizer's), except when `weights` are loaded: then the weights decide it (checked by :func:`check_vocab`).
     """
     overrides = dict(model_cfg.overrides or {})
-    if data.task == "lm":
+    if data.task == "language_model":
         vocab = overrides.get("vocab_size", None if weights else data.num_classes)
         if vocab is not None:
             overrides["vocab_size"] = vocab
@@ -44,7 +44,7 @@ def model_kwargs(model_cfg: Any, data: DataBundle, weights: bool = False) -> dic
 def check_vocab(model: nn.Module, data: DataBundle, source: Any) -> None:
     """A language model's vocabulary must hold every token id of the data (its tokenizer's vocabulary)."""
     vocab = getattr(model, "vocab_size", None)
-    if data.task == "lm" and vocab is not None and vocab < data.num_classes:
+    if data.task == "language_model" and vocab is not None and vocab < data.num_classes:
         tokenizer = data.info.get("tokenizer", "bytes")
         name = getattr(model, "zoo_name", "the model")
         raise ConfigError(f"The tokenizer ({tokenizer}) has {data.num_classes} tokens, more than the vocabulary of "

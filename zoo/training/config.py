@@ -235,8 +235,8 @@ def _choice(value: Any, allowed: tuple[str, ...], key: str) -> None:
 
 
 def task_of(data_name: str) -> str:
-    """``"lm"`` for text data sets, ``"classification"`` for image data sets."""
-    return "lm" if data_name in TEXT_DATASETS else "classification"
+    """``"language_model"`` for text data sets, ``"classification"`` for image data sets (the registry's tasks)."""
+    return "language_model" if data_name in TEXT_DATASETS else "classification"
 
 
 def schema_keys(schema: type, prefix: str = "") -> tuple[set[str], set[str]]:
@@ -324,7 +324,7 @@ def check_ranges(cfg: Any, ranges: tuple = RANGES) -> None:
             raise ConfigError(f"{key}={value} is out of range: it must be {allowed}.")
 
 
-METRICS = {"lm": ("loss", "ppl", "tokens_per_s"), "classification": ("loss", "acc1", "acc5")}
+METRICS = {"language_model": ("loss", "ppl", "tokens_per_s"), "classification": ("loss", "acc1", "acc5")}
 
 
 def check_grad_checkpointing(value: Any) -> None:
@@ -362,11 +362,10 @@ def validate(cfg: Any, schema: type | None = None) -> None:
             raise ConfigError("Mixup/CutMix needs an even data.batch_size (timm mixes a batch with its flip).")
     entry = zoo.get_entry(cfg.model.name)
     check_model(cfg.model)
-    model_is_lm = entry.task == "language_model"
-    data_is_lm = task_of(cfg.data.name) == "lm"
-    if model_is_lm != data_is_lm:
-        kind = "a language model" if model_is_lm else "an image classifier"
-        fits = ", ".join(TEXT_DATASETS if model_is_lm else IMAGE_DATASETS)
+    if entry.task != task_of(cfg.data.name):
+        language_model = entry.task == "language_model"
+        kind = "a language model" if language_model else "an image classifier"
+        fits = ", ".join(TEXT_DATASETS if language_model else IMAGE_DATASETS)
         raise ConfigError(f"model={cfg.model.name} is {kind} but data={cfg.data.name} does not fit it; "
                           f"use one of data={fits}.")
     if cfg.trainer.monitor is not None:

@@ -1,7 +1,7 @@
 """The training engine: :func:`fit` trains an already-built model, :func:`evaluate` measures one.
 
 Tasks: ``classification`` (cross-entropy, or timm's label-smoothing / soft-target losses with mixup/cutmix;
-metrics loss, acc1, acc5 in percent) and ``lm`` (next-token cross-entropy over ``[B, T, V]`` logits;
+metrics loss, acc1, acc5 in percent) and ``language_model`` (next-token cross-entropy over ``[B, T, V]`` logits;
 metrics loss in nats per token, ppl, tokens_per_s).
 
 Knowledge distillation (`teacher`, `distill_weight` w, `distill_temperature` T):
@@ -147,8 +147,8 @@ def evaluate(model: nn.Module, loader: Iterable, task: str, device: torch.device
              limit_batches: int | None = None) -> dict[str, float]:
     """Metrics of `model` on `loader`, summed over all ranks.
 
-    classification: ``loss``, ``acc1``, ``acc5`` (percent); lm: ``loss`` (nats/token), ``ppl``, ``bpb`` (bits per
-    byte of text, from the data set's ``bytes_per_token``), ``tokens_per_s``.
+    classification: ``loss``, ``acc1``, ``acc5`` (percent); language_model: ``loss`` (nats/token), ``ppl``, ``bpb``
+    (bits per byte of text, from the data set's ``bytes_per_token``), ``tokens_per_s``.
     """
     from timm.utils import accuracy
 
@@ -166,7 +166,7 @@ def evaluate(model: nn.Module, loader: Iterable, task: str, device: torch.device
         with autocast(device, precision):
             logits = model(inputs)
         logits = logits.float()
-        if task == "lm":
+        if task == "language_model":
             count = targets.numel()
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
             totals += torch.stack([loss.double(), loss.new_zeros(()).double(), loss.new_zeros(()).double(),
@@ -181,7 +181,7 @@ def evaluate(model: nn.Module, loader: Iterable, task: str, device: torch.device
     model.train(was_training)
     loss_sum, top1, top5, count = dist_utils.all_reduce_sum(totals).tolist()
     count = max(count, 1.0)
-    if task == "lm":
+    if task == "language_model":
         loss = loss_sum / count
         per_token = getattr(getattr(loader, "dataset", None), "bytes_per_token", 1.0)
         return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "bpb": loss / math.log(2) / per_token,
@@ -380,7 +380,7 @@ class Trainer:
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with autocast(self.device, self.cfg.precision):
             logits = self.train_model(inputs)
-            if self.task == "lm":
+            if self.task == "language_model":
                 loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
             else:
                 loss = self.criterion(logits, targets)
@@ -468,7 +468,7 @@ class Trainer:
             window_loss += detached
             batches += 1
             window_batches += 1
-            samples += inputs.shape[0] * (inputs.shape[1] if self.task == "lm" else 1)
+            samples += inputs.shape[0] * (inputs.shape[1] if self.task == "language_model" else 1)
             self.batch_in_epoch += 1
             if bar is not None:
                 bar.update(1)
@@ -493,7 +493,7 @@ class Trainer:
         totals = dist_utils.all_reduce_sum(torch.stack([loss_sum.double(), torch.tensor(batches, dtype=torch.float64,
                                                         device=self.device)]))
         rate = samples * self.dist.world / max(elapsed, 1e-9)
-        unit = "tokens_per_s" if self.task == "lm" else "samples_per_s"
+        unit = "tokens_per_s" if self.task == "language_model" else "samples_per_s"
         return {"train/loss": (totals[0] / totals[1].clamp(min=1)).item(), f"train/{unit}": rate,
                 "train/epoch_time_s": elapsed, "train/lr": self.optimizer.param_groups[0]["lr"]}
 
