@@ -1,19 +1,32 @@
-"""``python -m benchmarks run [suite ...] [--quick] [--device D] [--no-docs]``: run benchmark suites.
+"""``python -m benchmarks run [suite ...] [--set gpu_check] [--quick] [--device D] [--budget-s S] [--out DIR]``,
+``python -m benchmarks judge REPORT.json``, ``python -m benchmarks list``: the one benchmark runner.
 
-Each suite writes ``benchmarks/results/<suite>.json`` (or under ``$OUT``) and, unless ``--quick`` or
-``--no-docs``, replaces its section of ``docs/benchmarks.md`` (between ``<!-- suite:NAME -->`` markers) with
-its table and the command that produced it. ``python -m benchmarks list`` names the suites.
+Each suite writes ``benchmarks/results/<suite>.json`` (or under ``--out`` / ``$OUT``) and the run writes a report of
+every suite's status, verdicts and result (``<set>.json``, or ``run.json``; :mod:`benchmarks.report`). Unless
+``--quick``, ``--no-docs`` or a set, a suite named here replaces its section of ``docs/benchmarks.md`` (between
+``<!-- suite:NAME -->`` markers) with its table and the command that produced it.
+
+``run`` with no suite names runs the GPU check (``--set gpu_check``) on CUDA and every suite elsewhere; suites named
+with ``--set`` run alone in the set's configuration. The GPU check stops starting new work after ``--budget-s``
+(default 360 s: under 8 minutes in all on an H200); what it did not start is recorded as skipped. ``--device cpu
+--quick`` is its dry run at tiny sizes (part of the tests).
+
+Statuses: passed (every target measured and met), failed, error (the suite raised), skipped, incomplete (a target not
+measured). Exit status: 0 every suite passed, 1 one failed or raised, 3 nothing failed but work was skipped or
+incomplete, 2 bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common import exit_code
+from benchmarks.report import DEFAULT_BUDGET_S, SETS, digest, judge_file, run_suites, statuses
 
 SUITES = {
     "zoo_vs_timm": "eval latency of zoo vs timm models (same weights), eager and fused",
@@ -33,18 +46,13 @@ SUITES = {
                      "paired tests with Holm's correction",
     "prune_cost": "the whole default prune.py, cold: today's default search and measured-target loop against the "
                   "previous default, in turns",
+    "measurement": "timing modes on one network (eager, CUDA graph, bf16, channels_last): events vs wall clock, "
+                   "outputs vs eager fp32",
+    "prune_search": "DP plans at 1.5x and 2.0x on synthetic inputs, merged, fused and timed beside the unpruned "
+                    "network (GPU)",
+    "fla": "flash-linear-attention's fused retention kernels vs the PyTorch path (CUDA)",
 }
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-
-
-def run_suite(name: str, quick: bool, device: str, out: str | None) -> tuple[dict[str, Any], float]:
-    """Run one suite's ``run()`` with the arguments it accepts; returns its result and the wall time."""
-    module = importlib.import_module(f"benchmarks.{name}")
-    accepted = inspect.signature(module.run).parameters
-    kwargs = {k: v for k, v in (("quick", quick), ("device", device), ("out", out)) if k in accepted}
-    start = time.perf_counter()
-    result = module.run(**kwargs)
-    return result, time.perf_counter() - start
 
 
 def update_docs(name: str, body: str, command: str, path: Path = DOCS) -> None:
@@ -57,31 +65,71 @@ def update_docs(name: str, body: str, command: str, path: Path = DOCS) -> None:
     path.write_text(text)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list")
-    run_cmd = sub.add_parser("run")
-    run_cmd.add_argument("suites", nargs="*", help=f"default: all ({', '.join(SUITES)})")
-    run_cmd.add_argument("--quick", action="store_true", help="the smallest configuration (a smoke test)")
-    run_cmd.add_argument("--device", default="auto")
-    run_cmd.add_argument("--out", default=None)
-    run_cmd.add_argument("--no-docs", action="store_true")
-    args = parser.parse_args(argv)
-    if args.command == "list":
-        for name, text in SUITES.items():
-            print(f"{name:<18} {text}")
-        return 0
+def on_cuda(device: str) -> bool:
+    import torch
+
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+
+
+def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from benchmarks.common import suite_module
+
     unknown = [s for s in args.suites if s not in SUITES]
     if unknown:
         parser.error(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
-    for name in args.suites or list(SUITES):
-        result, seconds = run_suite(name, args.quick, args.device, args.out)
-        body = importlib.import_module(f"benchmarks.{name}").markdown(result)
-        print(f"## {name} ({seconds:.0f} s)\n{body}\n")
-        if not (args.quick or args.no_docs):
-            update_docs(name, body, f"python -m benchmarks run {name} --device {args.device}")
-    return 0
+    outside = [s for s in args.suites if args.set and s not in SETS[args.set]]
+    if outside:
+        parser.error(f"suite(s) {', '.join(outside)} are not in the set {args.set} ({', '.join(SETS[args.set])})")
+    set_name = args.set or (None if args.suites or not on_cuda(args.device) else "gpu_check")
+    names = args.suites or list(SETS[set_name] if set_name else SUITES)
+    device = "cuda" if args.device == "auto" and on_cuda("auto") else "cpu" if args.device == "auto" else args.device
+    if device == "cuda" and not on_cuda("cuda"):
+        print("error: no CUDA device; run with --device cpu (with --quick: the dry run)", file=sys.stderr)
+        return 2
+    budget_s = args.budget_s if args.budget_s is not None else (DEFAULT_BUDGET_S if set_name else None)
+    report = run_suites(names, set_name, args.quick, device, args.out, budget_s)
+    for name, section in report["suites"].items():
+        if "result" in section and "skipped" not in section["result"]:
+            body = suite_module(name).markdown(section["result"])
+            print(f"## {name} ({section['seconds']:.0f} s, {section['status']})\n{body}\n")
+            if not (args.quick or args.no_docs or set_name):
+                update_docs(name, body, f"python -m benchmarks run {name} --device {args.device}")
+    print(digest(report))
+    print(f"report: {report['path']}")
+    return exit_code(statuses(report).values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the suites, and the sets they belong to")
+    run_cmd = sub.add_parser("run", help="run suites (or a set) and write their report")
+    run_cmd.add_argument("suites", nargs="*", help="default: on CUDA the gpu_check set, else every suite "
+                         f"({', '.join(SUITES)})")
+    run_cmd.add_argument("--set", choices=list(SETS), default=None, help="a named set of suites")
+    run_cmd.add_argument("--quick", action="store_true", help="the smallest configuration (a smoke test / dry run)")
+    run_cmd.add_argument("--device", default="auto")
+    run_cmd.add_argument("--budget-s", type=float, default=None,
+                         help=f"start no new work after this long (a set's default: {DEFAULT_BUDGET_S:g} s)")
+    run_cmd.add_argument("--out", default=None)
+    run_cmd.add_argument("--no-docs", action="store_true")
+    judge_cmd = sub.add_parser("judge", help="recompute the verdicts of a stored report from its numbers")
+    judge_cmd.add_argument("report", help="a run report (<set>.json, run.json, gpu_check.json) or a suite's result")
+    judge_cmd.add_argument("--suite", default=None, help="the suite of a result file that does not name it")
+    judge_cmd.add_argument("--out", default=None, help="write the judged report here")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        member = {name: [s for s, names in SETS.items() if name in names] for name in SUITES}
+        for name, text in SUITES.items():
+            sets = f" [{', '.join(member[name])}]" if member[name] else ""
+            print(f"{name:<18} {text}{sets}")
+        return 0
+    if args.command == "judge":
+        report: Any
+        report, code = judge_file(args.report, args.suite, args.out)
+        print(digest(report))
+        return code
+    return run_command(args, parser)
 
 
 if __name__ == "__main__":

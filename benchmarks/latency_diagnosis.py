@@ -49,12 +49,13 @@ import numpy as np
 import torch
 
 from benchmarks.latency_table import exact_rounds
-from zoo.latency import CalibrationSettings, TableSettings, build_table, evaluate, random_plans
-from zoo.latency.calibrate import pruned_network
+from zoo.latency import NetworkTimingSettings, TableSettings, build_table, prediction_error, random_plans
 from zoo.latency.context import ContextBench, hook_overhead_ms
 from zoo.latency.device import keep_freed_memory, timing_context
+from zoo.latency.drift import estimator_runs
 from zoo.latency.measure import ROUND_ORDERS, Bench, time_rounds
-from zoo.latency.table import estimator_runs, variant_label
+from zoo.latency.networks import pruned_network
+from zoo.latency.table import variant_label
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -64,7 +65,7 @@ def estimate(values: list[float], estimator: str) -> float:
     return float({"median": np.median, "p10": lambda v: np.percentile(v, 10), "min": np.min}[estimator](a))
 
 
-def time_in_context(table: Any, plans: list[dict[str, Any]], calib: CalibrationSettings) -> list[ContextBench]:
+def time_in_context(table: Any, plans: list[dict[str, Any]], calib: NetworkTimingSettings) -> list[ContextBench]:
     """The networks of `plans` timed in interleaved rounds with a hook pair on every segment."""
     device = next(iter(table.model.parameters())).device
     names = [seg.name for seg in table.segments]
@@ -91,7 +92,7 @@ def kind_of(table: Any, index: int, variant: frozenset[str]) -> str:
 
 
 def diagnose(model: str, batch_size: int, input_size: int | None, plans: int, seed: int, settings: TableSettings,
-             calib: CalibrationSettings, rebuild: bool) -> dict[str, Any]:
+             calib: NetworkTimingSettings, rebuild: bool) -> dict[str, Any]:
     est = settings.estimator
     with tempfile.TemporaryDirectory() as cache_dir:
         kwargs = dict(batch_size=batch_size, input_size=input_size, device="cpu", cache_dir=cache_dir,
@@ -238,7 +239,7 @@ def hook_check(model: str, rounds: int, batch_size: int = 1, input_size: int | N
 
 def session_check(model: str, sessions: int, plans: int, seed: int, batch_size: int = 1,
                   input_size: int | None = None, settings: TableSettings | None = None,
-                  calib: CalibrationSettings | None = None) -> list[dict[str, Any]]:
+                  calib: NetworkTimingSettings | None = None) -> list[dict[str, Any]]:
     """One cold table, then the same `plans` random plans (``random_plans(seed)``; the benchmark's held-out plans
     are seed 2) measured in `sessions` evaluation sessions one after the other: per session and plan the measured ms
     and the anchored error. A plan whose own time moves between sessions bounds what any table can predict."""
@@ -246,7 +247,7 @@ def session_check(model: str, sessions: int, plans: int, seed: int, batch_size: 
     chosen = random_plans(table.segments, plans, seed=seed)
     rows = []
     for session in range(sessions):
-        evaluation = evaluate(table, chosen, calib or CalibrationSettings(max_rounds=60, max_time_s=240.0))
+        evaluation = prediction_error(table, chosen, calib or NetworkTimingSettings(max_rounds=60, max_time_s=240.0))
         rows += [{"session": session, "network": r.label, "removed": r.plan.get("remove", []),
                   "measured_ms": r.measured_ms, "anchored_error": r.anchored_error()} for r in evaluation.results]
     return rows
@@ -549,8 +550,8 @@ def main() -> None:
                   f"{' '.join(f'{v:.2f}' for v in r['plans_ms'])} |")
         return
     if args.sessions > 0:
-        calib = CalibrationSettings(max_rounds=60, max_time_s=240.0, warm_calls=args.warm_calls,
-                                    round_order=args.round_order)
+        calib = NetworkTimingSettings(max_rounds=60, max_time_s=240.0, warm_calls=args.warm_calls,
+                                      round_order=args.round_order)
         if args.session_rounds:
             calib = exact_rounds(calib, args.session_rounds)
         rows = session_check(args.model, args.sessions, args.plans, args.seed, args.batch_size, args.input_size,
@@ -587,12 +588,12 @@ def main() -> None:
                    if any(r["cpu"] == cpu for r in rows)}
             print("median p10 per CPU: " + ", ".join(f"CPU {cpu} {ms:.3f} ms" for cpu, ms in p10.items()))
         return
-    calib = CalibrationSettings(max_rounds=60, max_time_s=180.0, warm_calls=args.warm_calls)
+    calib = NetworkTimingSettings(max_rounds=60, max_time_s=180.0, warm_calls=args.warm_calls)
     if args.session_rounds:
         calib = exact_rounds(calib, args.session_rounds)
     if args.quick:
         settings = replace(settings, warmup_s=0.3, min_rounds=3, max_rounds=5)
-        calib = CalibrationSettings(warmup_s=0.2, min_rounds=3, max_rounds=5, warm_calls=args.warm_calls)
+        calib = NetworkTimingSettings(warmup_s=0.2, min_rounds=3, max_rounds=5, warm_calls=args.warm_calls)
     start = time.perf_counter()
     result = diagnose(args.model, args.batch_size, args.input_size, args.plans, args.seed, settings, calib,
                       args.rebuild)

@@ -10,6 +10,13 @@ and for the worst plan; a model passes when at least 9 in 10 of its builds do.
 
     python -m benchmarks.latency_table [--quick] [--device cpu] [--models a,b] [--batch-size 1] [--repeats 10]
 
+The models are every declared family's reference member (``zoo.list_families()``) unless ``--models`` names them.
+
+In the GPU check (``python -m benchmarks run --set gpu_check``) the suite runs its *conditions* form instead: one
+cold build per condition (model, batch, dtype, layout, CUDA timing protocol, CUDA graphs), 8 random plans each,
+target: raw max error <= 5 %. The conditions: every classification family's member at batch 128 fp32, and
+MobileNetV2-1.4 also in bf16 channels_last (queued, isolated, CUDA graphs) and at batch 1.
+
 The tables are built exactly as ``prune.py`` builds them (``TableSettings()``: in-context entries on the CPU, the
 wall clock, one thread, the p10 estimator); ``--clock``/``--entries`` change that for comparisons.
 """
@@ -24,7 +31,7 @@ import statistics
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +39,12 @@ import numpy as np
 import torch
 
 import zoo
-from zoo.latency import CalibrationSettings, TableSettings, build_table, evaluate, random_plans
-from zoo.latency.calibrate import fit_correction
+from benchmarks.common import Budget, Check, families, smoke_model, within_budget
+from zoo.latency import NetworkTimingSettings, TableSettings, build_table, correct, prediction_error, random_plans
+from zoo.latency.correction import fit_correction
 from zoo.latency.measure import ROUND_ORDERS
 
 RESULTS = Path(__file__).parent / "results" / "latency_table.json"
-MODELS = ("mobilenetv2_100", "tresnet_m", "resnetv2_50x1_bit", "retnet_small")
 TARGET_ABS, TARGET_NOISE, PASS_SHARE = 0.03, 1.5, 0.9
 
 
@@ -46,7 +53,7 @@ def target(noise_floor: float) -> float:
     return max(TARGET_ABS, TARGET_NOISE * noise_floor)
 
 
-def one_build(name: str, device: str, batch_size: int, size: Any, settings: TableSettings, calib: CalibrationSettings,
+def one_build(name: str, device: str, batch_size: int, size: Any, settings: TableSettings, calib: NetworkTimingSettings,
               n_plans: int, n_calib: int, repeat: int) -> dict[str, Any]:
     """One cold build (fresh cache), a cached build, then one measuring session of the original (twice), `n_calib`
     calibration plans and `n_plans` held-out plans: the correction is fitted on the first (as ``prune.py`` fits it
@@ -56,7 +63,7 @@ def one_build(name: str, device: str, batch_size: int, size: Any, settings: Tabl
         cold = build_table(name, **kwargs)
         cached = build_table(name, **kwargs)
     calib_plans = random_plans(cold.segments, n_calib, seed=100 + repeat)
-    evaluation = evaluate(cold, calib_plans + random_plans(cold.segments, n_plans, seed=2), calib)
+    evaluation = prediction_error(cold, calib_plans + random_plans(cold.segments, n_plans, seed=2), calib)
     fitted, held_out = evaluation.results[:1 + n_calib], evaluation.results[1 + n_calib:]
     correction, loo = fit_correction([r.predicted_raw_ms for r in fitted], [r.measured_ms for r in fitted],
                                      evaluation.noise_floor)
@@ -67,7 +74,7 @@ def one_build(name: str, device: str, batch_size: int, size: Any, settings: Tabl
     limit = target(evaluation.noise_floor)
     return {"repeat": repeat, "input_size": cold.condition["input_size"], "cold_build_s": cold.build_s,
             "cold_measured": cold.n_measured, "cached_build_s": cached.build_s, "cached_measured": cached.n_measured,
-            "entries": cold.n_entries, "correction": asdict(correction), "calibration_loo_error": loo,
+            "entries": cold.n_records, "correction": asdict(correction), "calibration_loo_error": loo,
             "original_ms": evaluation.results[0].measured_ms, "noise_floor": evaluation.noise_floor,
             "drift": evaluation.drift, "n_plans": n_plans, "target": limit, **stats,
             "passed": max(stats["mean_abs_error_raw"], stats["max_abs_error_raw"]) <= limit,
@@ -114,7 +121,7 @@ def error_components(builds: list[dict[str, Any]], key: str = "error_anchored") 
             "plan_sd": float(plan.std(ddof=1)), "rest_sd": float(np.sqrt((rest ** 2).sum() / dof))}
 
 
-def exact_rounds(calib: CalibrationSettings, rounds: int) -> CalibrationSettings:
+def exact_rounds(calib: NetworkTimingSettings, rounds: int) -> NetworkTimingSettings:
     """`calib` timing every network exactly `rounds` rounds: no convergence stop and no practical time cap."""
     return replace(calib, min_rounds=rounds, max_rounds=rounds, max_time_s=3600.0)
 
@@ -130,13 +137,13 @@ def bench_model(name: str, device: str, batch_size: int, input_size: int | None,
                 n_plans: int, n_calib: int, repeats: int, quick: bool, session_rounds: int = 0) -> dict[str, Any]:
     """`repeats` cold builds of one model's table and the distribution of their errors. `session_rounds`: every
     measured network exactly this many rounds (0: 20-60, each until its median converged, as prune.py measures)."""
-    calib = CalibrationSettings(warmup_s=0.2, min_rounds=3, max_rounds=5) if quick else CalibrationSettings(
+    calib = NetworkTimingSettings(warmup_s=0.2, min_rounds=3, max_rounds=5) if quick else NetworkTimingSettings(
         max_rounds=60, max_time_s=240.0)
     if session_rounds:
         calib = exact_rounds(calib, session_rounds)
     # whole networks are timed as the table's were
     calib = replace(calib, warm_calls=settings.warm_calls, round_order=settings.round_order)
-    size = None if zoo.get_entry(name).family == "retnet" else input_size
+    size = None if zoo.get_entry(name).task == "language_model" else input_size
     builds = [in_fresh_process(one_build, name, device, batch_size, size, settings, calib, n_plans, n_calib, r)
               for r in range(repeats)]
     passed, anchored = sum(b["passed"] for b in builds), sum(b["passed_anchored"] for b in builds)
@@ -172,11 +179,15 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
         input_size: int = 224, threads: int = 1, clock: str | None = None, entries: str | None = None,
         n_plans: int = 20, n_calib: int = 5, repeats: int = 10, out: str | Path | None = RESULTS,
         probe_spacing: int | None = None, warm_calls: int | None = None, round_order: str | None = None,
-        session_rounds: int = 0, table_rounds: int | None = None) -> dict[str, Any]:
-    """Benchmark every model (``quick``: mobilenetv2_035 at 64 px, 3 plans, 2 builds); write JSON to `out`."""
+        session_rounds: int = 0, table_rounds: int | None = None, gpu_check: bool = False,
+        budget: Budget | None = None) -> dict[str, Any]:
+    """Benchmark every family's reference model (``quick``: the smoke model at 64 px, 3 plans, 2 builds); write JSON
+    to `out`. `gpu_check`: the conditions form instead (:func:`run_conditions`)."""
+    if gpu_check:
+        return run_conditions(quick, device, out, budget)
     if quick:
-        models, input_size, n_plans, n_calib, repeats = models or ["mobilenetv2_035"], 64, 3, 2, 2
-    models = [m for m in (models or MODELS) if zoo.is_model(m)]
+        models, input_size, n_plans, n_calib, repeats = models or [smoke_model()], 64, 3, 2, 2
+    models = [m for m in (models or [f.reference for f in families()]) if zoo.is_model(m)]
     settings = TableSettings(threads=threads)
     if quick:
         settings = replace(settings, warmup_s=0.5, min_rounds=5, max_rounds=10)
@@ -192,15 +203,131 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
               "passed": all(r["passed"] for r in rows), "passed_anchored": all(r["passed_anchored"] for r in rows),
               "total_s": time.perf_counter() - start,
               "device_name": zoo.latency.device.device_name(zoo.latency.resolve_device(device))}
+    write(result, out)
+    return result
+
+
+def write(result: dict[str, Any], out: str | Path | None) -> None:
     if out:
         path = Path(out) if Path(out).suffix == ".json" else Path(out) / "latency_table.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1, default=str))
+
+
+def builds_within(row: dict[str, Any], kind: str) -> int:
+    """How many of a row's builds have their mean and max `kind` (raw / anchored) error within their target,
+    recomputed from the stored errors and noise floors."""
+    return sum(max(b[f"mean_abs_error_{kind}"], b[f"max_abs_error_{kind}"]) <= target(b["noise_floor"])
+               for b in row["builds"])
+
+
+def checks(result: dict[str, Any]) -> list[Check]:
+    """Builds form: per model and batch, the share of builds within max(3 %, 1.5 x noise floor), raw and anchored,
+    at least 9 in 10. Conditions form: each table's raw max error <= 5 % (None: the condition did not run)."""
+    if result.get("form") == "conditions":
+        return [Check(f"{label} max error <= {GPU_ERROR_TARGET:.0%}", t.get("max_abs_error_raw"), "<=",
+                      GPU_ERROR_TARGET) for label, t in result["conditions"].items()]
+    return [Check(f"{r['model']} b{r['batch_size']}: share of builds within max(3 %, 1.5 x noise floor), {kind}",
+                  builds_within(r, kind) / len(r["builds"]) if r.get("builds") else None, ">=", PASS_SHARE)
+            for r in result["rows"] for kind in ("raw", "anchored")]
+
+
+# -- the conditions form (the GPU check) ----------------------------------------------------------------------
+CACHE_DIR = str(Path(os.environ.get("TMPDIR", "/tmp")) / "gpu_check")  # shared with prune_search: tables reused
+GPU_ERROR_TARGET = 0.05  # the issue's target for a table's raw prediction error on a GPU
+GPU_BATCH, GPU_SIZE, GPU_PLANS = 128, 224, 8
+GPU_MEMBER = {"mobilenetv2": "mobilenetv2_140"}  # tuning: the member the published depth-compression results use
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One network under one measurement condition (CUDA timing protocol: see ``TableSettings.cuda_timing``)."""
+
+    model: str
+    batch: int
+    dtype: str = "float32"
+    channels_last: bool = False
+    cuda_timing: str = "auto"
+    cuda_graph: bool = False
+    runtime: str = "eager"
+
+    @property
+    def label(self) -> str:
+        layout = "channels_last" if self.channels_last else "contiguous"
+        return (f"{self.model}/{self.dtype}/{layout}/b{self.batch}/{self.cuda_timing}"
+                f"{'+graph' if self.cuda_graph else ''}{'' if self.runtime == 'eager' else '/' + self.runtime}")
+
+
+def gpu_member(family: str) -> str:
+    """The member of `family` the GPU check times (its reference unless tuned here)."""
+    return GPU_MEMBER.get(family, zoo.get_family(family).reference)
+
+
+def bf16_channels_last(model: str) -> Condition:
+    return Condition(model, GPU_BATCH, "bfloat16", True)
+
+
+EXTRA_CONDITIONS = {  # tuning: the family studied in depth on a GPU, in more conditions than batch 128 fp32
+    "mobilenetv2": lambda model: [bf16_channels_last(model), replace(bf16_channels_last(model), cuda_timing="isolated"),
+                                  replace(bf16_channels_last(model), cuda_graph=True),
+                                  *(Condition(model, 1, cuda_timing=t) for t in ("isolated", "auto"))]}
+
+
+def gpu_conditions(quick: bool) -> list[Condition]:
+    """Every classification family at batch 128 fp32 (and the extra conditions tuned per family); `quick`: the
+    smoke model at batch 2 (the CPU dry run)."""
+    if quick:
+        return [Condition(smoke_model(), 2)]
+    out = []
+    for family in families(task="classification"):
+        model = gpu_member(family.name)
+        out += [Condition(model, GPU_BATCH), *EXTRA_CONDITIONS.get(family.name, lambda m: [])(model)]
+    return out
+
+
+def gpu_settings(quick: bool) -> tuple[TableSettings, NetworkTimingSettings, int]:
+    """Table and whole-network timing settings, and the input size, of the GPU check (`quick`: its dry run)."""
+    if quick:
+        return (TableSettings(warmup_s=0.2, entry_warmup_s=0.01, min_rounds=3, max_rounds=5),
+                NetworkTimingSettings(warmup_s=0.2, net_warmup_s=0.02, min_rounds=3, max_rounds=5), 64)
+    return TableSettings(max_time_s=60.0), NetworkTimingSettings(max_time_s=30.0), GPU_SIZE
+
+
+def table_for(cond: Condition, device: str, quick: bool) -> Any:
+    """The table of `cond` (cached under ``$TMPDIR/gpu_check``)."""
+    settings, _, size = gpu_settings(quick)
+    settings = replace(settings, cuda_timing=cond.cuda_timing, cuda_graph=cond.cuda_graph)
+    return build_table(zoo.create_model(cond.model).eval(), batch_size=cond.batch, input_size=size, device=device,
+                       dtype=cond.dtype, channels_last=cond.channels_last, settings=settings, cache_dir=CACHE_DIR,
+                       runtime=cond.runtime)
+
+
+def condition_build(cond: Condition, device: str, quick: bool) -> dict[str, Any]:
+    """One cold build of `cond`'s table and its errors over random plans, beside the noise floor."""
+    table = table_for(cond, device, quick)
+    _, timing, _ = gpu_settings(quick)
+    evaluation = correct(table, 2 if quick else GPU_PLANS, settings=timing)
+    capped = sum(bool(table.records[k].get("cap_hit")) for k in table.records)
+    return {"entries": table.n_records, "measured": table.n_measured, "build_s": table.build_s,
+            "entries_capped": capped, "condition": table.condition, "summary": table.summary(),
+            "protocol": table.condition["protocol"], **evaluation.summary(), "table": evaluation.format()}
+
+
+def run_conditions(quick: bool, device: str, out: str | Path | None, budget: Budget | None) -> dict[str, Any]:
+    """Every GPU condition's table (one cold build each) and its errors; conditions past the budget: skipped."""
+    device = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
+    result = {"suite": "latency_table", "form": "conditions", "quick": quick, "device": device,
+              "error_target": GPU_ERROR_TARGET,
+              "conditions": within_budget(gpu_conditions(quick), lambda c: c.label,
+                                          lambda c: condition_build(c, device, quick), budget)}
+    write(result, out)
     return result
 
 
 def markdown(result: dict[str, Any]) -> str:
     """Per model: the median and worst build's errors (raw, anchored, corrected), noise floor, drift and verdicts."""
+    if result.get("form") == "conditions":
+        return markdown_conditions(result)
     lines = ["| model | batch | input | clock, entries | builds | raw error mean / max: median build | worst build "
              "| anchored mean / max: median build | worst build | corrected mean: median / worst | noise floor: median "
              "/ worst | drift: median / worst | corrections | raw within target | anchored within target |",
@@ -251,12 +378,29 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown_conditions(result: dict[str, Any]) -> str:
+    """One row per condition: entries, build time, raw / anchored / in-sample corrected errors, noise floor."""
+    lines = ["| condition | entries | built in s | raw error mean / max | anchored mean / max | corrected (in-sample) "
+             "mean | noise floor | protocol |", "|---|---:|---:|---|---|---:|---:|---|"]
+    for label, t in result["conditions"].items():
+        if "skipped" in t:
+            lines.append(f"| {label} | skipped: {t['skipped']} ||||||")
+            continue
+        anchored = (f"{t['mean_abs_error_anchored']:.1%} / {t['max_abs_error_anchored']:.1%}"
+                    if "mean_abs_error_anchored" in t else "-")
+        lines.append(f"| {label} | {t['entries']} | {t['build_s']:.0f} | {t['mean_abs_error_raw']:.1%} / "
+                     f"{t['max_abs_error_raw']:.1%} | {anchored} | {t['mean_abs_error']:.1%} | {t['noise_floor']:.1%} "
+                     f"| {t.get('protocol', '-')} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one tiny model, a few plans, 2 builds (smoke test)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=str(RESULTS))
-    parser.add_argument("--models", default=None, help="comma-separated model names")
+    parser.add_argument("--models", default=None, help="comma-separated model names (default: every family's "
+                        "reference member)")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--input-size", type=int, default=224)
     parser.add_argument("--threads", type=int, default=1)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import markdown_table, write_result
+from benchmarks.common import Check, judge, markdown_table, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 1.5
@@ -67,9 +67,14 @@ def run(quick: bool = False, pairs: int = 2, out: str | None = None) -> dict[str
     phases = {name: {phase: statistics.median(r["phases"].get(phase, 0.0) for r in rows if r["default"] == name)
                      for phase in rows[0]["phases"] | rows[1]["phases"]} for name in ("previous", "today")}
     result = {"suite": "prune_cost", "quick": quick, "pairs": pairs, "rows": rows, "median_s": median,
-              "median_phases_s": phases, "ratio": ratio, "limit": LIMIT, "passed": ratio <= LIMIT}
+              "median_phases_s": phases, "ratio": ratio, "limit": LIMIT}
+    judge("prune_cost", result)
     write_result("prune_cost", result, out)
     return result
+
+
+def checks(result: dict[str, Any]) -> list[Check]:
+    return [Check("today's default / the previous one, median wall time", result["ratio"], "<=", LIMIT)]
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -82,7 +87,7 @@ def markdown(result: dict[str, Any]) -> str:
                                   "measured speed-up", metric])
     return (f"{table}\n\nMedian wall time: previous {result['median_s']['previous']:.1f} s, today "
             f"{result['median_s']['today']:.1f} s: **{result['ratio']:.2f}x** (limit {result['limit']}x): "
-            f"**{'passed' if result['passed'] else 'failed'}**.")
+            f"**{judge('prune_cost', result)['status']}**.")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,10 +16,12 @@ For each family, on a task that is not near its ceiling (real data that exists o
 
 A seed changes the calibration batches (so the importance and the plan scores), the random search and the
 fine-tune's data order. The default rule is the one ``conf/prune.yaml`` sets (fixed before the run; it was chosen
-by ``--select`` on development seeds and data the suite never tests on). Statistics (:mod:`benchmarks.stats`): the
-default against every other rule, paired by seed at each target and stage, t test (or a paired bootstrap over the
-validation samples when the seeds do not vary), Holm-corrected over the family's comparisons: better, worse or tie.
-The plan scorer's Spearman correlation against the real one-shot validation loss is reported over every plan.
+by ``--select`` on development seeds and data the suite never tests on). The statistics, the targets, the tables
+and the plot: :mod:`benchmarks.prune_quality_report` (``--summarise`` recomputes them from a stored result).
+
+The families: every declared family (``zoo.list_families()``). Four have a task tuned here (``TUNED``: a member and
+size whose converged baseline fits a 2-core CPU, not at its ceiling; its name keys the stored cells); a family without
+one gets :func:`default_task` on its small member (digits for a classifier, bytes for a language model).
 
 ``--select`` compares candidate searches on development seeds (100, 101, 102) at the predicted target, by their
 quality one-shot and after the short fine-tune on data that is not the validation split (digits: the training images
@@ -31,6 +33,7 @@ weights, rule, seed, target, protocol), so an interrupted run continues and a ch
 
     python -m benchmarks.prune_quality [--quick] [--families a,b] [--seeds 5] [--workdir DIR] [--device cpu]
     python -m benchmarks.prune_quality --select [--families a,b] [--workdir DIR]
+    python -m benchmarks.prune_quality --summarise RESULT.json [--out DIR]   # statistics, verdicts, plot again
 """
 
 from __future__ import annotations
@@ -48,27 +51,43 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks import stats
-from benchmarks.common import markdown_table, results_dir, write_result
+from benchmarks.common import families as declared_families
+from benchmarks.common import judge, results_dir, smoke_model, write_result
+from benchmarks.prune_quality_report import (
+    STAGES,
+    TARGETS,
+    checks,
+    higher_is_better,
+    markdown,
+    metric_name,
+    overall,
+    plot,
+    summarise_again,
+    with_statistics,
+)
 from benchmarks.prune_speedup import compose
 
-FAMILIES: dict[str, list[str]] = {  # family: overrides of its task (a converged baseline, not at its ceiling)
-    "mobilenetv2_050": ["model=mobilenetv2_050", "data=digits", "data.image_size=16", "data.train_samples=300",
-                        "data.batch_size=32", "data.shift=1", "trainer.max_epochs=150", "trainer.patience=15",
-                        "prune.batch_size=8", "finetune.epochs=10"],
-    "retnet_tiny4": ["model=retnet_tiny", "++model.overrides.depth=4", "data=bytes", "data.seq_len=64",
-                     "data.train_samples=1024", "optim.lr=2e-3", "optim.weight_decay=0.01", "trainer.max_epochs=120",
-                     "trainer.patience=8", "prune.batch_size=4", "finetune.epochs=5"],
+__all__ = ["checks", "markdown", "overall", "run", "summarise_again", "with_statistics"]
+
+TUNED: dict[str, tuple[str, list[str]]] = {  # family: (its task's name, the overrides of the task)
+    "mobilenetv2": ("mobilenetv2_050", [
+        "model=mobilenetv2_050", "data=digits", "data.image_size=16", "data.train_samples=300", "data.batch_size=32",
+        "data.shift=1", "trainer.max_epochs=150", "trainer.patience=15", "prune.batch_size=8", "finetune.epochs=10"]),
+    "retnet": ("retnet_tiny4", [
+        "model=retnet_tiny", "++model.overrides.depth=4", "data=bytes", "data.seq_len=64", "data.train_samples=1024",
+        "optim.lr=2e-3", "optim.weight_decay=0.01", "trainer.max_epochs=120", "trainer.patience=8",
+        "prune.batch_size=4", "finetune.epochs=5"]),
     # BiT-50 and TResNet-M: their depth structure (every block and activation) at a reduced width, so that a
     # converged baseline and the fine-tunes fit a 2-core CPU (full width: 30-70 s per epoch here). TResNet-M at
     # quarter width did not separate rules (random one-shot 2.0x plans lost 3.3 points); at an eighth it does.
-    "resnetv2_50x1_bit_w0.5": ["model=resnetv2_50x1_bit", "++model.overrides.width_factor=0.5", "data=digits",
-                               "data.image_size=16", "data.train_samples=300", "data.batch_size=32", "data.shift=1",
-                               "trainer.max_epochs=120", "trainer.patience=12", "prune.batch_size=8",
-                               "finetune.epochs=6"],
-    "tresnet_m_w0.125": ["model=tresnet_m", "++model.overrides.width_factor=0.125", "data=digits",
-                         "data.image_size=32", "data.train_samples=300", "data.batch_size=32", "data.shift=1",
-                         "trainer.max_epochs=120", "trainer.patience=12", "prune.batch_size=8", "finetune.epochs=6"],
+    "bit": ("resnetv2_50x1_bit_w0.5", [
+        "model=resnetv2_50x1_bit", "++model.overrides.width_factor=0.5", "data=digits", "data.image_size=16",
+        "data.train_samples=300", "data.batch_size=32", "data.shift=1", "trainer.max_epochs=120",
+        "trainer.patience=12", "prune.batch_size=8", "finetune.epochs=6"]),
+    "tresnet": ("tresnet_m_w0.125", [
+        "model=tresnet_m", "++model.overrides.width_factor=0.125", "data=digits", "data.image_size=32",
+        "data.train_samples=300", "data.batch_size=32", "data.shift=1", "trainer.max_epochs=120",
+        "trainer.patience=12", "prune.batch_size=8", "finetune.epochs=6"]),
 }
 RULES: dict[str, dict[str, str]] = {  # rule: the prune.* settings that make it
     "interaction": {"search": "interaction", "importance": "loss", "recovery_steps": "20"},
@@ -82,8 +101,6 @@ RULES: dict[str, dict[str, str]] = {  # rule: the prune.* settings that make it
 TEST_RULES = ("interaction_one_shot", "dp_loss", "greedy", "random", "sleb", "block_influence", "angular", "reverse")
 SELECT_RULES = ("interaction", "interaction_one_shot", "kbest", "local", "dp_loss", "greedy", "sleb")
 DEV_SEEDS = (100, 101, 102)
-TARGETS = (1.5, 2.0)
-STAGES = ("one_shot", "short")
 SHORT_EPOCHS = 1
 TOLERANCE = 0.02          # a plan is at the target when its measured speed-up is within 2 % of it
 CORRECTIONS = 4           # searches again for a corrected target, at most
@@ -98,8 +115,6 @@ QUICK = ["data.image_size=8", "data.train_samples=64", "trainer.max_epochs=2", "
          "finetune.epochs=1", "prune.batch_size=2", "prune.calib_batches=1",
          "++prune.lut={warmup_s: 0.1, min_rounds: 3, max_rounds: 3}",
          "++prune.measure={warmup_s: 0.1, min_rounds: 3, max_rounds: 6, rel_tol: 0.01}"]
-CEILING_ACC, SEPARATION_POINTS, SEPARATION_PPL = 97.0, 5.0, 0.20
-SPEARMAN_TARGET = 0.8
 
 
 def default_rule() -> str:
@@ -114,15 +129,6 @@ def default_rule() -> str:
 
 
 # ------------------------------------------------------------------------------------------------- quality
-def metric_name(task: str) -> str:
-    """The tested metric: top-1 accuracy (points, higher is better) or validation loss (nats per token, lower)."""
-    return "acc1" if task == "classification" else "loss"
-
-
-def higher_is_better(metric: str) -> bool:
-    return metric not in ("ppl", "bpb", "kl", "loss")
-
-
 @torch.no_grad()
 def outputs_on(model: torch.nn.Module, loader: Any, limit: int | None = None) -> list[torch.Tensor]:
     """The model's logits on every validation batch (eval mode)."""
@@ -362,11 +368,11 @@ def measure_plans(family: Family, plans: dict[str, dict[str, Any]], settings: di
     """Every distinct plan beside the baseline, in one interleaved session: latency (ms) and measured speed-up."""
     from zoo import surgery
     from zoo.jobs.measure import measure_side_by_side
-    from zoo.latency import CalibrationSettings
+    from zoo.latency import NetworkTimingSettings
 
     nets = {"baseline": family.baseline}
     nets.update({name: surgery.apply_plan(family.baseline, plan, inplace=False).eval() for name, plan in plans.items()})
-    measured = measure_side_by_side(family.table, nets, CalibrationSettings(**settings), unfused=False)
+    measured = measure_side_by_side(family.table, nets, NetworkTimingSettings(**settings), unfused=False)
     estimate = f"{family.table.settings.estimator}_ms"
     base = measured["baseline"][estimate]
     return {name: {"latency_ms": measured[name][estimate], "speedup": base / measured[name][estimate],
@@ -443,162 +449,6 @@ def run_family(name: str, overrides: list[str], seeds: list[int], root: Path, ru
             "plans": plans, "latency": latency, "cells": cells}
 
 
-# ------------------------------------------------------------------------------------------------ statistics
-def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def summarise(family: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (target, rule, stage): mean and sd over seeds of the metric, agreement, KL and speed-ups."""
-    rows = []
-    metric = family["metric"]
-    for target in sorted({c["target"] for c in family["cells"]}):
-        for rule in dict.fromkeys(c["rule"] for c in family["cells"]):
-            done = [c for c in family["cells"] if c["target"] == target and c["rule"] == rule and "used" in c]
-            failed = [c for c in family["cells"] if c["target"] == target and c["rule"] == rule and "error" in c]
-            for stage in STAGES:
-                row = {"family": family["family"], "target": target, "rule": rule, "stage": stage,
-                       "seeds": len(done), "failed": len(failed),
-                       "off_target": sum(not c["at_target"] for c in done),
-                       "interpolated": sum(c["interpolated"] for c in done)}
-                for key in dict.fromkeys((metric, "ppl" if metric == "loss" else "acc1", "agreement", "kl")):
-                    row[f"{key}_mean"], row[f"{key}_sd"] = mean_sd([c[stage][key] for c in done])
-                row["speedup_mean"], row["speedup_sd"] = mean_sd([c["speedup"] for c in done])
-                row["session_speedup_mean"], row["session_speedup_sd"] = mean_sd([c["session_speedup"] for c in done])
-                row["removed_mean"], _ = mean_sd([c["removed"] for c in done])
-                row["search_s_mean"], _ = mean_sd([c["search_s"] for c in done])
-                rows.append(row)
-    return rows
-
-
-def comparison(family: dict[str, Any], rule: str, reference: str, target: float, stage: str) -> dict[str, Any] | None:
-    """`rule` against `reference`, paired by seed (positive: `rule` is better), at cells of both at the target."""
-    metric = family["metric"]
-    sign = 1.0 if higher_is_better(metric) else -1.0
-    by_seed = {r: {c["seed"]: c[stage] for c in family["cells"] if c["rule"] == r and c["target"] == target
-                   and "used" in c and c["at_target"]} for r in (rule, reference)}
-    seeds = sorted(set(by_seed[rule]) & set(by_seed[reference]))
-    if len(seeds) < 2:
-        return None
-    diffs = [sign * (by_seed[rule][s][metric] - by_seed[reference][s][metric]) for s in seeds]
-    samples = [sign * (np.asarray(by_seed[rule][s]["samples"]) - np.asarray(by_seed[reference][s]["samples"]))
-               for s in seeds]
-    return {"rule": rule, "reference": reference, "target": target, "stage": stage, "seeds": seeds,
-            **stats.compare(diffs, samples)}
-
-
-def spearman(xs: list[float], ys: list[float]) -> float | None:
-    """Spearman's rank correlation (None with fewer than 3 pairs or a constant side)."""
-    from scipy.stats import spearmanr
-
-    if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
-        return None
-    return float(spearmanr(xs, ys).statistic)
-
-
-def scorer_check(family: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per target, over every plan of every rule and seed: the Spearman correlation of the default's plan score
-    (real calibration loss) and of the previous default's additive surrogate against the real one-shot validation
-    loss."""
-    out = []
-    for target in sorted({c["target"] for c in family["cells"]}):
-        used = {(c["seed"], u["name"]): u for c in family["cells"] if c["target"] == target and "used" in c
-                for u in c["used"]}
-        if not used:
-            continue
-        real = [u["one_shot_loss"] for u in used.values()]
-        score = spearman([u["plan_score"] for u in used.values()], real)
-        out.append({"target": target, "plans": len(used), "plan_score_spearman": score,
-                    "surrogate_spearman": spearman([u["surrogate"] for u in used.values()], real),
-                    "passed": score is not None and score >= SPEARMAN_TARGET})
-    return out
-
-
-def summary_of(verdicts: list[str]) -> str:
-    """One word for a rule's comparisons: worse if any is worse, better if all are, partly better if some are."""
-    if "worse" in verdicts:
-        return "worse"
-    if verdicts and all(v == "better" for v in verdicts):
-        return "better"
-    return "partly better" if "better" in verdicts else "tie"
-
-
-def family_verdicts(family: dict[str, Any], default: str) -> dict[str, Any]:
-    """The default against every other rule (Holm over the family), and the issue's targets, computed."""
-    targets = sorted({c["target"] for c in family["cells"]})
-    others = [r for r in dict.fromkeys(c["rule"] for c in family["cells"]) if r != default]
-    raw = [p for target in targets for stage in STAGES for rule in others
-           if (p := comparison(family, default, rule, target, stage))]
-    judged = stats.verdicts(raw)
-    by_reference: dict[str, dict[str, Any]] = {}
-    for rule in others:
-        mine = [j for j in judged if j["reference"] == rule]
-        verdicts = [j["verdict"] for j in mine]
-        by_reference[rule] = {
-            "comparisons": len(mine), "better": verdicts.count("better"), "worse": verdicts.count("worse"),
-            "tie": verdicts.count("tie"),
-            "summary": summary_of(verdicts)}
-    metric, base = family["metric"], family["baseline"]
-    random_one_shot = [c["one_shot"][metric] for c in family["cells"] if c["rule"] == "random"
-                       and c["target"] == max(targets) and "used" in c]
-    out: dict[str, Any] = {"default": default, "comparisons": judged, "by_reference": by_reference,
-                           "never_worse": not any(j["verdict"] == "worse" for j in judged),
-                           "scorer": scorer_check(family)}
-    if random_one_shot and family["task"] == "classification":
-        out["baseline_below_ceiling"] = base["acc1"] <= CEILING_ACC
-        out["random_one_shot_cost"] = base["acc1"] - statistics.fmean(random_one_shot)
-        out["separates"] = out["random_one_shot_cost"] >= SEPARATION_POINTS
-    elif random_one_shot:
-        out["baseline_below_ceiling"] = True  # a language model's ceiling (0 bits per byte) is not reached
-        out["random_one_shot_cost"] = math.exp(statistics.fmean(random_one_shot)) / base["ppl"] - 1.0
-        out["separates"] = out["random_one_shot_cost"] >= SEPARATION_PPL
-    return out
-
-
-def with_statistics(family: dict[str, Any], default: str) -> dict[str, Any]:
-    family["rows"] = summarise(family)
-    family["verdicts"] = family_verdicts(family, default)
-    return family
-
-
-def overall(result: dict[str, Any]) -> dict[str, Any]:
-    """The suite's targets over the families: never worse, better than random everywhere, better than greedy and
-    the previous default on at least three, the scorer's Spearman at least 0.8 at 2.0x."""
-    families = result["families"]
-
-    def count(reference: str, strict: bool) -> int:
-        wanted = ("better",) if strict else ("better", "partly better")
-        return sum(f["verdicts"]["by_reference"].get(reference, {}).get("summary") in wanted for f in families)
-
-    top = max(TARGETS)
-    scorer = {f["family"]: next((s["plan_score_spearman"] for s in f["verdicts"]["scorer"] if s["target"] == top),
-                                None) for f in families}
-    out = {"families": len(families),
-           "never_worse": all(f["verdicts"]["never_worse"] for f in families),
-           "better_than_random": count("random", strict=False), "better_than_random_everywhere":
-               count("random", strict=True),
-           "better_than_greedy": count("greedy", strict=False), "better_than_dp_loss": count("dp_loss", strict=False),
-           "scorer_spearman_at_2x": scorer,
-           "scorer_passed": all(v is not None and v >= SPEARMAN_TARGET for v in scorer.values())}
-    out["passed"] = (out["never_worse"] and out["better_than_random"] == len(families)
-                     and min(out["better_than_greedy"], out["better_than_dp_loss"]) >= min(3, len(families))
-                     and out["scorer_passed"])
-    return out
-
-
-def summarise_again(path: str | Path, out: str | None = None) -> dict[str, Any]:
-    """Recompute the statistics, verdicts and plot of a stored result from its cells (nothing is measured again)."""
-    result = json.loads(Path(path).read_text())
-    result["families"] = [with_statistics(family, result["default"]) for family in result["families"]]
-    result["overall"] = overall(result)
-    figure = plot(result, results_dir(out) / "prune_quality.png")
-    result["plot"] = str(figure) if figure else None
-    write_result("prune_quality", result, out)
-    return result
-
-
 # ------------------------------------------------------------------------------------------------- selection
 def development_loader(family: Family, count: int = 8) -> Any:
     """Data the selection may score on, never the validation split: the digits ``data.train_samples`` leaves out
@@ -626,7 +476,7 @@ def run_selection(names: list[str], root: Path, rules: list[str], seeds: list[in
     rows = []
     metrics: dict[str, str] = {}
     for name in names:
-        overrides = [*(FAMILIES.get(name) or default_task(name)), *(QUICK if quick else [])]
+        overrides = [*overrides_of(name), *(QUICK if quick else [])]
         family = Family(name, overrides, root)
         metrics[name] = metric_name(family.data.task)
         loader = development_loader(family)
@@ -674,53 +524,47 @@ def run_selection(names: list[str], root: Path, rules: list[str], seeds: list[in
             "mean_rank": mean_rank, "choice": choice, "default": default, "default_is_choice": choice == default}
 
 
-# ------------------------------------------------------------------------------------------------------- plot
-def plot(result: dict[str, Any], path: Path) -> Path | None:
-    """Quality vs measured latency per rule (mean with error bars over seeds), one panel per family and stage."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    families = result["families"]
-    if not families:
-        return None
-    fig, axes = plt.subplots(len(families), len(STAGES), figsize=(5 * len(STAGES), 4 * len(families)), squeeze=False)
-    for row_axes, family in zip(axes, families):
-        metric = family["metric"]
-        shown = "ppl" if metric == "loss" else metric
-        for ax, stage in zip(row_axes, STAGES):
-            for rule in dict.fromkeys(r["rule"] for r in family["rows"]):
-                rows = [r for r in family["rows"] if r["rule"] == rule and r["stage"] == stage
-                        and r[f"{shown}_mean"] is not None]
-                if rows:
-                    ax.errorbar([1.0 / r["speedup_mean"] for r in rows], [r[f"{shown}_mean"] for r in rows],
-                                yerr=[r[f"{shown}_sd"] for r in rows], marker="o", capsize=3, label=rule)
-            ax.axhline(family["baseline"][shown], color="k", ls="--", lw=1, label="baseline")
-            ax.set_title(f"{family['family']}: {stage.replace('_', '-')}")
-            ax.set_xlabel("measured latency / baseline's (1 / speed-up, same session)")
-            ax.set_ylabel(shown)
-            if shown == "ppl":
-                ax.set_yscale("log")
-        row_axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
-
-
 # -------------------------------------------------------------------------------------------------------- run
-def default_task(model: str) -> list[str]:
-    """The digits task of the CNN families, for a model without its own entry in FAMILIES."""
-    return [f"model={model}", "data=digits", "data.image_size=16", "data.train_samples=300", "data.batch_size=32",
+def default_task(model: str, options: dict[str, Any] | None = None, task: str = "classification") -> list[str]:
+    """The derived task of a model without its own entry in TUNED: digits for a classifier, bytes for a language
+    model (`options`: builder options, as ``++model.overrides``)."""
+    head = [f"model={model}", *(f"++model.overrides.{k}={v}" for k, v in (options or {}).items())]
+    if task == "language_model":
+        return [*head, "data=bytes", "data.seq_len=64", "data.train_samples=1024", "trainer.max_epochs=100",
+                "trainer.patience=8", "prune.batch_size=4"]
+    return [*head, "data=digits", "data.image_size=16", "data.train_samples=300", "data.batch_size=32",
             "data.shift=1", "trainer.max_epochs=100", "trainer.patience=10", "prune.batch_size=8"]
+
+
+def tasks() -> dict[str, list[str]]:
+    """Every declared family's task, by name: tuned here, else derived on its small member."""
+    out = {}
+    for family in declared_families():
+        name, overrides = TUNED.get(family.name) or (
+            "_".join([family.small, *(f"{k}{v}" for k, v in family.small_options.items())]),
+            default_task(family.small, family.small_options, family.task))
+        out[name] = overrides
+    return out
+
+
+def overrides_of(name: str) -> list[str]:
+    """The overrides of a task named on the command line: a family's task (or a family's name), else the derived
+    task of the model so named."""
+    known = tasks()
+    if name in TUNED:
+        return TUNED[name][1]
+    return known.get(name) or default_task(name)
+
+
+def default_names(quick: bool) -> list[str]:
+    return [smoke_model()] if quick else list(tasks())
 
 
 def run(quick: bool = False, device: str = "auto", out: str | None = None, families: list[str] | None = None,
         seeds: int | None = None, workdir: str | None = None, rules: list[str] | None = None) -> dict[str, Any]:
     """Every family's cells, statistics and verdicts (5 seeds; 2 with `quick`), written to ``prune_quality.json``."""
     seeds = seeds or (2 if quick else 5)
-    names = families or (["mobilenetv2_035"] if quick else list(FAMILIES))
+    names = families or default_names(quick)
     default = default_rule()
     rules = rules or list(TEST_RULES)
     if default not in rules:
@@ -732,7 +576,7 @@ def run(quick: bool = False, device: str = "auto", out: str | None = None, famil
     result: dict[str, Any] = {"suite": "prune_quality", "quick": quick, "seeds": seeds, "default": default,
                               "tolerance": TOLERANCE, "workdir": str(root), "families": []}
     for name in names:
-        overrides = [*(FAMILIES.get(name) or default_task(name)), *(QUICK if quick else []), f"prune.device={device}"]
+        overrides = [*overrides_of(name), *(QUICK if quick else []), f"prune.device={device}"]
         family = run_family(name, overrides, list(range(seeds)), root, rules, targets,
                             QUICK_MEASURE if quick else MEASURE)
         result["families"].append(with_statistics(family, default))
@@ -741,65 +585,9 @@ def run(quick: bool = False, device: str = "auto", out: str | None = None, famil
         write_result("prune_quality", result, out)  # after every family: a long run keeps what it finished
     figure = plot(result, results_dir(out) / "prune_quality.png")
     result["plot"] = str(figure) if figure else None
+    judge("prune_quality", result)
     write_result("prune_quality", result, out)
     return result
-
-
-def fmt(value: Any, digits: int = 2) -> str:
-    return "" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
-def markdown(result: dict[str, Any]) -> str:
-    if result.get("suite") == "prune_quality_selection":
-        return markdown_selection(result)
-    parts = []
-    for family in result["families"]:
-        metric, base, v = family["metric"], family["baseline"], family["verdicts"]
-        shown = "ppl" if metric == "loss" else metric
-        parts.append(f"#### {family['family']} ({family['task']}; baseline {shown} {fmt(base[shown])} after "
-                     f"{base['epochs']} epochs, {family['condition']['device_name']}, batch "
-                     f"{family['condition']['batch_size']})\n")
-        table = [{"target": r["target"], "rule": r["rule"], "stage": r["stage"],
-                  shown: f"{fmt(r[f'{shown}_mean'])} ± {fmt(r[f'{shown}_sd'])}",
-                  "agreement %": f"{fmt(r['agreement_mean'], 1)} ± {fmt(r['agreement_sd'], 1)}",
-                  "measured speed-up": f"{fmt(r['speedup_mean'], 3)} ± {fmt(r['speedup_sd'], 3)}",
-                  "one session": f"{fmt(r['session_speedup_mean'], 3)} ± {fmt(r['session_speedup_sd'], 3)}",
-                  "removed": fmt(r["removed_mean"], 1), "search s": fmt(r["search_s_mean"], 1),
-                  "seeds": f"{r['seeds']}" + (f" ({r['failed']} failed)" if r["failed"] else "")
-                  + (f", {r['off_target']} off target" if r["off_target"] else "")
-                  + (f", {r['interpolated']} interpolated" if r["interpolated"] else "")}
-                 for r in family["rows"]]
-        parts.append(markdown_table(table, ["target", "rule", "stage", shown, "agreement %", "measured speed-up",
-                                            "one session", "removed", "search s", "seeds"]))
-        comp = [{"vs": c["reference"], "target": c["target"], "stage": c["stage"],
-                 "diff (default - rule)": fmt(c["mean"], 3 if metric == "loss" else 2), "test": c["test"],
-                 "p": f"{c['p']:.2g}", "p (Holm)": f"{c['p_holm']:.2g}", "verdict": c["verdict"]}
-                for c in v["comparisons"]]
-        sign = "points of top-1" if metric == "acc1" else "nats per token of validation loss, lower-is-better flipped"
-        parts.append(f"\nThe default (`{v['default']}`) against every rule, paired by seed ({sign}; Holm over "
-                     f"{len(comp)} comparisons): never significantly worse **{v['never_worse']}**.\n")
-        parts.append(markdown_table(comp, ["vs", "target", "stage", "diff (default - rule)", "test", "p", "p (Holm)",
-                                           "verdict"]))
-        parts.append("\nPlan scorer (Spearman over every plan against its one-shot validation loss):\n")
-        parts.append(markdown_table([{k: fmt(x) for k, x in s.items()} for s in v["scorer"]],
-                                    ["target", "plans", "plan_score_spearman", "surrogate_spearman", "passed"]))
-    if result.get("overall"):
-        o = result["overall"]
-        parts.append(f"\nOverall: never worse {o['never_worse']}; better than random in {o['better_than_random']} of "
-                     f"{o['families']} families; better than greedy in {o['better_than_greedy']}, than the previous "
-                     f"default (dp_loss) in {o['better_than_dp_loss']}; scorer Spearman at 2.0x "
-                     f"{ {k: fmt(x) for k, x in o['scorer_spearman_at_2x'].items()} }; **passed: {o['passed']}**.")
-    return "\n\n".join(parts)
-
-
-def markdown_selection(result: dict[str, Any]) -> str:
-    rules = result["rules"]
-    table = [{"family": r["family"], "metric": r["metric"], "target": r["target"], "stage": r["stage"],
-              **{rule: fmt(r[rule], 3) for rule in rules}} for r in result["means"]]
-    ranks = ", ".join(f"{rule} {fmt(rank)}" for rule, rank in sorted(result["mean_rank"].items(), key=lambda x: x[1]))
-    return (markdown_table(table, ["family", "metric", "target", "stage", *rules]) + f"\n\nMean rank: {ranks}. Choice: "
-            f"**{result['choice']}**; the default (`{result['default']}`) is the choice: "
-            f"**{result['default_is_choice']}**.")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -807,7 +595,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--select", action="store_true", help="choose among candidate searches on development data")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--families", default=None, help=f"comma-separated, of {', '.join(FAMILIES)}")
+    parser.add_argument("--families", default=None, help="comma-separated task names (default: every declared "
+                        f"family's: {', '.join(tasks())}) or family names")
     parser.add_argument("--rules", default=None, help=f"comma-separated, of {', '.join(RULES)}")
     parser.add_argument("--seeds", type=int, default=None, help="default 5 (2 with --quick)")
     parser.add_argument("--out", default=None)
@@ -826,7 +615,7 @@ def main(argv: list[str] | None = None) -> None:
         print(markdown(summarise_again(args.summarise, args.out)))
         return
     if args.select:
-        names = split(args.families) or (["mobilenetv2_035"] if args.quick else list(FAMILIES))
+        names = split(args.families) or default_names(args.quick)
         root = Path(args.workdir or tempfile.mkdtemp(prefix="prune_quality-"))
         seeds = list(DEV_SEEDS[:2] if args.quick else DEV_SEEDS)
         result = run_selection(names, root, split(args.rules) or list(SELECT_RULES), seeds,

@@ -3,6 +3,8 @@ greedy vs random at the same budget. ``python -m benchmarks.prune_speedup [--qui
 
 Every run is a real ``prune.py`` run (the library entry :func:`zoo.jobs.prune.run` on a composed config): baseline
 trained once per model on the embedded data (digits, bytes), table on the device, search, fine-tune, measure.
+Every declared family runs (``zoo.list_families()``): the member and overrides tuned for it here, else its reference
+on its task's data. Target: the measured speed-up >= 0.9 x target.
 """
 
 from __future__ import annotations
@@ -12,17 +14,31 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import markdown_table, write_result
+from benchmarks.common import Check, families, family_of, markdown_table, smoke_model, write_result
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-MODELS = {  # model: overrides that make it fit the embedded data and this machine
-    "mobilenetv2_050": ["data=digits"],
-    "tresnet_m": ["data=digits", "data.batch_size=32", "trainer.max_epochs=3", "prune.batch_size=8",
-                  "finetune.epochs=1"],
-    "resnetv2_50x1_bit": ["data=digits", "data.batch_size=32", "trainer.max_epochs=3", "prune.batch_size=8",
-                          "finetune.epochs=1"],
-    "retnet_small": ["data=bytes", "trainer.max_epochs=2", "prune.batch_size=8", "finetune.epochs=1"],
+SPEEDUP_SHARE = 0.9
+TASK_DATA = {"classification": ["data=digits"], "language_model": ["data=bytes"]}  # the embedded data per task
+HEAVY = ["data.batch_size=32", "trainer.max_epochs=3", "prune.batch_size=8", "finetune.epochs=1"]
+TUNED = {  # family: (the member run, overrides that make it fit the embedded data and this machine)
+    "mobilenetv2": ("mobilenetv2_050", ["data=digits"]),
+    "tresnet": ("tresnet_m", ["data=digits", *HEAVY]),
+    "bit": ("resnetv2_50x1_bit", ["data=digits", *HEAVY]),
+    "retnet": ("retnet_small", ["data=bytes", "trainer.max_epochs=2", "prune.batch_size=8", "finetune.epochs=1"]),
 }
+SEARCHES = {"mobilenetv2": ("dp", "greedy", "random")}  # tuning: the family compared across searches; others: dp
+
+
+def overrides_of(model: str) -> list[str]:
+    """A model's overrides: its family's tuning when it is the tuned member, else its task's data."""
+    family = family_of(model)
+    member, tuned = TUNED.get(family.name, (None, None))
+    return tuned if member == model else TASK_DATA[family.task]
+
+
+def default_models() -> list[str]:
+    """Every declared family's member: the one tuned here, else its reference."""
+    return [TUNED.get(f.name, (f.reference,))[0] for f in families()]
 QUICK = ["data.image_size=16", "trainer.max_epochs=1", "trainer.limit_train_batches=3", "finetune.epochs=1",
          "prune.batch_size=2", "prune.calib_batches=1", "++prune.lut={warmup_s: 0.2, min_rounds: 3, max_rounds: 5}",
          "++prune.measure={warmup_s: 0.2, min_rounds: 3, max_rounds: 5}"]
@@ -33,7 +49,7 @@ def compose(overrides: list[str], output_dir: Path) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from zoo.jobs.entry import register_resolvers
+    from zoo.jobs.cli import register_resolvers
     from zoo.jobs.prune_config import register_configs
 
     register_configs(CONF)
@@ -65,19 +81,25 @@ def prune_once(model: str, target: float, method: str, extra: list[str], root: P
 def run(quick: bool = False, device: str = "auto", models: list[str] | None = None,
         targets: tuple[float, ...] = (1.25, 1.5, 2.0), out: str | None = None, workdir: str | None = None
         ) -> dict[str, Any]:
-    models = models or (["mobilenetv2_035"] if quick else list(MODELS))
+    models = models or ([smoke_model()] if quick else default_models())
     targets = (1.5,) if quick else targets
     root = Path(workdir or tempfile.mkdtemp(prefix="prune_speedup-"))
     rows = []
     for model in models:
-        extra = [*MODELS.get(model, ["data=digits"]), f"prune.device={device}", *(QUICK if quick else [])]
-        methods = ("dp", "greedy", "random") if model.startswith("mobilenetv2") else ("dp",)
+        extra = [*overrides_of(model), f"prune.device={device}", *(QUICK if quick else [])]
+        methods = SEARCHES.get(family_of(model).name, ("dp",))
         for target in targets:
             for method in methods:
                 rows.append(prune_once(model, target, method, extra, root))
     result = {"suite": "prune_speedup", "rows": rows, "workdir": str(root)}
     write_result("prune_speedup", result, out)
     return result
+
+
+def checks(result: dict[str, Any]) -> list[Check]:
+    """Every prune run: its measured speed-up >= 0.9 x its target."""
+    return [Check(f"{r['model']} {r['search']} at {r['target']}x: measured speed-up", r["speedup"], ">=",
+                  SPEEDUP_SHARE * r["target"]) for r in result["rows"]]
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -40,6 +40,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import zoo
+from benchmarks.common import Budget, Check, judge, verdicts, within_budget
 from zoo.files import write_json
 from zoo.latency.device import synchronize
 from zoo.models.retention import rotary_frequencies, rotary_tables, rotate
@@ -59,7 +60,8 @@ QUICK = dict(model="retnet_tiny", overrides={"vocab_size": 64}, contexts=(16, 64
 TARGETS = {"decode_ratio": {512: 1.0, 2048: 0.6}, "parallel_ratio": 1.0, "step_logits_max_abs_diff": 1e-6,
            # CUDA, batch 1: the graph-captured step vs the Transformer's and vs the reference eager step
            "cuda_decode_ratio": {128: 1.0}, "cuda_speedup_over_transformer": {8192: 3.0},
-           "cuda_graph_speedup_over_reference": 5.0}
+           "cuda_graph_speedup_over_reference": 5.0,
+           "flatness": 1.2}  # the GPU check, every batch: RetNet ms per token at the longest context / the shortest
 
 
 # -- the baseline: a Transformer decoder with a KV cache -----------------------------------------------------
@@ -401,13 +403,17 @@ def bench_train(model: RetNet, cfg: dict, device: torch.device, batch: int) -> l
 
 
 def run(quick: bool = False, device: str = "cpu", threads: int | None = None, batch: int = 1, train: bool = True,
-        model_kwargs: dict[str, Any] | None = None, out: str | None = None) -> dict[str, Any]:
+        model_kwargs: dict[str, Any] | None = None, out: str | None = None, gpu_check: bool = False,
+        budget: Budget | None = None) -> dict[str, Any]:
     """Run the decode (and, with `train`, the training) benchmarks; `quick` is a seconds-long smoke configuration.
 
     threads: torch threads (default: 1 on the CPU, where the targets are stated). model_kwargs: extra arguments of
     the RetNet (e.g. ``{"use_fla": False}`` for the PyTorch path on CUDA). out: a folder for ``retnet_decode.json``
-    (``python -m benchmarks run`` passes its ``--out``; the JSON is written only when given).
+    (``python -m benchmarks run`` passes its ``--out``; the JSON is written only when given). `gpu_check`: the
+    batches form (:func:`run_batches`).
     """
+    if gpu_check:
+        return run_batches(quick, device, out, budget)
     previous_threads = torch.get_num_threads()
     device = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
     torch.set_num_threads(threads or (1 if device == "cpu" else previous_threads))
@@ -425,48 +431,74 @@ def run(quick: bool = False, device: str = "cpu", threads: int | None = None, ba
         torch.set_num_threads(previous_threads)
 
 
-def verdicts(result: dict[str, Any]) -> dict[str, bool | None]:
-    """Each target against the measured numbers (None where not measured: skipped is not passed)."""
-    paired = {label: {int(c): v for c, v in ratios.items()} for label, ratios in result["paired_ratios"].items()}
-    contexts = sorted({int(r["context"]) for r in result["decode"]})  # int keys also after a JSON round trip
-    out: dict[str, bool | None] = {}
+def checks(result: dict[str, Any], device: str | None = None) -> list[Check]:
+    """Each target against the measured numbers (None where not measured: skipped is not passed). The batches form
+    (the GPU check): every batch's RetNet latency ratio longest/shortest context <= 1.2, and at batch 1 the targets
+    of the device."""
+    if result.get("form") == "batches":
+        out = []
+        for key, r in result["batches"].items():
+            ratio = (r.get("latency_ratio_longest_to_shortest") or {}).get("retnet")
+            out.append(Check(f"{key} RetNet latency ratio <= {TARGETS['flatness']}", ratio, "<=", TARGETS["flatness"]))
+            if key == "batch_1":
+                out += [c._replace(label=f"{key} {c.label}") for c in checks(r, result.get("device"))]
+        return out
+    rows = result.get("decode") or []
+    device = result.get("device") or (rows[0].get("device") if rows else None) or device or "cpu"
+    paired = {label: {int(c): v for c, v in ratios.items()} for label, ratios in
+              (result.get("paired_ratios") or {}).items()}
+    contexts = sorted({int(r["context"]) for r in rows})  # int keys also after a JSON round trip
 
-    def ratio(a: str, b: str, context: int) -> float | None:
-        """a's time over b's, the median of the per-round ratios."""
-        if (a, b) == ("retnet", "transformer"):
-            return paired["retnet_over_transformer"].get(context)
-        if (a, b) == ("transformer", "retnet"):
-            value = paired["retnet_over_transformer"].get(context)
-            return None if value is None else 1 / value
-        return paired["reference_over_retnet"].get(context)
+    def ratio(label: str, context: int, inverse: bool = False) -> float | None:
+        """A paired ratio (the median of the per-round ratios) at `context`; None where not measured."""
+        value = paired.get(label, {}).get(context)
+        return None if value is None else 1 / value if inverse else value
 
-    def check(value: float | None, limit: float, at_most: bool = True) -> bool | None:
-        return None if value is None else (value <= limit if at_most else value >= limit)
-
-    if result["device"] == "cpu":
+    out: list[Check] = []
+    if device == "cpu":
         for context, limit in TARGETS["decode_ratio"].items():
-            out[f"decode step <= {limit}x the Transformer's at context {context}"] = check(
-                ratio("retnet", "transformer", context), limit)
-        lengths = {int(r["length"]): r["ratio"] for r in result["parallel"]}
+            out.append(Check(f"decode step <= {limit}x the Transformer's at context {context}",
+                             ratio("retnet_over_transformer", context), "<=", limit))
+        lengths = {int(r["length"]): r["ratio"] for r in result.get("parallel") or []}
         for length in (512, 2048):
-            out[f"parallel form <= {TARGETS['parallel_ratio']}x torchscale's at {length} tokens"] = check(
-                lengths.get(length), TARGETS["parallel_ratio"])
+            out.append(Check(f"parallel form <= {TARGETS['parallel_ratio']}x torchscale's at {length} tokens",
+                             lengths.get(length), "<=", TARGETS["parallel_ratio"]))
     else:
         for context, limit in TARGETS["cuda_decode_ratio"].items():
-            out[f"graph step <= {limit}x the Transformer's at context {context}"] = check(
-                ratio("retnet", "transformer", context), limit)
+            out.append(Check(f"graph step <= {limit}x the Transformer's at context {context}",
+                             ratio("retnet_over_transformer", context), "<=", limit))
         for context, limit in TARGETS["cuda_speedup_over_transformer"].items():
-            out[f"graph step >= {limit}x faster than the Transformer's at context {context}"] = check(
-                ratio("transformer", "retnet", context), limit, at_most=False)
+            out.append(Check(f"graph step >= {limit}x faster than the Transformer's at context {context}",
+                             ratio("retnet_over_transformer", context, inverse=True), ">=", limit))
         limit = TARGETS["cuda_graph_speedup_over_reference"]
-        speedups = [ratio("retnet_reference", "retnet", c) for c in contexts]
-        out[f"graph step >= {limit}x faster than the reference eager step (every context)"] = (
-            None if None in speedups or not speedups else min(speedups) >= limit)
-    agreement = result["step_agreement"]
-    out[f"fast step logits within {TARGETS['step_logits_max_abs_diff']:g} of the reference step"] = (
-        agreement["step_logits_max_abs_diff"] <= TARGETS["step_logits_max_abs_diff"])
-    out["greedy generate equals the reference decode"] = agreement["greedy_generate_equal"]
+        speedups = [ratio("reference_over_retnet", c) for c in contexts]
+        out.append(Check(f"graph step >= {limit}x faster than the reference eager step (every context)",
+                         None if None in speedups or not speedups else min(speedups), ">=", limit))
+    agreement = result.get("step_agreement") or {}
+    out.append(Check(f"fast step logits within {TARGETS['step_logits_max_abs_diff']:g} of the reference step",
+                     agreement.get("step_logits_max_abs_diff"), "<=", TARGETS["step_logits_max_abs_diff"]))
+    out.append(Check("greedy generate equals the reference decode", agreement.get("greedy_generate_equal"), "==",
+                     True))
     return out
+
+
+def run_batches(quick: bool, device: str, out: str | None, budget: Budget | None) -> dict[str, Any]:
+    """The GPU check's form: decode (and at the first batch, training) at batch 1 and 16 on the PyTorch path."""
+    device = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
+    batches = (1,) if quick or device != "cuda" else (1, 16)
+
+    def one(batch: int) -> dict[str, Any]:
+        found = run(quick=quick, device=device, batch=batch, train=batch == batches[0],
+                    model_kwargs={"use_fla": False})
+        return {k: v for k, v in found.items() if k not in ("verdicts", "status", "passed")}
+
+    result = {"suite": "retnet_decode", "form": "batches", "device": device,
+              "path": "PyTorch (use_fla=False; the fla suite compares the fused kernels)",
+              "batches": within_budget(batches, lambda batch: f"batch_{batch}", one, budget)}
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        write_json(Path(out) / "retnet_decode.json", result)
+    return result
 
 
 def _run(cfg: dict, quick: bool, dev: torch.device, batch: int, train: bool = True) -> dict[str, Any]:
@@ -494,13 +526,16 @@ def _run(cfg: dict, quick: bool, dev: torch.device, batch: int, train: bool = Tr
         "parallel": [{**row, **env} for row in bench_parallel(retnet, cfg, dev)],
         "train": [{**row, **env} for row in bench_train(retnet, cfg, dev, batch)] if train else [],
     }
-    result["verdicts"] = verdicts(result)
-    result["passed"] = all(v is True for v in result["verdicts"].values())
+    judge("retnet_decode", result)
+    result["passed"] = result["status"] == "passed"
     return result
 
 
 def markdown(result: dict[str, Any]) -> str:
     """The result as markdown tables."""
+    if result.get("form") == "batches":
+        return "\n\n".join(f"#### {key}\n\n" + (f"skipped: {r['skipped']}" if "skipped" in r else markdown(r))
+                           for key, r in result["batches"].items())
     env_cols = "device | dtype | batch | threads | torch"
     env = " | ".join(str(result[k]) for k in ("device", "dtype", "batch", "threads", "torch"))
     shape, params = result["transformer_shape"], result["params"]
@@ -546,7 +581,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [f"| {r['length']} | {r['zoo_ms']:.1f} | {r['torchscale_ms']:.1f} | {r['ratio']:.2f} |"
                   for r in result["parallel"]]
     lines += ["", "Targets: " + "; ".join(f"{k}: {'passed' if v else 'not measured' if v is None else 'FAILED'}"
-                                          for k, v in result["verdicts"].items()) + "."]
+                                          for k, v in verdicts(checks(result)).items()) + "."]
     if not result["train"]:
         return "\n".join(lines)
     lines += ["", f"Training step (forward + backward + AdamW), RetNet parallel vs chunkwise (chunk "

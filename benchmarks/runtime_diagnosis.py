@@ -30,13 +30,13 @@ import torch
 from torch import nn
 
 from benchmarks.common import environment, write_result
+from zoo.capture import capture_segments
 from zoo.latency import build_table, random_plans
-from zoo.latency.calibrate import pruned_network
 from zoo.latency.context import ContextBench, hook_overhead_ms
 from zoo.latency.device import timing_context
 from zoo.latency.measure import Bench, measured_form, prepare, time_rounds
+from zoo.latency.networks import pruned_network
 from zoo.latency.runtime import check_runtime, in_runtime
-from zoo.latency.table import capture_segments
 from zoo.surgery import build_segment
 
 
@@ -111,7 +111,7 @@ def diagnose(model: str, runtime: str, picks: list[int], n_plans: int = 20, roun
                      "segmented_ms": ctx.summary()[estimate], "predicted_raw_ms": predicted,
                      "predicted_anchored_ms": predicted * anchor, "anchored_error": predicted * anchor / measured - 1,
                      "merged_segments": changed})
-    return {"suite": "runtime_diagnosis", "model": model, "runtime": runtime, "entries": table.n_entries,
+    return {"suite": "runtime_diagnosis", "model": model, "runtime": runtime, "entries": table.n_records,
             "fixed_ms": table.fixed_raw_ms, "env": environment(device, torch.float32, 1, 1), "rows": rows}
 
 

@@ -9,11 +9,15 @@ For each model, in every runtime (eager, compile, onnxruntime; tensorrt and onnx
    every runtime's chosen plans: the table's raw prediction error over the random plans, and each chosen plan's
    measured speed-up in every runtime (the plan chosen in eager, measured under onnxruntime, and so on).
 
-Verdicts (computed): a runtime's table passes when its raw error is at most mean 5 % / max 10 % over the random plans
-(or 1.5x the noise floor, if larger); a chosen plan passes when its measured speed-up in the runtime it was chosen in
-is at least 0.9x its target. Beside the raw verdict, the same limits are applied to the anchored error (the prediction
-scaled by the original network measured in the same session: the error of the predicted speed-up, which is what a
+Targets (:func:`checks`): a runtime's table has a raw error of at most mean 5 % / max 10 % over the random plans
+(or 1.5x the noise floor, if larger); a chosen plan's measured speed-up in the runtime it was chosen in is at least
+0.9x its target. Beside the raw errors, the same limits apply to the anchored error (the prediction scaled by the
+original network measured in the same session: the error of the predicted speed-up, which is what a
 ``target_speedup`` search uses); the two differ by the machine's drift between the table's build and the session.
+
+The models: every classification family's reference member (``zoo.list_families(task="classification")``).
+In the GPU check (``python -m benchmarks run --set gpu_check``): onnxruntime (CUDA EP) and TensorRT at batch 32, 8
+plans; a runtime the machine lacks is recorded as skipped with its reason (its targets: not measured).
 
     python -m benchmarks.runtime_tables [--quick] [--device cpu] [--models a,b] [--runtimes eager,compile,onnxruntime]
         [--plans 20] [--compile-plans N] [--input-size 224] [--batch-size 1] [--out DIR]
@@ -31,13 +35,20 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import environment, write_result
-from zoo.latency import CalibrationSettings, TableSettings, build_table, evaluate, random_plans, resolve_device
+from benchmarks.common import Budget, Check, environment, families, judge, smoke_model, verdicts, write_result
+from zoo.latency import (
+    NetworkTimingSettings,
+    TableSettings,
+    build_table,
+    prediction_error,
+    random_plans,
+    resolve_device,
+)
 from zoo.latency.runtime import RuntimeFailure, check_runtime, tensorrt_backend
 from zoo.search import Choice, dp_search
 
-MODELS = ("mobilenetv2_100", "tresnet_m", "resnetv2_50x1_bit")
 TARGETS = (1.5, 2.0)
+GPU_RUNTIMES = ("onnxruntime", "tensorrt")  # the GPU check's deploy runtimes (its dry run: onnxruntime's CPU EP)
 MEAN_LIMIT, MAX_LIMIT, NOISE_FACTOR, SPEEDUP_SHARE = 0.05, 0.10, 1.5, 0.9
 
 
@@ -65,55 +76,71 @@ def speed_plan(table: Any, target: float) -> dict[str, Any] | None:
     return {"remove": result.removed(options), "merge": table.merge}
 
 
+def limits(noise_floor: float) -> tuple[float, float]:
+    """The mean and max error limits of a table measured with `noise_floor`."""
+    return max(MEAN_LIMIT, NOISE_FACTOR * noise_floor), max(MAX_LIMIT, NOISE_FACTOR * noise_floor)
+
+
 def table_row(table: Any, evaluation: Any, n_random: int) -> dict[str, Any]:
-    """The table's raw error over the random plans (results 1..n_random) and its computed verdict."""
+    """The table's raw and anchored errors over the random plans (results 1..n_random)."""
     random_results = evaluation.results[1:1 + n_random]
     errors = [abs(r.error(False)) for r in random_results]
     anchored = [abs(r.anchored_error()) for r in random_results]
     noise = evaluation.noise_floor
-    mean_limit, max_limit = max(MEAN_LIMIT, NOISE_FACTOR * noise), max(MAX_LIMIT, NOISE_FACTOR * noise)
-    mean, worst = statistics.fmean(errors), max(errors)
-    return with_verdicts({"entries": table.n_entries, "build_s": round(table.build_s, 1),
+    return {"entries": table.n_records, "build_s": round(table.build_s, 1),
             "runtime_build_s": round(table.runtime_build_s, 1), "runtime_version": table.condition["runtime_version"],
             "original_ms": evaluation.results[0].measured_ms, "predicted_original_ms": table.predict(corrected=False),
-            "n_plans": n_random, "mean_error": mean, "max_error": worst,
+            "n_plans": n_random, "mean_error": statistics.fmean(errors), "max_error": max(errors),
             "mean_error_anchored": statistics.fmean(anchored), "max_error_anchored": max(anchored),
-            "noise_floor": noise, "drift": evaluation.drift, "limits": [mean_limit, max_limit],
+            "noise_floor": noise, "drift": evaluation.drift, "limits": list(limits(noise)),
             "session_s": round(evaluation.time_s, 1),
             "plans": [{"removed": len(r.plan["remove"]), "measured_ms": r.measured_ms,
-                       "predicted_raw_ms": r.predicted_raw_ms, "error": r.error(False)} for r in random_results]})
+                       "predicted_raw_ms": r.predicted_raw_ms, "error": r.error(False)} for r in random_results]}
 
 
-def with_verdicts(row: dict[str, Any]) -> dict[str, Any]:
-    """`row` with its raw and anchored verdicts: mean and max error within the row's limits."""
-    mean_limit, max_limit = row["limits"]
-    row["passed"] = row["mean_error"] <= mean_limit and row["max_error"] <= max_limit
-    row["passed_anchored"] = row["mean_error_anchored"] <= mean_limit and row["max_error_anchored"] <= max_limit
-    return row
+def checks(result: dict[str, Any]) -> list[Check]:
+    """Per model and runtime: raw and anchored error, mean and max, within the limits of its noise floor; per chosen
+    plan: its speed-up in its own runtime >= 0.9x target. A runtime or model that did not run: not measured."""
+    runtimes = [*result["runtimes"], *result.get("skipped_runtimes", {})]
+    out = []
+    for r in result["models"]:
+        for runtime in runtimes:
+            t = r.get("tables", {}).get(runtime, {})
+            mean_limit, max_limit = limits(t.get("noise_floor", 0.0))
+            for kind, suffix in (("raw", ""), ("anchored", "_anchored")):
+                name = f"{r['model']} {runtime}: {kind} error"
+                out += [Check(f"{name} mean", t.get(f"mean_error{suffix}"), "<=", mean_limit),
+                        Check(f"{name} max", t.get(f"max_error{suffix}"), "<=", max_limit)]
+        speedups = {(s["runtime"], s["target"]): s for s in r.get("speedups", [])}
+        for runtime in runtimes:
+            for target in TARGETS:
+                s = speedups.get((runtime, target), {})
+                out.append(Check(f"{r['model']} {target}x plan chosen in {runtime}: measured speed-up",
+                                 s.get("measured_speedup"), ">=", SPEEDUP_SHARE * target))
+    return out
 
 
-def overall(result: dict[str, Any]) -> dict[str, Any]:
-    """`result` with its overall verdicts: every table (raw / anchored) and every chosen plan's speed-up passed."""
-    speedups = all(s["passed"] for r in result["models"] for s in r["speedups"])
-    tables = [t for r in result["models"] for t in r["tables"].values()]
-    result["passed"] = speedups and all(t["passed"] for t in tables)
-    result["passed_anchored"] = speedups and all(t["passed_anchored"] for t in tables)
-    return result
+def table_verdicts(result: dict[str, Any]) -> dict[tuple[str, str], dict[str, bool | None]]:
+    """Per (model, runtime): whether its raw and its anchored errors are within their limits (from :func:`checks`)."""
+    judged = verdicts(checks(result))
+    out = {}
+    for r in result["models"]:
+        for runtime in r.get("tables", {}):
+            both = {kind: [judged[f"{r['model']} {runtime}: {kind} error {s}"] for s in ("mean", "max")]
+                    for kind in ("raw", "anchored")}
+            out[(r["model"], runtime)] = {kind: None if None in v else all(v) for kind, v in both.items()}
+    return out
 
 
 def summarise_again(path: str | Path) -> dict[str, Any]:
-    """A stored result with every verdict recomputed from its stored errors and limits (no measuring)."""
+    """A stored result with its verdicts recomputed from its stored errors and noise floors (no measuring)."""
     import json
 
-    result = json.loads(Path(path).read_text())
-    for r in result["models"]:
-        for t in r["tables"].values():
-            with_verdicts(t)
-    return overall(result)
+    return judge("runtime_tables", json.loads(Path(path).read_text()))
 
 
 def bench_model(name: str, device: str, runtimes: list[str], n_plans: dict[str, int], input_size: int,
-                batch_size: int, settings: TableSettings, calib: CalibrationSettings) -> dict[str, Any]:
+                batch_size: int, settings: TableSettings, calib: NetworkTimingSettings) -> dict[str, Any]:
     """Tables, chosen plans and the cross-runtime measurements of one model."""
     tables, chosen = {}, {}
     with tempfile.TemporaryDirectory() as cache_dir:
@@ -121,7 +148,7 @@ def bench_model(name: str, device: str, runtimes: list[str], n_plans: dict[str, 
             start = time.perf_counter()
             tables[runtime] = build_table(name, batch_size=batch_size, input_size=input_size, device=device,
                                           cache_dir=cache_dir, settings=settings, runtime=runtime)
-            print(f"{name} {runtime}: table of {tables[runtime].n_entries} entries in {time.perf_counter() - start:.0f}"
+            print(f"{name} {runtime}: table of {tables[runtime].n_records} entries in {time.perf_counter() - start:.0f}"
                   " s", flush=True)
             for target in TARGETS:
                 chosen[(runtime, target)] = speed_plan(tables[runtime], target)
@@ -130,7 +157,7 @@ def bench_model(name: str, device: str, runtimes: list[str], n_plans: dict[str, 
     for runtime in runtimes:
         table = tables[runtime]
         randoms = random_plans(table.segments, n_plans[runtime], seed=1, merge=table.merge)
-        evaluation = evaluate(table, randoms + [plan for _, plan in plans], calib)
+        evaluation = prediction_error(table, randoms + [plan for _, plan in plans], calib)
         rows[runtime] = table_row(table, evaluation, len(randoms))
         print(f"{name} {runtime}: error mean {rows[runtime]['mean_error']:.1%} / max {rows[runtime]['max_error']:.1%}"
               f" over {len(randoms)} plans (noise floor {rows[runtime]['noise_floor']:.1%})", flush=True)
@@ -147,38 +174,54 @@ def bench_model(name: str, device: str, runtimes: list[str], n_plans: dict[str, 
                         and c["target"] == target), None)
             reachable = chosen[(runtime, target)] is not None
             speedups.append({"runtime": runtime, "target": target, "reachable": reachable,
-                             "measured_speedup": own["measured_speedup"] if own else None,
-                             "passed": bool(own and own["measured_speedup"] >= SPEEDUP_SHARE * target)})
+                             "measured_speedup": own["measured_speedup"] if own else None})
     return {"model": name, "input_size": input_size, "batch_size": batch_size, "tables": rows, "cross": cross,
             "speedups": speedups}
 
 
 def run(quick: bool = False, device: str = "cpu", models: list[str] | None = None, runtimes: list[str] | None = None,
         plans: int = 20, compile_plans: int | None = None, input_size: int = 224, batch_size: int = 1,
-        out: str | Path | None = None) -> dict[str, Any]:
-    """Every model in every runtime; writes ``runtime_tables.json`` (``runtime_tables_quick.json`` with quick)."""
+        out: str | Path | None = None, gpu_check: bool = False, budget: Budget | None = None) -> dict[str, Any]:
+    """Every model in every runtime; writes ``runtime_tables.json`` (``runtime_tables_quick.json`` with quick).
+    `gpu_check`: the GPU check's runtimes, batch 32, 8 plans; a runtime missing here is skipped, not an error."""
     dev = resolve_device(device)
-    runtimes = runtimes or runtimes_here(dev)
+    skipped: dict[str, str] = {}
+    if gpu_check:
+        runtimes, batch_size, plans = list(GPU_RUNTIMES if dev.type == "cuda" else GPU_RUNTIMES[:1]), 32, 8
+        for runtime in list(runtimes):
+            try:
+                check_runtime(runtime, dev)
+            except RuntimeFailure as exc:
+                skipped[runtime] = f"unavailable here: {exc}"
+                runtimes.remove(runtime)
+    runtimes = runtimes if runtimes is not None else runtimes_here(dev)
     for runtime in runtimes:
         check_runtime(runtime, dev)
     if quick:
-        models, plans, compile_plans, input_size = models or ["mobilenetv2_035"], 3, 2, 32
+        models, plans, compile_plans, input_size = models or [smoke_model()], 2 if gpu_check else 3, 2, 32
+        batch_size = 2 if gpu_check else batch_size
         settings = TableSettings(warmup_s=0.2, entry_warmup_s=0.0, min_rounds=3, max_rounds=5)
-        calib = CalibrationSettings(warmup_s=0.2, net_warmup_s=0.0, min_rounds=3, max_rounds=5)
+        calib = NetworkTimingSettings(warmup_s=0.2, net_warmup_s=0.0, min_rounds=3, max_rounds=5)
     else:
         settings = TableSettings()
-        calib = CalibrationSettings(max_rounds=60, max_time_s=240.0)
+        calib = NetworkTimingSettings(max_rounds=60, max_time_s=240.0)
+    models = models or [f.reference for f in families(task="classification")]
     n_plans = {r: compile_plans if r == "compile" and compile_plans is not None else plans for r in runtimes}
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    for name in models or MODELS:  # the file is rewritten after each model: a long run keeps what it measured
-        rows.append(bench_model(name, str(dev), runtimes, n_plans, input_size, batch_size, settings, calib))
-        result = {"suite": "runtime_tables", "quick": quick, "runtimes": runtimes,
+    for name in models:  # the file is rewritten after each model: a long run keeps what it measured
+        if budget is not None and not budget.allows():
+            rows.append({"model": name, "skipped": budget.reason()})
+        elif runtimes:
+            rows.append(bench_model(name, str(dev), runtimes, n_plans, input_size, batch_size, settings, calib))
+        else:
+            rows.append({"model": name, "skipped": "no runtime to measure in"})
+        result = {"suite": "runtime_tables", "quick": quick, "runtimes": runtimes, "skipped_runtimes": skipped,
                   "tensorrt_backend": tensorrt_backend(), "env": environment(dev, torch.float32, batch_size,
                                                                              settings.threads),
-                  "models": rows, "complete": len(rows) == len(models or MODELS),
-                  "time_s": round(time.perf_counter() - start, 1)}
-        overall(result)
+                  "batch_size": batch_size, "input_size": input_size, "models": rows,
+                  "complete": len(rows) == len(models), "time_s": round(time.perf_counter() - start, 1)}
+        judge("runtime_tables", result)
         write_result("runtime_tables_quick" if quick else "runtime_tables", result, out)
     return result
 
@@ -188,37 +231,51 @@ def _pct(value: float) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """The per-runtime error table, then the speed-up of each chosen plan in every runtime."""
+    """The per-runtime error table, then the speed-up of each chosen plan in every runtime (verdicts: checks)."""
+    judged, tables = verdicts(checks(result)), table_verdicts(result)
+
+    def word(value: bool | None) -> str:
+        return "-" if value is None else "pass" if value else "FAIL"
+
     lines = ["| model | runtime | entries | build s (compile/export s) | original ms | raw error mean / max | "
              "verdict | drift | anchored error mean / max | verdict | noise floor | limit mean / max |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result["models"]:
+    measured = [r for r in result["models"] if "skipped" not in r]
+    for r in measured:
         for runtime, t in r["tables"].items():
-            anchored = (f"{_pct(t['mean_error_anchored'])} / {_pct(t['max_error_anchored'])} | "
-                        f"{'pass' if t['passed_anchored'] else 'FAIL'}")
+            v = tables[(r["model"], runtime)]
+            mean_limit, max_limit = limits(t["noise_floor"])
             lines.append(f"| {r['model']} | {runtime} | {t['entries']} | {t['build_s']} ({t['runtime_build_s']}) | "
                          f"{t['original_ms']:.2f} | {_pct(t['mean_error'])} / {_pct(t['max_error'])} over "
-                         f"{t['n_plans']} plans | {'pass' if t['passed'] else 'FAIL'} | {t['drift']:+.1%} | "
-                         f"{anchored} | {_pct(t['noise_floor'])} | {_pct(t['limits'][0])} / {_pct(t['limits'][1])} |")
+                         f"{t['n_plans']} plans | {word(v['raw'])} | {t['drift']:+.1%} | "
+                         f"{_pct(t['mean_error_anchored'])} / {_pct(t['max_error_anchored'])} | "
+                         f"{word(v['anchored'])} | "
+                         f"{_pct(t['noise_floor'])} | {_pct(mean_limit)} / {_pct(max_limit)} |")
     runtimes = result["runtimes"]
     lines += ["", "Measured speed-up of the plan chosen in one runtime (rows) in every runtime (columns); the "
               "diagonal is the target check (>= 0.9x target):", "",
               "| model | target | chosen in | " + " | ".join(f"in {rt}" for rt in runtimes) + " | verdict |",
               "|---|---|---|" + "---|" * len(runtimes) + "---|"]
-    for r in result["models"]:
+    speedups_ok = []
+    for r in measured:
         for s in r["speedups"]:
             cells = []
             for rt in runtimes:
                 c = next((c for c in r["cross"] if c["chosen_in"] == s["runtime"] and c["target"] == s["target"]
                           and c["measured_in"] == rt), None)
                 cells.append("-" if c is None else f"{c['measured_speedup']:.2f}x")
-            verdict = "pass" if s["passed"] else ("out of reach" if not s["reachable"] else "FAIL")
+            ok = judged[f"{r['model']} {s['target']}x plan chosen in {s['runtime']}: measured speed-up"]
+            speedups_ok.append(ok)
+            verdict = "out of reach" if not s["reachable"] else word(ok)
             lines.append(f"| {r['model']} | {s['target']}x | {s['runtime']} | " + " | ".join(cells) + f" | {verdict} |")
-    env = result["env"]
-    lines += ["", f"{env['device']}, batch {result['models'][0]['batch_size']}, input "
-              f"{result['models'][0]['input_size']}, {env['threads']} thread(s), torch {env['torch']}; overall: "
-              f"{'pass' if result['passed'] else 'FAIL'} (raw errors and speed-ups), "
-              f"{'pass' if result['passed_anchored'] else 'FAIL'} (anchored errors and speed-ups) "
+    lines += [f"- {r['model']}: skipped, {r['skipped']}" for r in result["models"] if "skipped" in r]
+    lines += [f"- {rt}: skipped, {why}" for rt, why in result.get("skipped_runtimes", {}).items()]
+    env, first = result["env"], measured[0] if measured else {}
+    overall = {kind: all(v[kind] for v in tables.values()) and all(speedups_ok) for kind in ("raw", "anchored")}
+    lines += ["", f"{env['device']}, batch {first.get('batch_size', result.get('batch_size'))}, input "
+              f"{first.get('input_size', result.get('input_size'))}, {env['threads']} thread(s), torch "
+              f"{env['torch']}; overall: {word(overall['raw'])} (raw errors and speed-ups), "
+              f"{word(overall['anchored'])} (anchored errors and speed-ups); status {result.get('status', '-')} "
               f"({result['time_s']:.0f} s)."]
     return "\n".join(lines)
 
@@ -227,7 +284,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--models", default=None, help=f"comma-separated (default {','.join(MODELS)})")
+    parser.add_argument("--models", default=None, help="comma-separated (default: every classification "
+                        "family's reference member)")
     parser.add_argument("--runtimes", default=None, help="comma-separated (default: every runtime this machine has)")
     parser.add_argument("--plans", type=int, default=20)
     parser.add_argument("--compile-plans", type=int, default=None, help="random plans under compile (default --plans)")

@@ -20,10 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from benchmarks.common import Check
 from zoo.latency.device import synchronize
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_throughput.json"
 MODEL = "mobilenetv2_050"
+TARGET = 0.95
 
 
 def _config(batch: int, batches: int, image_size: int, device: str) -> Any:
@@ -107,8 +109,12 @@ def run(quick: bool = False, device: str = "cpu", batch: int = 64, image_size: i
         "ratio": round(engine / loop, 4),
         "ratio_median_per_round": round(statistics.median(e / lp for e, lp in zip(engine_rates, loop_rates)), 4),
         "engine_rates": [round(r, 2) for r in engine_rates], "loop_rates": [round(r, 2) for r in loop_rates],
-        "target": 0.95,
+        "target": TARGET,
     }
+
+
+def checks(result: dict[str, Any]) -> list[Check]:
+    return [Check("engine / hand-written loop, samples/s", result["ratio"], ">=", TARGET)]
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -1,7 +1,8 @@
 """Zoo vs timm: eval latency of the same architecture with the same weights, eager and fused, side by side.
 
 ``python -m benchmarks.zoo_vs_timm [--device cpu|cuda] [--batch-sizes 1 32] [--quick]``. Target: eager ratio
-zoo/timm <= 1.05, the fused (deploy) form faster than timm's eager model.
+zoo/timm <= 1.05, the fused (deploy) form faster than timm's eager model. The models: the reference member of every
+family declaring the ``timm`` capability (``--quick``: the smoke model).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import timm
 import torch
 
 import zoo
-from benchmarks.common import environment, interleaved, markdown_table, write_result
+from benchmarks.common import Check, environment, families, interleaved, markdown_table, smoke_model, write_result
 
-MODELS = ("mobilenetv2_100", "tresnet_m", "resnetv2_50x1_bit")
+EAGER_LIMIT, FUSED_LIMIT = 1.05, 1.0
 
 
 def compare(name: str, batch: int, size: int, device: str, threads: int, rounds: int) -> dict[str, Any]:
@@ -41,13 +42,22 @@ def compare(name: str, batch: int, size: int, device: str, threads: int, rounds:
 
 def run(quick: bool = False, device: str = "auto", batch_sizes: tuple[int, ...] = (1, 32), threads: int = 1,
         out: str | None = None) -> dict[str, Any]:
-    models = ("mobilenetv2_035",) if quick else MODELS
+    models = [smoke_model("timm")] if quick else [f.reference for f in families("timm")]
     sizes = (1,) if quick else batch_sizes
     rows = [compare(m, b, 64 if quick else 224, device, threads, rounds=2 if quick else 12)
             for m in models for b in sizes]
     result = {"suite": "zoo_vs_timm", "rows": rows}
     write_result("zoo_vs_timm", result, out)
     return result
+
+
+def checks(result: dict[str, Any]) -> list[Check]:
+    """Per row: zoo eager / timm eager <= 1.05; zoo fused / timm eager < 1."""
+    out = []
+    for r in result["rows"]:
+        out += [Check(f"{r['model']} b{r['batch']}: zoo eager / timm eager", r["eager_ratio"], "<=", EAGER_LIMIT),
+                Check(f"{r['model']} b{r['batch']}: zoo fused / timm eager", r["fused_ratio"], "<", FUSED_LIMIT)]
+    return out
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -19,3 +19,17 @@ def offline_hub(monkeypatch, tmp_path) -> Path:
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(hf_home / "hub"))
     return hf_home
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    """A latency cache directory shared by one test module's tables."""
+    return tmp_path_factory.mktemp("latency-cache")
+
+
+@pytest.fixture(scope="module")
+def table(cache_dir: Path):
+    """A small CPU latency table (helpers.small_table), built once per test module."""
+    from .helpers import small_table
+
+    return small_table(cache_dir)

@@ -191,3 +191,23 @@ def models_with(capability: str) -> list[str]:
     import zoo
 
     return [n for n in zoo.list_models() if zoo.get_family(zoo.get_entry(n).family).has(capability)]
+
+
+TABLE_MODEL, TABLE_SIZE = "mobilenetv2_035", 64  # the latency tests' network and input size
+
+
+def _fast_table_settings() -> Any:
+    from zoo.latency import TableSettings
+
+    return TableSettings(warmup_s=0.1, entry_warmup_s=0.0, min_rounds=3, max_rounds=4)
+
+
+FAST_TABLE = _fast_table_settings()  # a few short rounds: tables for tests, not for measurements
+
+
+def small_table(cache_dir: Path, **kwargs: Any) -> Any:
+    """TABLE_MODEL's latency table at TABLE_SIZE on the CPU with FAST_TABLE settings, cached in `cache_dir`."""
+    from zoo.latency import build_table
+
+    return build_table(TABLE_MODEL, input_size=TABLE_SIZE, device="cpu", cache_dir=str(cache_dir),
+                       settings=FAST_TABLE, **kwargs)

@@ -251,7 +251,7 @@ def test_latency_cache_that_is_damaged_is_reported_once_and_rebuilt(tmp_path):
         with pytest.warns(LatencyCacheWarning) as caught:
             again = build_table("mobilenetv2_035", **kwargs)
         assert len([w for w in caught if w.category is LatencyCacheWarning]) == 1
-        assert again.n_measured == first.n_entries and again.records[key]["p10_ms"] > 1e-6
+        assert again.n_measured == first.n_records and again.records[key]["p10_ms"] > 1e-6
         assert LatencyCache(first.condition, tmp_path).load()  # rewritten intact
 
 
@@ -301,28 +301,6 @@ def test_build_table_waits_for_the_device_lock(tmp_path):
         os.environ.pop("DEPTHZOO_CACHE") if previous is None else os.environ.update(DEPTHZOO_CACHE=previous)
     assert proc.returncode == 0, output[-2000:]
     assert "another process is timing on this device" in output
-
-
-# ------------------------------------------------------------------------------------------------ verdicts
-def test_gpu_check_verdicts_are_computed_from_the_recorded_numbers():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from benchmarks.gpu_check import exit_code, judge
-
-    report = judge(json.loads((ROOT / "results" / "gpu_check_h200.json").read_text()))
-    statuses = {name: step["status"] for name, step in report["steps"].items()}
-    assert statuses == {"measurement": "passed", "lut": "failed", "prune_search": "passed",
-                        "retnet_decode": "incomplete", "fla": "passed"}  # its batch-1 decode targets: not measured
-    assert report["steps"]["retnet_decode"]["verdicts"][
-        "batch_1 decode targets of benchmarks.retnet_decode (not measured)"] is None
-    failing = [check for check, ok in report["steps"]["lut"]["verdicts"].items() if ok is False]
-    assert len(failing) == 3 and all("b1" in c or "isolated" in c for c in failing)
-    assert exit_code(report) == 1
-    partial = judge({"steps": {"lut": {"a": {"max_abs_error_raw": 0.01}, "b": {"skipped": "time budget"}},
-                               "fla": {"skipped": "not installed"}}})
-    assert partial["steps"]["lut"]["status"] == "incomplete" and partial["steps"]["fla"]["status"] == "skipped"
-    assert exit_code(partial) == 3
-    docs = (ROOT / "docs" / "benchmarks.md").read_text()
-    assert "All five steps passed" not in docs and "lut: failed" in docs
 
 
 def test_a_training_run_from_before_run_records_can_be_continued(tmp_path):

@@ -1,0 +1,302 @@
+"""The statistics, verdicts, tables and plot of a ``prune_quality`` result: everything computed from its stored
+cells, nothing measured (``python -m benchmarks.prune_quality --summarise RESULT.json`` runs only this part).
+
+Statistics (:mod:`benchmarks.stats`): the default against every other rule, paired by seed at each target and stage, t
+test (or a paired bootstrap over the validation samples when the seeds do not vary), Holm-corrected over the family's
+comparisons: better, worse or tie. The plan scorer's Spearman correlation against the real one-shot validation loss
+is reported over every plan. The suite's targets (:func:`checks`): never significantly worse than any rule in every
+family, better than random in every family, better than greedy and than the previous default (``dp_loss``) in at
+least three, the scorer's Spearman at 2.0x at least 0.8 in every family.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks import stats
+from benchmarks.common import Check, judge, markdown_table, results_dir, verdicts, write_result
+
+TARGETS = (1.5, 2.0)
+STAGES = ("one_shot", "short")
+CEILING_ACC, SEPARATION_POINTS, SEPARATION_PPL = 97.0, 5.0, 0.20
+SPEARMAN_TARGET = 0.8
+
+
+def metric_name(task: str) -> str:
+    """The tested metric: top-1 accuracy (points, higher is better) or validation loss (nats per token, lower)."""
+    return "acc1" if task == "classification" else "loss"
+
+
+def higher_is_better(metric: str) -> bool:
+    return metric not in ("ppl", "bpb", "kl", "loss")
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarise(family: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (target, rule, stage): mean and sd over seeds of the metric, agreement, KL and speed-ups."""
+    rows = []
+    metric = family["metric"]
+    for target in sorted({c["target"] for c in family["cells"]}):
+        for rule in dict.fromkeys(c["rule"] for c in family["cells"]):
+            done = [c for c in family["cells"] if c["target"] == target and c["rule"] == rule and "used" in c]
+            failed = [c for c in family["cells"] if c["target"] == target and c["rule"] == rule and "error" in c]
+            for stage in STAGES:
+                row = {"family": family["family"], "target": target, "rule": rule, "stage": stage,
+                       "seeds": len(done), "failed": len(failed),
+                       "off_target": sum(not c["at_target"] for c in done),
+                       "interpolated": sum(c["interpolated"] for c in done)}
+                for key in dict.fromkeys((metric, "ppl" if metric == "loss" else "acc1", "agreement", "kl")):
+                    row[f"{key}_mean"], row[f"{key}_sd"] = mean_sd([c[stage][key] for c in done])
+                row["speedup_mean"], row["speedup_sd"] = mean_sd([c["speedup"] for c in done])
+                row["session_speedup_mean"], row["session_speedup_sd"] = mean_sd([c["session_speedup"] for c in done])
+                row["removed_mean"], _ = mean_sd([c["removed"] for c in done])
+                row["search_s_mean"], _ = mean_sd([c["search_s"] for c in done])
+                rows.append(row)
+    return rows
+
+
+def comparison(family: dict[str, Any], rule: str, reference: str, target: float, stage: str) -> dict[str, Any] | None:
+    """`rule` against `reference`, paired by seed (positive: `rule` is better), at cells of both at the target."""
+    metric = family["metric"]
+    sign = 1.0 if higher_is_better(metric) else -1.0
+    by_seed = {r: {c["seed"]: c[stage] for c in family["cells"] if c["rule"] == r and c["target"] == target
+                   and "used" in c and c["at_target"]} for r in (rule, reference)}
+    seeds = sorted(set(by_seed[rule]) & set(by_seed[reference]))
+    if len(seeds) < 2:
+        return None
+    diffs = [sign * (by_seed[rule][s][metric] - by_seed[reference][s][metric]) for s in seeds]
+    samples = [sign * (np.asarray(by_seed[rule][s]["samples"]) - np.asarray(by_seed[reference][s]["samples"]))
+               for s in seeds]
+    return {"rule": rule, "reference": reference, "target": target, "stage": stage, "seeds": seeds,
+            **stats.compare(diffs, samples)}
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (None with fewer than 3 pairs or a constant side)."""
+    from scipy.stats import spearmanr
+
+    if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return None
+    return float(spearmanr(xs, ys).statistic)
+
+
+def scorer_check(family: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per target, over every plan of every rule and seed: the Spearman correlation of the default's plan score
+    (real calibration loss) and of the previous default's additive surrogate against the real one-shot validation
+    loss."""
+    out = []
+    for target in sorted({c["target"] for c in family["cells"]}):
+        used = {(c["seed"], u["name"]): u for c in family["cells"] if c["target"] == target and "used" in c
+                for u in c["used"]}
+        if not used:
+            continue
+        real = [u["one_shot_loss"] for u in used.values()]
+        score = spearman([u["plan_score"] for u in used.values()], real)
+        out.append({"target": target, "plans": len(used), "plan_score_spearman": score,
+                    "surrogate_spearman": spearman([u["surrogate"] for u in used.values()], real),
+                    "passed": score is not None and score >= SPEARMAN_TARGET})
+    return out
+
+
+def summary_of(words: list[str]) -> str:
+    """One word for a rule's comparisons: worse if any is worse, better if all are, partly better if some are."""
+    if "worse" in words:
+        return "worse"
+    if words and all(v == "better" for v in words):
+        return "better"
+    return "partly better" if "better" in words else "tie"
+
+
+def family_verdicts(family: dict[str, Any], default: str) -> dict[str, Any]:
+    """The default against every other rule (Holm over the family), and the issue's targets, computed."""
+    targets = sorted({c["target"] for c in family["cells"]})
+    others = [r for r in dict.fromkeys(c["rule"] for c in family["cells"]) if r != default]
+    raw = [p for target in targets for stage in STAGES for rule in others
+           if (p := comparison(family, default, rule, target, stage))]
+    judged = stats.verdicts(raw)
+    by_reference: dict[str, dict[str, Any]] = {}
+    for rule in others:
+        mine = [j for j in judged if j["reference"] == rule]
+        words = [j["verdict"] for j in mine]
+        by_reference[rule] = {
+            "comparisons": len(mine), "better": words.count("better"), "worse": words.count("worse"),
+            "tie": words.count("tie"), "summary": summary_of(words)}
+    metric, base = family["metric"], family["baseline"]
+    random_one_shot = [c["one_shot"][metric] for c in family["cells"] if c["rule"] == "random"
+                       and c["target"] == max(targets) and "used" in c]
+    out: dict[str, Any] = {"default": default, "comparisons": judged, "by_reference": by_reference,
+                           "never_worse": not any(j["verdict"] == "worse" for j in judged),
+                           "scorer": scorer_check(family)}
+    if random_one_shot and family["task"] == "classification":
+        out["baseline_below_ceiling"] = base["acc1"] <= CEILING_ACC
+        out["random_one_shot_cost"] = base["acc1"] - statistics.fmean(random_one_shot)
+        out["separates"] = out["random_one_shot_cost"] >= SEPARATION_POINTS
+    elif random_one_shot:
+        out["baseline_below_ceiling"] = True  # a language model's ceiling (0 bits per byte) is not reached
+        out["random_one_shot_cost"] = math.exp(statistics.fmean(random_one_shot)) / base["ppl"] - 1.0
+        out["separates"] = out["random_one_shot_cost"] >= SEPARATION_PPL
+    return out
+
+
+def with_statistics(family: dict[str, Any], default: str) -> dict[str, Any]:
+    family["rows"] = summarise(family)
+    family["verdicts"] = family_verdicts(family, default)
+    return family
+
+
+def overall(result: dict[str, Any]) -> dict[str, Any]:
+    """The counts the suite's targets are stated on, over the families, and ``passed``: every target of
+    :func:`checks` met."""
+    families = result["families"]
+
+    def count(reference: str, strict: bool) -> int:
+        wanted = ("better",) if strict else ("better", "partly better")
+        return sum(f["verdicts"]["by_reference"].get(reference, {}).get("summary") in wanted for f in families)
+
+    top = max(TARGETS)
+    scorer = {f["family"]: next((s["plan_score_spearman"] for s in f["verdicts"]["scorer"] if s["target"] == top),
+                                None) for f in families}
+    out = {"families": len(families), "never_worse_families": sum(f["verdicts"]["never_worse"] for f in families),
+           "never_worse": all(f["verdicts"]["never_worse"] for f in families),
+           "better_than_random": count("random", strict=False), "better_than_random_everywhere":
+               count("random", strict=True),
+           "better_than_greedy": count("greedy", strict=False), "better_than_dp_loss": count("dp_loss", strict=False),
+           "scorer_spearman_at_2x": scorer,
+           "scorer_passed": all(v is not None and v >= SPEARMAN_TARGET for v in scorer.values())}
+    out["passed"] = all(v is True for v in verdicts(stated(out)).values())
+    return out
+
+
+def stated(counts: dict[str, Any]) -> list[Check]:
+    """The suite's targets on the counts of :func:`overall`."""
+    n = counts["families"]
+    some = min(3, n)
+    return [Check("families where the default is never significantly worse than a rule",
+                  counts.get("never_worse_families", n if counts["never_worse"] else 0), ">=", n),
+            Check("families where the default is better than random", counts["better_than_random"], ">=", n),
+            Check("families where the default is better than greedy", counts["better_than_greedy"], ">=", some),
+            Check("families where the default is better than the previous default (dp_loss)",
+                  counts["better_than_dp_loss"], ">=", some),
+            *(Check(f"{family}: plan-score Spearman at {max(TARGETS)}x", value, ">=", SPEARMAN_TARGET)
+              for family, value in counts["scorer_spearman_at_2x"].items())]
+
+
+def checks(result: dict[str, Any]) -> list[Check]:
+    """The suite's targets on a result's family statistics (recomputed by :func:`summarise_again`)."""
+    return stated(overall(result))
+
+
+def summarise_again(path: str | Path, out: str | None = None) -> dict[str, Any]:
+    """Recompute the statistics, verdicts and plot of a stored result from its cells (nothing is measured again)."""
+    result = json.loads(Path(path).read_text())
+    result["families"] = [with_statistics(family, result["default"]) for family in result["families"]]
+    result["overall"] = overall(result)
+    figure = plot(result, results_dir(out) / "prune_quality.png")
+    result["plot"] = str(figure) if figure else None
+    judge("prune_quality", result)
+    write_result("prune_quality", result, out)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------- plot
+def plot(result: dict[str, Any], path: Path) -> Path | None:
+    """Quality vs measured latency per rule (mean with error bars over seeds), one panel per family and stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = result["families"]
+    if not families:
+        return None
+    fig, axes = plt.subplots(len(families), len(STAGES), figsize=(5 * len(STAGES), 4 * len(families)), squeeze=False)
+    for row_axes, family in zip(axes, families):
+        metric = family["metric"]
+        shown = "ppl" if metric == "loss" else metric
+        for ax, stage in zip(row_axes, STAGES):
+            for rule in dict.fromkeys(r["rule"] for r in family["rows"]):
+                rows = [r for r in family["rows"] if r["rule"] == rule and r["stage"] == stage
+                        and r[f"{shown}_mean"] is not None]
+                if rows:
+                    ax.errorbar([1.0 / r["speedup_mean"] for r in rows], [r[f"{shown}_mean"] for r in rows],
+                                yerr=[r[f"{shown}_sd"] for r in rows], marker="o", capsize=3, label=rule)
+            ax.axhline(family["baseline"][shown], color="k", ls="--", lw=1, label="baseline")
+            ax.set_title(f"{family['family']}: {stage.replace('_', '-')}")
+            ax.set_xlabel("measured latency / baseline's (1 / speed-up, same session)")
+            ax.set_ylabel(shown)
+            if shown == "ppl":
+                ax.set_yscale("log")
+        row_axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    return "" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    if result.get("suite") == "prune_quality_selection":
+        return markdown_selection(result)
+    parts = []
+    for family in result["families"]:
+        metric, base, v = family["metric"], family["baseline"], family["verdicts"]
+        shown = "ppl" if metric == "loss" else metric
+        parts.append(f"#### {family['family']} ({family['task']}; baseline {shown} {fmt(base[shown])} after "
+                     f"{base['epochs']} epochs, {family['condition']['device_name']}, batch "
+                     f"{family['condition']['batch_size']})\n")
+        table = [{"target": r["target"], "rule": r["rule"], "stage": r["stage"],
+                  shown: f"{fmt(r[f'{shown}_mean'])} ± {fmt(r[f'{shown}_sd'])}",
+                  "agreement %": f"{fmt(r['agreement_mean'], 1)} ± {fmt(r['agreement_sd'], 1)}",
+                  "measured speed-up": f"{fmt(r['speedup_mean'], 3)} ± {fmt(r['speedup_sd'], 3)}",
+                  "one session": f"{fmt(r['session_speedup_mean'], 3)} ± {fmt(r['session_speedup_sd'], 3)}",
+                  "removed": fmt(r["removed_mean"], 1), "search s": fmt(r["search_s_mean"], 1),
+                  "seeds": f"{r['seeds']}" + (f" ({r['failed']} failed)" if r["failed"] else "")
+                  + (f", {r['off_target']} off target" if r["off_target"] else "")
+                  + (f", {r['interpolated']} interpolated" if r["interpolated"] else "")}
+                 for r in family["rows"]]
+        parts.append(markdown_table(table, ["target", "rule", "stage", shown, "agreement %", "measured speed-up",
+                                            "one session", "removed", "search s", "seeds"]))
+        comp = [{"vs": c["reference"], "target": c["target"], "stage": c["stage"],
+                 "diff (default - rule)": fmt(c["mean"], 3 if metric == "loss" else 2), "test": c["test"],
+                 "p": f"{c['p']:.2g}", "p (Holm)": f"{c['p_holm']:.2g}", "verdict": c["verdict"]}
+                for c in v["comparisons"]]
+        sign = "points of top-1" if metric == "acc1" else "nats per token of validation loss, lower-is-better flipped"
+        parts.append(f"\nThe default (`{v['default']}`) against every rule, paired by seed ({sign}; Holm over "
+                     f"{len(comp)} comparisons): never significantly worse **{v['never_worse']}**.\n")
+        parts.append(markdown_table(comp, ["vs", "target", "stage", "diff (default - rule)", "test", "p", "p (Holm)",
+                                           "verdict"]))
+        parts.append("\nPlan scorer (Spearman over every plan against its one-shot validation loss):\n")
+        parts.append(markdown_table([{k: fmt(x) for k, x in s.items()} for s in v["scorer"]],
+                                    ["target", "plans", "plan_score_spearman", "surrogate_spearman", "passed"]))
+    if result.get("overall"):
+        o = result["overall"]
+        parts.append(f"\nOverall: never worse {o['never_worse']}; better than random in {o['better_than_random']} of "
+                     f"{o['families']} families; better than greedy in {o['better_than_greedy']}, than the previous "
+                     f"default (dp_loss) in {o['better_than_dp_loss']}; scorer Spearman at 2.0x "
+                     f"{ {k: fmt(x) for k, x in o['scorer_spearman_at_2x'].items()} }; **passed: {o['passed']}**.")
+    return "\n\n".join(parts)
+
+
+def markdown_selection(result: dict[str, Any]) -> str:
+    rules = result["rules"]
+    table = [{"family": r["family"], "metric": r["metric"], "target": r["target"], "stage": r["stage"],
+              **{rule: fmt(r[rule], 3) for rule in rules}} for r in result["means"]]
+    ranks = ", ".join(f"{rule} {fmt(rank)}" for rule, rank in sorted(result["mean_rank"].items(), key=lambda x: x[1]))
+    return (markdown_table(table, ["family", "metric", "target", "stage", *rules]) + f"\n\nMean rank: {ranks}. Choice: "
+            f"**{result['choice']}**; the default (`{result['default']}`) is the choice: "
+            f"**{result['default_is_choice']}**.")

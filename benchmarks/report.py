@@ -1,0 +1,175 @@
+"""A run of several suites as one report: each suite run in turn within a time budget, its status recorded whatever
+the others do, and the report judged again later from its stored numbers (``python -m benchmarks judge``).
+
+Report (``<out>/<set>.json``, ``run.json`` for suites named one by one)::
+
+    {"set": "gpu_check" | null, "requested": [NAME, ...], "device": ..., "quick": ..., "budget_s": ...,
+     "environment": {...},
+     "suites": {NAME: {"status": ..., "seconds": ..., "result": {... "verdicts": {...}, "status": ...}}
+                       | {"status": "error", "error": ..., "traceback": ...}
+                       | {"status": "skipped", "skipped": REASON}}}
+
+A suite's verdicts and status come from :func:`benchmarks.common.judge` (its ``checks``: stated targets against
+measured numbers); judging a stored report runs the same function on the stored results with today's targets.
+Reports of the former ``benchmarks/gpu_check.py`` (``{"steps": {...}}``, e.g. ``results/gpu_check_h200.json``) are read
+through :func:`from_gpu_check`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import Budget, exit_code, judge, machine, results_dir, suite_module
+
+SETS = {  # named sets of suites: the GPU check is the same runner over suites that own their targets
+    "gpu_check": ("measurement", "latency_table", "prune_search", "retnet_decode", "fla", "train_memory",
+                  "runtime_tables"),
+}
+DEFAULT_BUDGET_S = 360.0  # the GPU check: new work starts within 6 minutes, so a run ends within 8 on an H200
+MIN_START_S = 60.0  # on a GPU, a suite (or one condition of it) starts only with this much of the budget left
+
+
+def call_suite(name: str, **given: Any) -> dict[str, Any]:
+    """A suite's ``run`` with the arguments it accepts of `given`."""
+    module = suite_module(name)
+    accepted = inspect.signature(module.run).parameters
+    return module.run(**{k: v for k, v in given.items() if k in accepted})
+
+
+def run_suites(names: list[str], set_name: str | None, quick: bool, device: str, out: str | None,
+               budget_s: float | None) -> dict[str, Any]:
+    """Run `names` in turn, each recorded (and the report rewritten) when it ends; a suite that raises is an error,
+    one that would start past the budget is skipped, and neither stops the others."""
+    on_gpu = device == "cuda" and not quick
+    budget = Budget(float("inf") if budget_s is None else budget_s, MIN_START_S if on_gpu else 0.0)
+    path = results_dir(out) / f"{set_name or 'run'}.json"
+    report: dict[str, Any] = {"set": set_name, "requested": names, "device": device, "quick": quick,
+                              "budget_s": budget_s, "environment": machine(device), "suites": {}}
+    if set_name:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    for name in names:
+        start = time.perf_counter()
+        if not budget.allows():
+            section: dict[str, Any] = {"skipped": budget.reason()}
+        else:
+            try:
+                section = {"result": call_suite(name, quick=quick, device=device, out=out, budget=budget,
+                                                gpu_check=set_name == "gpu_check")}
+            except Exception as exc:  # noqa: BLE001 - a failing suite is recorded and the others still run
+                section = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+                print(section["traceback"], file=sys.stderr, flush=True)
+        section["seconds"] = round(time.perf_counter() - start, 1)
+        report["suites"][name] = judge_section(name, section)
+        print(f"[{set_name or 'run'}] {name}: {section['status']} ({section['seconds']} s)", flush=True)
+        path.write_text(json.dumps(report, indent=2, default=str))
+    report["path"] = str(path)
+    return report
+
+
+def judge_section(name: str, section: dict[str, Any]) -> dict[str, Any]:
+    """A report's section with its status (and its result's verdicts) computed now."""
+    if "result" in section:
+        section["status"] = judge(name, section["result"])["status"]
+    else:
+        section["status"] = "error" if "error" in section else "skipped"
+    return section
+
+
+def judge_report(report: dict[str, Any]) -> dict[str, Any]:
+    """Every suite of a stored report judged again from its stored numbers with today's targets. A suite the run
+    was asked for (the whole set, for a report that does not say) that the report lacks is listed as skipped (its
+    targets not measured), never left out."""
+    if "steps" in report and "suites" not in report:
+        report = from_gpu_check(report)
+    for name, section in report["suites"].items():
+        judge_section(name, section)
+    for name in report.get("requested") or SETS.get(report.get("set") or "", ()):
+        if name not in report["suites"]:
+            report["suites"][name] = {"skipped": "not in this report", "status": "skipped", "seconds": None}
+    return report
+
+
+def statuses(report: dict[str, Any]) -> dict[str, str]:
+    return {name: section["status"] for name, section in report["suites"].items()}
+
+
+# -------------------------------------------------------------------------------- reports of benchmarks/gpu_check.py
+GPU_CHECK_STEPS = {"measurement": "measurement", "lut": "latency_table", "prune_search": "prune_search",
+                   "retnet_decode": "retnet_decode", "fla": "fla", "train_memory": "train_memory"}
+BOOKKEEPING = ("ok", "seconds", "status", "verdicts", "traceback")
+
+
+def from_gpu_check(old: dict[str, Any]) -> dict[str, Any]:
+    """A report of the former ``benchmarks/gpu_check.py`` in today's form: each step as the suite that now measures
+    it, its numbers where that suite's ``checks`` read them (nothing else changes; its stored verdicts are dropped)."""
+    suites: dict[str, Any] = {}
+    for step, data in old["steps"].items():
+        if step not in GPU_CHECK_STEPS:
+            raise ValueError(f"step {step!r} of this gpu_check report has no reader here")
+        name = GPU_CHECK_STEPS[step]
+        body = {k: v for k, v in data.items() if k not in BOOKKEEPING}
+        if "error" in data or "skipped" in data:
+            section = {k: data[k] for k in ("error", "skipped") if k in data}
+        elif name == "latency_table":
+            section = {"result": {"suite": name, "form": "conditions", "conditions": body}}
+        elif name == "prune_search":
+            section = {"result": {"suite": name, "conditions": body}}
+        elif name == "retnet_decode":
+            path = body.pop("path", None)
+            section = {"result": {"suite": name, "form": "batches", "path": path, "batches": body}}
+        elif name == "train_memory":
+            section = {"result": {"suite": name, "rows": [{"model": k, **r} for k, r in body.items()]}}
+        else:
+            section = {"result": {"suite": name, **body}}
+        suites[name] = {**section, "seconds": data.get("seconds")}
+    return {"set": "gpu_check", "format": "benchmarks/gpu_check.py", "device": "cuda", "quick": False,
+            "budget_s": old.get("budget_s"), "environment": old.get("environment", {}), "suites": suites}
+
+
+# ------------------------------------------------------------------------------------------------------ digest
+def _number(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def digest(report: dict[str, Any]) -> str:
+    """One line per suite (status, seconds, why), then each of its targets that is not met or not measured, with
+    the measured number and the target."""
+    env = report.get("environment", {})
+    lines = [f"{report.get('set') or 'run'} on {env.get('device', report.get('device'))}, torch {env.get('torch')}"]
+    for name, section in report["suites"].items():
+        why = section.get("error") or section.get("skipped") or (section.get("result") or {}).get("skipped")
+        lines.append(f"{name}: {section['status']} ({section.get('seconds')} s)" + (f": {why}" if why else ""))
+        result = section.get("result")
+        if result is None or "skipped" in result:
+            continue
+        for check in suite_module(name).checks(result):
+            if check.verdict is not True:
+                word = "not met" if check.verdict is False else "not measured"
+                lines.append(f"  {word}: {check.label} (measured {_number(check.measured)}, target {check.op} "
+                             f"{_number(check.limit)})")
+    lines.append(f"exit status {exit_code(statuses(report).values())}")
+    return "\n".join(lines)
+
+
+def judge_file(path: str | Path, suite: str | None = None, out: str | Path | None = None) -> tuple[dict, int]:
+    """``python -m benchmarks judge``: a stored report (or one suite's result file, named by its ``suite`` /
+    ``benchmark`` key or `suite`) judged again; written to `out` when given. Returns it and the exit status."""
+    stored = json.loads(Path(path).read_text())
+    if "suites" in stored or "steps" in stored:
+        report = judge_report(stored)
+    else:
+        name = suite or stored.get("suite") or stored.get("benchmark")
+        if name is None:
+            raise ValueError(f"{path} names no suite; pass --suite NAME")
+        report = judge_report({"set": None, "suites": {name: {"result": stored, "seconds": None}}})
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=2, default=str))
+    return report, exit_code(statuses(report).values())
