@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 1.5
 PREVIOUS = ["prune.search=dp", "prune.target_corrections=0"]
 QUICK = ["data.image_size=16", "trainer.max_epochs=1", "trainer.limit_train_batches=3", "finetune.epochs=1",
-         "prune.batch_size=2", "prune.calib_batches=1", "++prune.lut={warmup_s: 0.2, min_rounds: 3, max_rounds: 5}",
+         "prune.batch_size=2", "prune.calib_batches=1", "++prune.table={warmup_s: 0.2, min_rounds: 3, max_rounds: 5}",
          "++prune.measure={warmup_s: 0.2, min_rounds: 3, max_rounds: 5}"]
 
 

@@ -106,14 +106,14 @@ TOLERANCE = 0.02          # a plan is at the target when its measured speed-up i
 CORRECTIONS = 4           # searches again for a corrected target, at most
 PROTOCOL = 2              # cells of an older protocol are not reused
 COMMON = ["logger=none", "trainer.progress=false", "trainer.save_checkpoints=false", "prune.calib_batches=4",
-          "++prune.lut={warmup_s: 0.5, min_rounds: 5, max_rounds: 15}", f"prune.target_tolerance={2 * TOLERANCE}",
+          "++prune.table={warmup_s: 0.5, min_rounds: 5, max_rounds: 15}", f"prune.target_tolerance={2 * TOLERANCE}",
           f"prune.target_corrections={CORRECTIONS}",
           "++prune.measure={warmup_s: 0.5, min_rounds: 15, max_rounds: 60, rel_tol: 0.004}"]
 MEASURE = {"warmup_s": 0.5, "min_rounds": 7, "max_rounds": 11, "runs_per_round": 3}
 QUICK_MEASURE = {"warmup_s": 0.1, "min_rounds": 3, "max_rounds": 3, "runs_per_round": 2}
 QUICK = ["data.image_size=8", "data.train_samples=64", "trainer.max_epochs=2", "trainer.patience=null",
          "finetune.epochs=1", "prune.batch_size=2", "prune.calib_batches=1",
-         "++prune.lut={warmup_s: 0.1, min_rounds: 3, max_rounds: 3}",
+         "++prune.table={warmup_s: 0.1, min_rounds: 3, max_rounds: 3}",
          "++prune.measure={warmup_s: 0.1, min_rounds: 3, max_rounds: 6, rel_tol: 0.01}"]
 
 
@@ -178,7 +178,7 @@ class Family:
     def __init__(self, name: str, overrides: list[str], root: Path):
         from zoo.importance import weights_digest
         from zoo.jobs.baseline import load_or_train_baseline
-        from zoo.jobs.measure import build_lut
+        from zoo.jobs.measure import build_job_table
         from zoo.jobs.runs import fingerprint
         from zoo.training import build_loaders
 
@@ -194,7 +194,7 @@ class Family:
         self.baseline.eval()
         self.baseline_s = time.perf_counter() - start
         self.baseline_record = self._baseline_record()
-        self.table = build_lut(self.cfg, self.baseline, self.data)
+        self.table = build_job_table(self.cfg, self.baseline, self.data)
         self.limit = self.cfg.trainer.limit_val_batches
         self.reference = outputs_on(self.baseline, self.data.val, self.limit)
         self.base_quality = per_sample(self.baseline, self.data.val, self.reference, self.limit)

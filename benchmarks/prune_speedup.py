@@ -40,7 +40,7 @@ def default_models() -> list[str]:
     """Every declared family's member: the one tuned here, else its reference."""
     return [TUNED.get(f.name, (f.reference,))[0] for f in families()]
 QUICK = ["data.image_size=16", "trainer.max_epochs=1", "trainer.limit_train_batches=3", "finetune.epochs=1",
-         "prune.batch_size=2", "prune.calib_batches=1", "++prune.lut={warmup_s: 0.2, min_rounds: 3, max_rounds: 5}",
+         "prune.batch_size=2", "prune.calib_batches=1", "++prune.table={warmup_s: 0.2, min_rounds: 3, max_rounds: 5}",
          "++prune.measure={warmup_s: 0.2, min_rounds: 3, max_rounds: 5}"]
 
 

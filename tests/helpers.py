@@ -17,16 +17,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST_LUT = ["++prune.lut={warmup_s: 0.2, entry_warmup_s: 0.01, min_rounds: 3, max_rounds: 6}",
+QUICK_TIMING = ["++prune.table={warmup_s: 0.2, entry_warmup_s: 0.01, min_rounds: 3, max_rounds: 6}",
             "++prune.measure={warmup_s: 0.2, net_warmup_s: 0.02, min_rounds: 3, max_rounds: 6}"]
 TINY_TRAIN = ["model=mobilenetv2_035", "data.image_size=16", "data.batch_size=32", "trainer.max_epochs=1",
               "trainer.limit_train_batches=4", "trainer.progress=false", "optim.warmup_epochs=0"]
 TINY_PRUNE = [*TINY_TRAIN, "prune.batch_size=2", "prune.calib_batches=1", "finetune.epochs=1",
-              "finetune.linearise_fraction=0.5", *FAST_LUT]
+              "finetune.linearise_fraction=0.5", *QUICK_TIMING]
 TINY_LM = ["model=retnet_tiny", "data=bytes", "data.seq_len=32", "data.batch_size=8", "trainer.max_epochs=1",
            "trainer.limit_train_batches=4", "trainer.limit_val_batches=2", "trainer.progress=false",
            "optim.warmup_epochs=0", "prune.batch_size=2", "prune.calib_batches=1", "finetune.epochs=1",
-           "prune.target_speedup=1.25", *FAST_LUT]
+           "prune.target_speedup=1.25", *QUICK_TIMING]
 
 
 def env_for(base: Path, **extra: str) -> dict[str, str]:

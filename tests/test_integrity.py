@@ -113,9 +113,9 @@ def test_job_directories_are_named_after_their_determining_overrides():
     assert job_dir_name(["trainer.log_every=5"]) != job_dir_name(["trainer.log_every=10"])
     assert job_dir_name(["prune.target_speedup=1.5", "prune.search=dp"]) == a
     assert job_dir_name(["prune.search=dp", "prune.target_speedup=2.0"]) != a
-    odd = job_dir_name(["data.files=[a/b.txt]", "++prune.lut={warmup_s: 0.2}"])
+    odd = job_dir_name(["data.files=[a/b.txt]", "++prune.table={warmup_s: 0.2}"])
     assert "/" not in odd and " " not in odd and "~" in odd
-    assert odd != job_dir_name(["data.files=[a_b.txt]", "++prune.lut={warmup_s: 0.2}"])
+    assert odd != job_dir_name(["data.files=[a_b.txt]", "++prune.table={warmup_s: 0.2}"])
     assert len(job_dir_name([f"+model.overrides.k{i}={i}" for i in range(40)])) <= 100
 
 

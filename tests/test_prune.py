@@ -32,7 +32,7 @@ def test_prune_py_digits_end_to_end(digits_prune):
     base, proc = digits_prune
     results = json.loads((base / "run" / "results.json").read_text())
     for key in ("model", "device", "target_speedup", "plan", "baseline", "pruned", "predicted_latency_ms",
-                "measured_speedup", "lut", "timings_s", "checkpoint"):
+                "measured_speedup", "table", "timings_s", "checkpoint"):
         assert key in results
     assert results["model"] == "mobilenetv2_035" and results["plan"]["remove"]
     export = results["export"]  # prune.export=onnx: the pruned, merged model in onnxruntime
@@ -43,7 +43,7 @@ def test_prune_py_digits_end_to_end(digits_prune):
         assert results[side]["latency_ms"] > 0 and results[side]["params"] > 0 and "val/acc1" in results[side][
             "metrics"]
     # merged convs can hold more parameters than the convs they replace; depth is what goes down
-    assert results["lut"]["entries"] > 0 and results["lut"]["measured_now"] > 0
+    assert results["table"]["entries"] > 0 and results["table"]["measured_now"] > 0
     assert set(results["timings_s"]) >= {"baseline", "latency_table", "importance", "search", "target_check",
                                          "finetune", "measure"}
     check = results["target_check"]  # the measured-target loop ran, and its verdict follows the final measurement
@@ -72,7 +72,7 @@ def test_measured_target_loop_searches_again_for_the_miss(digits_prune, monkeypa
     from benchmarks.prune_speedup import compose
     from zoo.jobs import plan as planning
     from zoo.jobs.baseline import load_or_train_baseline
-    from zoo.jobs.measure import build_lut
+    from zoo.jobs.measure import build_job_table
     from zoo.jobs.models import to_container
     from zoo.jobs.runs import with_inputs
     from zoo.training import build_loaders
@@ -83,7 +83,7 @@ def test_measured_target_loop_searches_again_for_the_miss(digits_prune, monkeypa
     data = build_loaders(cfg.data, seed=cfg.trainer.seed)
     config = with_inputs(to_container(cfg))
     baseline, _ = load_or_train_baseline(cfg, data, config)  # the fixture's: nothing is trained or timed again
-    table = build_lut(cfg, baseline, data)
+    table = build_job_table(cfg, baseline, data)
     damages, _ = planning.importance_of(cfg, config, baseline, table, data)
     options = planning.build_options(table, damages)
     plan, result = planning.choose_plan(cfg, table, options)
@@ -158,7 +158,7 @@ def test_second_job_reuses_baseline_table_and_importance(digits_prune):
     proc = run_prune(*TINY, "prune.target_speedup=1.25", "logger=none", base=base, run_dir=base / "run2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((base / "run2" / "results.json").read_text())
-    assert results["lut"]["measured_now"] == 0 and results["importance_cached"] is True
+    assert results["table"]["measured_now"] == 0 and results["importance_cached"] is True
     assert "training the baseline" not in proc.stdout + proc.stderr
     assert len(list((base / "outputs" / "baselines").iterdir())) == 1
 
@@ -328,7 +328,7 @@ def test_torchrun_prune_two_cpu_processes(tmp_path):
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["world_size"] == 2 and results["plan"]["remove"]
     assert results["baseline"]["source"] == str(weights) and not (tmp_path / "logs" / "baselines").exists()
-    assert results["lut"]["measured_now"] > 0 and len(find_run_files(tmp_path / "run")) == 1
+    assert results["table"]["measured_now"] > 0 and len(find_run_files(tmp_path / "run")) == 1
     assert (proc.stdout + proc.stderr).count("latency_table done") == 1  # once, on rank 0
     pruned = zoo.load(results["checkpoint"])
     assert pruned.zoo_plan["remove"] == results["plan"]["remove"]

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 import zoo
 from zoo.tags import EVAL_KEYS, UnknownTagError, pretrained_cfg, resolve_tag
 
-from .helpers import FAST_LUT, ROOT, models_with, put_in_hf_cache, run_prune
+from .helpers import QUICK_TIMING, ROOT, models_with, put_in_hf_cache, run_prune
 
 CNN_ARCHS = models_with("timm")  # timm publishes their weights under timm's tags
 
@@ -186,7 +186,7 @@ def test_eval_transform_is_timms_for_the_tag(full, tmp_path):
 IMAGENET_LIKE = ["model=mobilenetv2_050", "model.tag=lamb_in1k", "data=imagefolder", "data.batch_size=4",
                  "data.num_workers=0", "trainer.limit_train_batches=2", "trainer.progress=false",
                  "optim.warmup_epochs=0", "prune.batch_size=1", "prune.calib_batches=1", "finetune.epochs=1",
-                 "prune.target_speedup=1.2", "logger=none", *FAST_LUT]
+                 "prune.target_speedup=1.2", "logger=none", *QUICK_TIMING]
 
 
 def test_prune_py_starts_from_published_weights_without_training(tmp_path):

@@ -224,12 +224,12 @@ TINY_LM_PRUNE = ["model=retnet_tiny", "data=bytes", "data.seq_len=32", "data.bat
 def test_prune_py_from_an_fla_checkpoint_with_its_tokenizer(tmp_path):
     from zoo.training.data import stdlib_corpus
 
-    from .helpers import FAST_LUT, run_prune
+    from .helpers import QUICK_TIMING, run_prune
 
     tokenizer = make_tokenizer(tmp_path / "tok", stdlib_corpus().decode()[:200_000], 300)
     folder = save_fla_folder(randomise(fla_models.RetNetForCausalLM(fla_config())), tmp_path / "retnet-fla")
-    proc = run_prune(*TINY_LM_PRUNE, *FAST_LUT, f"checkpoint={folder}", f"data.tokenizer={tokenizer}", base=tmp_path,
-                     timeout=600)
+    proc = run_prune(*TINY_LM_PRUNE, *QUICK_TIMING, f"checkpoint={folder}", f"data.tokenizer={tokenizer}",
+                     base=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert not (tmp_path / "outputs" / "baselines").exists()  # evaluated, not trained
@@ -240,7 +240,7 @@ def test_prune_py_from_an_fla_checkpoint_with_its_tokenizer(tmp_path):
     assert any(b.retention.rope == "neox" for b in pruned.blocks if hasattr(b.retention, "rope"))
 
     small = make_tokenizer(tmp_path / "tok-big", stdlib_corpus().decode()[:200_000], 400)
-    proc = run_prune(*TINY_LM_PRUNE, *FAST_LUT, f"checkpoint={folder}", f"data.tokenizer={small}", base=tmp_path,
+    proc = run_prune(*TINY_LM_PRUNE, *QUICK_TIMING, f"checkpoint={folder}", f"data.tokenizer={small}", base=tmp_path,
                      run_dir=tmp_path / "run-bad", timeout=600)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "has 400 tokens, more than the vocabulary of retnet_tiny" in proc.stdout + proc.stderr
@@ -336,12 +336,13 @@ def test_prune_py_writes_the_fla_folder_with_its_card(tmp_path):
     folder cannot be run in fla (Triton), which results.json says instead of claiming a check."""
     from huggingface_hub import ModelCard
 
-    from .helpers import FAST_LUT, run_prune
+    from .helpers import QUICK_TIMING, run_prune
 
     plan = tmp_path / "layers.json"
     plan.write_text(json.dumps({"remove": ["blocks.1.retention", "blocks.1.ffn"]}))
-    proc = run_prune(*TINY_LM_PRUNE, *FAST_LUT, "+model.overrides.rope=neox", "+model.overrides.head_norm_affine=true",
-                     f"prune.plan={plan}", "prune.export=hf", base=tmp_path, timeout=600)
+    proc = run_prune(*TINY_LM_PRUNE, *QUICK_TIMING, "+model.overrides.rope=neox",
+                     "+model.overrides.head_norm_affine=true", f"prune.plan={plan}", "prune.export=hf", base=tmp_path,
+                     timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     export, folder = results["export"], tmp_path / "run" / "hf"

@@ -137,7 +137,7 @@ def test_tensorrt_table_on_a_gpu(tmp_path):
 def test_prune_refuses_a_runtime_it_cannot_use_before_any_work(tmp_path):
     for override, message in (("prune.runtime=tensorrt", "needs a CUDA GPU"),
                               ("prune.runtime_report=[onnxruntime,openvino]", "prune.runtime_report=openvino"),
-                              ("++prune.lut={runtime: compile}", "prune.runtime")):
+                              ("++prune.table={runtime: compile}", "prune.runtime")):
         out = run_prune(*TINY, override, "prune.device=cpu", base=tmp_path)
         assert out.returncode == 2, out.stderr[-2000:]
         said = out.stdout + out.stderr

@@ -53,7 +53,7 @@ def test_jobs_share_one_baseline_one_table_and_group_their_wandb_runs(sweep):
     results = job_results(base)
     baselines = list((base / "outputs" / "baselines").iterdir())
     assert len(baselines) == 1 and len(list(baselines[0].glob("trained.json"))) == 1
-    measured = [r["lut"]["measured_now"] for r in results]
+    measured = [r["table"]["measured_now"] for r in results]
     assert sorted(measured)[:-1] == [0, 0, 0] and max(measured) > 0  # one job measured, three read the cache
     assert sum(not r["importance_cached"] for r in results) == 1
     from .wandb_reader import find_run_files, read_run

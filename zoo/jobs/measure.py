@@ -10,12 +10,12 @@ from typing import Any
 
 from torch import nn
 
-from .prune_config import lut_settings, measure_settings
+from .prune_config import measure_settings, table_settings
 
 _log = logging.getLogger(__name__)
 
 
-def build_lut(cfg: Any, baseline: nn.Module, data: Any, runtime: str | None = None) -> Any:
+def build_job_table(cfg: Any, baseline: nn.Module, data: Any, runtime: str | None = None) -> Any:
     """The latency table of `baseline` for the configured device, batch, dtype, layout and workload, in `runtime`
     (default ``prune.runtime``)."""
     from ..latency import build_table
@@ -28,7 +28,7 @@ def build_lut(cfg: Any, baseline: nn.Module, data: Any, runtime: str | None = No
         kwargs = {"input_size": (1,), "workload": "decode", "forward_kwargs": {"mode": "recurrent", "state": state}}
     return build_table(baseline, batch_size=p.batch_size, device=p.device, dtype=p.dtype,
                        channels_last=p.channels_last, threads=p.threads, cache_dir=p.cache_dir, merge=p.merge,
-                       settings=lut_settings(p), runtime=runtime or p.runtime, **kwargs)
+                       settings=table_settings(p), runtime=runtime or p.runtime, **kwargs)
 
 
 def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any = None, unfused: bool = True
@@ -84,7 +84,7 @@ def report_runtimes(cfg: Any, table: Any, measured: dict[str, dict[str, float]],
         if runtime in rows:
             continue
         _log.info("runtime report: the plan in %s", runtime)
-        other = build_lut(cfg, baseline, data, runtime)
+        other = build_job_table(cfg, baseline, data, runtime)
         timed = measure_side_by_side(other, {"baseline": baseline, "pruned": pruned.eval()},
                                      measure_settings(cfg.prune), unfused=False)
         rows[runtime] = {**runtime_row(other, plan, timed), "chosen_here": False}

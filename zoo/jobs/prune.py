@@ -23,7 +23,7 @@ from ..files import write_json
 from ..latency.accuracy import correct
 from .baseline import evaluate_baseline, load_or_train_baseline
 from .finetune import finetune
-from .measure import build_lut, export_pruned, measure_side_by_side, report_runtimes
+from .measure import build_job_table, export_pruned, measure_side_by_side, report_runtimes
 from .plan import (
     build_options,
     choose_plan,
@@ -135,7 +135,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         if dist.is_main:
             try:
                 with phase(timings, "latency_table"):
-                    table = build_lut(cfg, baseline, data)
+                    table = build_job_table(cfg, baseline, data)
                     calibration = correct(table, cfg.prune.calibrate_plans) if cfg.prune.calibrate_plans else None
                 with phase(timings, "importance"):  # (also with a given plan: it is logged beside the table)
                     damages, importance_cached = importance_of(cfg, config, baseline, table, data)

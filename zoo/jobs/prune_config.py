@@ -47,7 +47,7 @@ class PruneSettings:
     runtime: str = "eager"
     runtime_report: list[str] = field(default_factory=list)
     max_memory_mb: float | None = None
-    lut: dict[str, Any] = field(default_factory=dict)
+    table: dict[str, Any] = field(default_factory=dict)
     measure: dict[str, Any] = field(default_factory=dict)
 
 
@@ -165,19 +165,19 @@ def validate_prune(cfg: Any) -> None:
         check_baseline_source(cfg)
     if p.cache_dir:
         check_writable(p.cache_dir, "prune.cache_dir")
-    lut_settings(p)
+    table_settings(p)
     measure_settings(p)
     check_runtimes(p, resolve_device(p.device), resolve_dtype(p.dtype, resolve_device(p.device)))
 
 
 def check_runtimes(p: Any, device: torch.device, dtype: torch.dtype) -> None:
     """``prune.runtime`` and every ``prune.runtime_report`` runtime known and usable here (else ZooError with the
-    install command), before any work; ``prune.lut.runtime`` is not a second way to say it."""
+    install command), before any work; ``prune.table.runtime`` is not a second way to say it."""
     from ..latency.runtime import check_runtime
 
-    if "runtime" in (p.lut or {}):
+    if "runtime" in (p.table or {}):
         raise ZooError("Set the runtime with prune.runtime (it applies to the table and to every measurement), not "
-                       "prune.lut.runtime.")
+                       "prune.table.runtime.")
     for key, runtime in [("prune.runtime", p.runtime), *(("prune.runtime_report", r) for r in p.runtime_report)]:
         try:
             check_runtime(runtime, device, dtype)
@@ -220,7 +220,7 @@ def check_baseline_source(cfg: Any) -> None:
 
 
 def _settings(kind: type, values: Any, key: str) -> Any:
-    """A settings dataclass from a ``prune.lut``/``prune.measure`` mapping; an unknown key is a clear error."""
+    """A settings dataclass from a ``prune.table``/``prune.measure`` mapping; an unknown key is a clear error."""
     from dataclasses import fields
 
     allowed = [f.name for f in fields(kind)]
@@ -230,11 +230,11 @@ def _settings(kind: type, values: Any, key: str) -> Any:
     return kind(**dict(values or {}))
 
 
-def lut_settings(p: Any) -> Any:
-    """The latency table's settings from ``prune.lut`` (defaults where unset)."""
+def table_settings(p: Any) -> Any:
+    """The latency table's settings from ``prune.table`` (defaults where unset)."""
     from ..latency import TableSettings
 
-    return _settings(TableSettings, p.lut, "prune.lut")
+    return _settings(TableSettings, p.table, "prune.table")
 
 
 def measure_settings(p: Any) -> Any:

@@ -59,7 +59,7 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
         "measured_speedup": base_ms / pruned_ms,
         "measured_speedup_eager": eager_base / eager_pruned,
         "measurements": measured,
-        "lut": {"entries": table.n_records, "measured_now": table.n_measured, "cached": table.n_cached,
+        "table": {"entries": table.n_records, "measured_now": table.n_measured, "cached": table.n_cached,
                 "build_s": round(table.build_s, 3),
                 "calibration": None if calibration is None else calibration.summary()},
         "importance_cached": importance_cached,
@@ -123,10 +123,10 @@ def log_to_wandb(logger: Any, table: Any, options: list, damages: list, plan: di
         return
     import wandb
 
-    lut_rows = [[seg.name, "|".join(sorted(v)) or "unchanged", cost, damages[i].get(v, 0.0)]
+    table_rows = [[seg.name, "|".join(sorted(v)) or "unchanged", cost, damages[i].get(v, 0.0)]
                 for i, (seg, costs) in enumerate(zip(table.segments, table.segment_costs())) for v, cost in costs]
     run.log({
-        "prune/lookup_table": wandb.Table(columns=["segment", "variant", "latency_ms", "damage"], data=lut_rows),
+        "prune/lookup_table": wandb.Table(columns=["segment", "variant", "latency_ms", "damage"], data=table_rows),
         "prune/plan": wandb.Table(columns=["removed unit"], data=[[u] for u in plan["remove"]]),
         "prune/pareto": wandb.Image(plan_front_figure(table, options, results)),
     })

@@ -1,4 +1,4 @@
-"""How tables and whole networks are timed: :class:`TableSettings` (``prune.lut``) and
+"""How tables and whole networks are timed: :class:`TableSettings` (``prune.table``) and
 :class:`NetworkTimingSettings` (``prune.measure``), both extending the interleaved rounds of
 :class:`~zoo.latency.measure.RoundSettings`, and the values their fields allow."""
 
@@ -62,16 +62,16 @@ class TableSettings(RoundSettings):
     entries: str = "auto"
     runtime: str = "eager"
     probe_spacing: int = 1
-    label: ClassVar[str] = "TableSettings (prune.lut)"
+    label: ClassVar[str] = "TableSettings (prune.table)"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.threads < 1:
-            raise ZooError(f"TableSettings (prune.lut): threads={self.threads} must be >= 1.")
+            raise ZooError(f"TableSettings (prune.table): threads={self.threads} must be >= 1.")
         if self.probe_spacing < 1:
-            raise ZooError(f"TableSettings (prune.lut): probe_spacing={self.probe_spacing} must be >= 1.")
+            raise ZooError(f"TableSettings (prune.table): probe_spacing={self.probe_spacing} must be >= 1.")
         if self.entry_warmup_s < 0:
-            raise ZooError(f"TableSettings (prune.lut): entry_warmup_s={self.entry_warmup_s} must be >= 0.")
+            raise ZooError(f"TableSettings (prune.table): entry_warmup_s={self.entry_warmup_s} must be >= 0.")
         if self.clock not in CLOCKS:
             raise ZooError(f"Unknown clock {self.clock!r}; allowed are {', '.join(CLOCKS)}.")
         if self.estimator not in ESTIMATORS:
