@@ -250,11 +250,11 @@ def test_default_cache_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path
 def test_cli_runs_on_a_tiny_config(tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
     cmd = [sys.executable, "-m", "zoo.latency", f"model={MODEL}", "input_size=32", "device=cpu", "warmup_s=0.1",
-           "min_rounds=3", "max_rounds=3", f"cache_dir={tmp_path}", "calibrate=2", f"json={out}"]
+           "min_rounds=3", "max_rounds=3", f"cache_dir={tmp_path}", "correct=2", f"json={out}"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=240)
     assert done.returncode == 0, done.stderr
     assert "measured now" in done.stdout and "noise floor" in done.stdout
-    assert json.loads(out.read_text())["calibration"]["n_plans"] == 2
+    assert json.loads(out.read_text())["correction"]["n_plans"] == 2
     bad = subprocess.run([sys.executable, "-m", "zoo.latency", "device=tpu", "model=mobilenetv2_035"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "Allowed devices" in bad.stderr

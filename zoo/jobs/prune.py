@@ -128,7 +128,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         given_plan = read_plan(cfg.prune.plan, baseline) if cfg.prune.plan else None
     logger = create_logger(job_logger_cfg(cfg), config=config, group=hydra_context().get("group"), is_main=dist.is_main)
     try:
-        table = calibration = damages = options = result = corrections = None
+        table = correction = damages = options = result = corrections = None
         importance_cached = False
         plan = given_plan
         failure = None
@@ -136,7 +136,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
             try:
                 with phase(timings, "latency_table"):
                     table = build_job_table(cfg, baseline, data)
-                    calibration = correct(table, cfg.prune.calibrate_plans) if cfg.prune.calibrate_plans else None
+                    correction = correct(table, cfg.prune.correction_plans) if cfg.prune.correction_plans else None
                 with phase(timings, "importance"):  # (also with a given plan: it is logged beside the table)
                     damages, importance_cached = importance_of(cfg, config, baseline, table, data)
                 plan_file = output_dir / "plan.json"
@@ -176,7 +176,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         checkpoint = save_checkpoint(pruned, output_dir / "pruned.safetensors", metrics=pruned_metrics,
                                      baseline=str(baseline_path), target_speedup=cfg.prune.target_speedup)
         results = assemble_results(cfg, table, plan, result, baseline, pruned, base_metrics, pruned_metrics,
-                                   measured, timings, checkpoint, calibration, importance_cached)
+                                   measured, timings, checkpoint, correction, importance_cached)
         results["baseline"].update(source=str(baseline_path), metrics_cached=base_cached,
                                    tag=getattr(baseline, "zoo_tag", None))
         results["runtimes"] = runtimes

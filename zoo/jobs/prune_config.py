@@ -35,7 +35,7 @@ class PruneSettings:
     target_corrections: int = 3
     recovery_steps: int = 0
     seed: int = 0
-    calibrate_plans: int = 0
+    correction_plans: int = 0
     cache_dir: str | None = None
     workload: str = "forward"
     plan: str | None = None
@@ -93,7 +93,7 @@ PRUNE_RANGES = (  # (key, lowest, highest, lowest excluded?): see zoo.training.c
     ("prune.calib_batches", 1, None, False), ("prune.bins", 10, None, False), ("prune.threads", 1, None, False),
     ("prune.target_tolerance", 0.0, 1.0, True), ("prune.target_corrections", 0, None, False),
     ("prune.recovery_steps", 0, None, False),
-    ("prune.calibrate_plans", 0, None, False), ("prune.export_rtol", 0.0, None, False),
+    ("prune.correction_plans", 0, None, False), ("prune.export_rtol", 0.0, None, False),
     ("finetune.epochs", 0, None, False), ("finetune.lr", 0.0, None, True),
     ("finetune.distill_weight", 0.0, 1.0, False), ("finetune.distill_temperature", 0.0, None, True),
     ("finetune.linearise_fraction", 0.0, 1.0, False),

@@ -22,7 +22,7 @@ def _metric_view(metrics: dict[str, float]) -> dict[str, float]:
 
 def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn.Module, pruned: nn.Module,
                      base_metrics: dict, pruned_metrics: dict, measured: dict, timings: dict, checkpoint: Path,
-                     calibration: Any, importance_cached: bool) -> dict[str, Any]:
+                     correction: Any, importance_cached: bool) -> dict[str, Any]:
     """The ``results.json`` of a prune run (see the prune docs for every field)."""
     predicted = table.predict(plan)
     memory = table.predict_memory(plan)
@@ -61,7 +61,7 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
         "measurements": measured,
         "table": {"entries": table.n_records, "measured_now": table.n_measured, "cached": table.n_cached,
                 "build_s": round(table.build_s, 3),
-                "calibration": None if calibration is None else calibration.summary()},
+                "correction": None if correction is None else correction.summary()},
         "importance_cached": importance_cached,
         "timings_s": timings,
         "checkpoint": str(checkpoint),

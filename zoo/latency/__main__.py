@@ -1,14 +1,14 @@
 """``python -m zoo.latency model=NAME [key=value ...]``: build (or load) a latency table, print it and,
-with ``calibrate=N``, its prediction error over N random plans beside the noise floor and the fitted correction
+with ``correct=N``, its prediction error over N random plans beside the noise floor and the fitted correction
 (:func:`~zoo.latency.accuracy.correct`).
 
 Keys: model, batch_size, input_size (int or [C,H,W] / [T]), device (auto|cpu|cuda|cuda:N), dtype
-(float32|bfloat16|float16), channels_last, threads, cache_dir, calibrate, seed, clock (wall|thread),
+(float32|bfloat16|float16), channels_last, threads, cache_dir, correct, seed, clock (wall|thread),
 estimator (median|p10|min), warmup_s, min_rounds, max_rounds, entries (auto|context|isolated),
 cuda_timing (auto|queued|isolated), cuda_graph, runtime (eager|compile|onnxruntime|tensorrt: the deploy runtime the
 records and the prediction check run in), json (write a summary there). The defaults are prune.py's: the wall clock,
 one thread, eager, records timed in context on the CPU (docs/latency.md says why).
-Example: ``python -m zoo.latency model=mobilenetv2_100 batch_size=32 device=cuda calibrate=5``.
+Example: ``python -m zoo.latency model=mobilenetv2_100 batch_size=32 device=cuda correct=5``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class LatencyConfig:
     channels_last: bool = False
     threads: int = _TABLE.threads
     cache_dir: Any = None
-    calibrate: int = 0
+    correct: int = 0
     seed: int = 0
     clock: str = _TABLE.clock
     estimator: str = _TABLE.estimator
@@ -73,9 +73,9 @@ def check(cfg: LatencyConfig) -> LatencyConfig:
     """Checks that need no measurement, so a bad value never costs a table build (raises ZooError)."""
     from pathlib import Path
 
-    for key in ("calibrate", "min_rounds", "max_rounds"):
-        if getattr(cfg, key) < (0 if key == "calibrate" else 1):
-            raise ZooError(f"{key}={getattr(cfg, key)} must be >= {0 if key == 'calibrate' else 1}.")
+    for key in ("correct", "min_rounds", "max_rounds"):
+        if getattr(cfg, key) < (0 if key == "correct" else 1):
+            raise ZooError(f"{key}={getattr(cfg, key)} must be >= {0 if key == 'correct' else 1}.")
     if cfg.warmup_s < 0:
         raise ZooError(f"warmup_s={cfg.warmup_s} must be >= 0.")
     if cfg.json:
@@ -86,7 +86,7 @@ def check(cfg: LatencyConfig) -> LatencyConfig:
 
 
 def run(cfg: LatencyConfig) -> dict[str, Any]:
-    """Build the table (and, with ``calibrate=N``, measure its error over N random plans and fit its correction);
+    """Build the table (and, with ``correct=N``, measure its error over N random plans and fit its correction);
     print both; return a JSON-able summary."""
     from . import NetworkTimingSettings, TableSettings, build_table, correct
 
@@ -98,12 +98,12 @@ def run(cfg: LatencyConfig) -> dict[str, Any]:
                         dtype=cfg.dtype, channels_last=cfg.channels_last, cache_dir=cfg.cache_dir, settings=settings)
     print(table.format())
     summary: dict[str, Any] = {"table": table.summary()}
-    if cfg.calibrate > 0:
-        error = correct(table, cfg.calibrate, seed=cfg.seed, settings=NetworkTimingSettings())
+    if cfg.correct > 0:
+        error = correct(table, cfg.correct, seed=cfg.seed, settings=NetworkTimingSettings())
         print()
         print(error.format())
         print(f"leave-one-out error of the chosen correction: {error.loo_error:.1%}")
-        summary["calibration"] = error.summary()
+        summary["correction"] = error.summary()
     if cfg.json:
         with open(cfg.json, "w") as f:
             json.dump(summary, f, indent=1, default=str)
