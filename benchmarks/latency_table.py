@@ -273,15 +273,16 @@ EXTRA_CONDITIONS = {  # tuning: the family studied in depth on a GPU, in more co
                                   *(Condition(model, 1, cuda_timing=t) for t in ("isolated", "auto"))]}
 
 
-def gpu_conditions(quick: bool) -> list[Condition]:
-    """Every classification family at batch 128 fp32 (and the extra conditions tuned per family); `quick`: the
-    smoke model at batch 2 (the CPU dry run)."""
+def gpu_conditions(quick: bool, extra: dict[str, Any] | None = None) -> list[Condition]:
+    """Every classification family at batch 128 fp32 and the `extra` conditions tuned per family (default: this
+    suite's); `quick`: the smoke model at batch 2 (the CPU dry run)."""
     if quick:
         return [Condition(smoke_model(), 2)]
+    extra = EXTRA_CONDITIONS if extra is None else extra
     out = []
     for family in families(task="classification"):
         model = gpu_member(family.name)
-        out += [Condition(model, GPU_BATCH), *EXTRA_CONDITIONS.get(family.name, lambda m: [])(model)]
+        out += [Condition(model, GPU_BATCH), *extra.get(family.name, lambda m: [])(model)]
     return out
 
 

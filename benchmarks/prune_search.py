@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 import zoo
-from benchmarks.common import Budget, Check, families, smoke_model, within_budget, write_result
-from benchmarks.latency_table import GPU_BATCH, Condition, bf16_channels_last, gpu_member, gpu_settings, table_for
+from benchmarks.common import Budget, Check, within_budget, write_result
+from benchmarks.latency_table import Condition, bf16_channels_last, gpu_conditions, gpu_settings, table_for
 from zoo.importance import score_variants
 from zoo.latency.measure import prepare
 from zoo.latency.networks import time_networks
@@ -30,13 +30,7 @@ EXTRA_CONDITIONS = {"mobilenetv2": lambda model: [bf16_channels_last(model)]}  #
 
 
 def conditions(quick: bool) -> list[Condition]:
-    if quick:
-        return [Condition(smoke_model(), 2)]
-    out = []
-    for family in families(task="classification"):
-        model = gpu_member(family.name)
-        out += [Condition(model, GPU_BATCH), *EXTRA_CONDITIONS.get(family.name, lambda m: [])(model)]
-    return out
+    return gpu_conditions(quick, EXTRA_CONDITIONS)
 
 
 def prune_one(cond: Condition, device: str, quick: bool) -> dict[str, Any]:
