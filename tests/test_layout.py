@@ -17,7 +17,8 @@ PACKAGE = Path(zoo.__file__).parent
 # Each module's layer: a module may import its own layer and the ones below, never a higher one.
 LAYERS = [
     {"errors", "lazy", "files", "signals"},
-    {"registry", "tags", "depth", "features", "fuse", "checkpoint", "latency.device", "latency.correction"},
+    {"registry", "tags", "depth", "features", "fuse", "checkpoint", "quantization", "latency.device",
+     "latency.correction"},
     {"surgery", "pretrained", "models.retention", "models.mobilenetv2", "models.tresnet", "models.resnetv2",
      "models.retnet", "models.plainresnet", "models", "search", "latency.cache"},
     {"capture"},
@@ -27,8 +28,8 @@ LAYERS = [
      "training.logger", "training.config", "training.data"},
     {"training.engine", "training"},
     {"jobs.runs", "jobs.cli", "jobs.models", "jobs.train", "jobs.prune_results", "jobs.card", "jobs.prune_config",
-     "jobs.baseline", "jobs.plan", "jobs.finetune", "jobs.measure", "jobs.prune", "jobs", "report", "__main__",
-     "latency.__main__"},
+     "jobs.baseline", "jobs.plan", "jobs.quantized", "jobs.finetune", "jobs.measure", "jobs.prune", "jobs", "report",
+     "__main__", "latency.__main__"},
 ]
 
 

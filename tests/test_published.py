@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import timm
 import torch
+from huggingface_hub import ModelCard
 from PIL import Image
 from safetensors.torch import save_file
 
@@ -204,6 +205,8 @@ def test_prune_py_starts_from_published_weights_without_training(tmp_path):
     assert results["baseline"]["metrics"]["val/acc1"] == pytest.approx(timm_top1, abs=1e-4)
     assert results["baseline"]["source"] == str(weights) and results["baseline"]["metrics_cached"] is False
     assert results["tag"] == "lamb_in1k" and results["condition"]["input_size"] == [3, 224, 224]
+    card = ModelCard.load(tmp_path / "run" / "README.md")
+    assert card.data.base_model == "timm/mobilenetv2_050.lamb_in1k"  # the tag's hub id, from model + tag
 
     # the same weights through the HF cache (checkpoint=true: the tag's hub id): evaluated once, then cached
     hf = tmp_path / "hf"

@@ -163,3 +163,84 @@ def test_prune_chooses_in_onnxruntime_and_reports_the_plan_in_eager_too(tmp_path
         assert row["predicted_speedup"] == pytest.approx(row["predicted_baseline_ms"] / row["predicted_pruned_ms"])
     assert rows["onnxruntime"]["baseline_ms"] == results["baseline"]["latency_ms"]
     assert "<- the plan was chosen here" in out.stdout
+
+
+# -------------------------------------------------------------------------------------------- INT8 (onnxruntime)
+def test_the_int8_runtime_runs_a_quantised_module_close_to_the_float_one():
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(2, 4, 12, 12)
+    with timing_context(CPU, torch.float32, 1):
+        call = in_runtime(conv, (x,), {}, "onnxruntime_int8", CPU, what="the test block")
+        got = torch.as_tensor(call(x)[0])
+        want = conv(x)
+    assert not torch.equal(got, want)  # quantised: not the float numbers ...
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())  # ... but close to them
+    with pytest.raises(RuntimeFailure, match="INT8 on a GPU is TensorRT's"):
+        check_runtime("onnxruntime_int8", torch.device("cuda"))
+
+
+def test_an_int8_table_is_its_own_condition(tmp_path):
+    fp32 = build_table("mobilenetv2_035", input_size=32, device="cpu", cache_dir=str(tmp_path), settings=FAST,
+                       runtime="onnxruntime")
+    int8 = build_table("mobilenetv2_035", input_size=32, device="cpu", cache_dir=str(tmp_path), settings=FAST,
+                       runtime="onnxruntime_int8")
+    assert int8.condition["runtime"] == "onnxruntime_int8" and int8.n_measured > 0  # not fp32's records
+    assert len(list(tmp_path.glob("*.json"))) == 2 and int8.predict() > 0 and fp32.predict() > 0
+
+
+def test_int8_export_reports_agreement_and_refuses_what_it_cannot_quantise(tmp_path):
+    import zoo
+    from zoo.errors import ExportError
+
+    from .helpers import randomise_norm_stats
+
+    torch.manual_seed(0)
+    model = randomise_norm_stats(zoo.create_model("mobilenetv2_035", num_classes=10)).eval()
+    calibration = [torch.randn(4, 3, 32, 32) for _ in range(3)]
+    report = zoo.export(model, tmp_path / "m.onnx", input_size=(3, 32, 32), quantize="int8", calibration=calibration,
+                        min_agreement=0.0)  # (random weights: near-equal logits, so agreement is not the point here)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    with torch.no_grad():
+        ours = [(model(x), torch.from_numpy(session.run(None, {name: x.numpy()})[0])) for x in calibration]
+    agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in ours) / 12
+    assert report.quantize == "int8" and report.calibration_batches == 3 and report.passed
+    assert report.top1_agreement == pytest.approx(agree)  # recomputed here from the file it wrote
+    largest = max((a - b).abs().max().item() for a, b in ours)
+    assert report.max_abs_diff == pytest.approx(largest, rel=1e-5) and largest > 0  # quantised: close, not equal
+    import onnx
+
+    ops = {node.op_type for node in onnx.load(str(tmp_path / "m.onnx")).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    with pytest.raises(ExportError, match="below min_agreement=101%"):  # the verdict follows the threshold
+        zoo.export(model, tmp_path / "n.onnx", input_size=(3, 32, 32), quantize="int8", min_agreement=1.01)
+    with pytest.raises(ExportError, match="quantize='int8' of an ONNX model"):
+        zoo.export(model, tmp_path / "m.pt2", format="torch_export", quantize="int8")
+
+
+def test_prune_refuses_int8_where_it_has_no_int8_path(tmp_path):
+    for override, message in (("prune.runtime=compile", "prune.runtime=compile has no INT8 path"),
+                              ("prune.quantize=int4", "prune.quantize='int4'; allowed: null, int8")):
+        out = run_prune(*TINY, "prune.quantize=int8", override, "prune.device=cpu", base=tmp_path)
+        assert out.returncode == 2 and message in out.stdout + out.stderr, out.stderr[-2000:]
+    out = run_prune("model=retnet_tiny", "data=bytes", "prune.quantize=int8", base=tmp_path)
+    assert out.returncode == 2 and "covers image classifiers" in out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_prune_plans_on_int8_latencies_and_reports_int8_quality(tmp_path):
+    out = run_prune(*TINY, "prune.device=cpu", "prune.quantize=int8", "prune.target_speedup=1.1", base=tmp_path,
+                    timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["condition"]["runtime"] == "onnxruntime_int8"
+    rows = results["runtimes"]
+    assert list(rows) == ["onnxruntime_int8", "onnxruntime"] and rows["onnxruntime_int8"]["chosen_here"]
+    int8 = results["int8"]
+    for side in ("baseline", "pruned"):
+        assert 0 <= int8[side]["metrics"]["val/acc1"] <= 100 and 0 <= int8[side]["top1_agreement"] <= 1
+        assert int8[side]["int8_size_mb"] < int8[side]["fp32_size_mb"]
+    assert (tmp_path / "run" / "pruned_int8.onnx").is_file() and "int8 (onnxruntime" in out.stdout

@@ -64,6 +64,10 @@ class ExportReport:
     opset: int | None = None
     dynamic_axes: dict[str, dict[int, str]] | None = None  # input name -> {axis: name}
     checked_shapes: list[list[list[int]]] | None = None  # every input's shape, per parity check
+    quantize: str | None = None  # "int8": checked by top1_agreement with the float model instead of rtol
+    top1_agreement: float | None = None
+    min_agreement: float | None = None
+    calibration_batches: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,13 +76,18 @@ class ExportReport:
 def export(model: nn.Module, path: str | Path, format: str = "onnx", example: Any = None, batch_size: int = 1,
            input_size: Sequence[int] | None = None, form: str = "parallel", rtol: float = 1e-4,
            opset: int | None = None, dynamic_batch: bool = True, dynamic_size: bool = False,
-           tokenizer: str | None = None) -> ExportReport:
+           tokenizer: str | None = None, quantize: str | None = None, calibration: Sequence[Any] | None = None,
+           min_agreement: float = 0.9) -> ExportReport:
     """Write `model` (eval mode) to `path` as ONNX or a ``torch.export`` program and check it against PyTorch.
 
     example: the input (a tensor or a tuple); default the model's ``example_input(batch_size, input_size)`` (random
     values; token ids for a RetNet) or, for ``form="recurrent"``, a token, a position and random states. With a
     dynamic batch the program is traced at a batch of at least 2 (torch.export specialises a batch of 1).
-    tokenizer: for ``format="hf"``, a tokenizer folder or hub name saved beside the weights. rtol: the
+    tokenizer: for ``format="hf"``, a tokenizer folder or hub name saved beside the weights. quantize: ``"int8"``
+    writes the ONNX model quantised (:func:`zoo.quantization.quantize_int8`, static QDQ) on `calibration` (input
+    batches; default the example), and its check is one suited to quantisation: the top-1 agreement of its outputs
+    with the float model's on the calibration inputs (the check inputs without them; passed at `min_agreement` or
+    more) and the largest logit difference there (``max_abs_diff``). rtol: the
     largest allowed difference relative to the largest output. Raises ExportError for an unknown format or form, a
     missing runtime (with the install command), an operator the exporter cannot handle (naming the model), or a
     difference beyond `rtol` (after writing the file).
@@ -93,6 +102,12 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
                           f"none. Use form='parallel'.")
     if format == "onnx":
         _require("onnx", "onnxscript", "onnxruntime")
+    if quantize is not None:
+        from .quantization import QUANTIZE
+
+        if quantize not in QUANTIZE or format != "onnx" or form != "parallel":
+            raise ExportError(f"quantize={quantize!r} with format={format!r}, form={form!r}: quantised export is "
+                              f"quantize='int8' of an ONNX model's forward (format='onnx', form='parallel').")
     if format == "hf":
         if not hasattr(model, "hf_form"):
             raise ExportError(f"format='hf' writes a model's Hugging Face form; {type(model).__name__} has none (a "
@@ -114,6 +129,9 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
     was_training = model.training
     try:
         axes = Axes(dynamic_batch, dynamic_size)
+        if quantize is not None:
+            return _export_int8(model.eval(), Path(path), example, batch_size, input_size, opset, axes, calibration,
+                                min_agreement)
         return _export(model.eval(), Path(path), format, example, batch_size, input_size, form, rtol, opset, axes)
     finally:
         model.train(was_training)  # the caller's model is left as it was
@@ -234,6 +252,51 @@ def _inputs(model: nn.Module, program: nn.Module, example: Any, batch_size: int,
         dtype = next(model.parameters()).dtype
         return (torch.randn(base.shape, generator=generator).to(device=base.device, dtype=dtype),)
     return (torch.randint(0, model.vocab_size, base.shape, generator=generator).to(base.device),)
+
+
+def _export_int8(model: nn.Module, path: Path, example: Any, batch_size: int, input_size: Sequence[int] | None,
+                 opset: int | None, axes: Axes, calibration: Sequence[Any] | None, min_agreement: float
+                 ) -> ExportReport:
+    """The float ONNX export, quantised to INT8 in place; checked by top-1 agreement and the largest logit
+    difference against the float model on the calibration inputs (else the check inputs)."""
+    from .quantization import QuantizationError, quantize_int8
+
+    traced_batch = max(batch_size, 2) if axes.batch else batch_size
+    inputs = _inputs(model, model, example, traced_batch, input_size)
+    given = [tuple(c) if isinstance(c, (tuple, list)) else (c,) for c in calibration or []]
+    checks = [inputs] + [x for x in [axes.second(inputs)] if x is not None]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    name = type(model).__name__
+    with torch.no_grad():
+        input_names = _export_onnx(model, inputs, path, opset, name, axes.specs(inputs))
+        try:
+            quantized = quantize_int8(path.read_bytes(), given or [inputs], name)
+        except QuantizationError as error:
+            raise ExportError(str(error)) from error
+        from .files import atomic_write
+
+        atomic_write(path, lambda tmp: tmp.write_bytes(quantized))
+        agree = total = 0
+        abs_diff = 0.0
+        for check in given or checks:  # agreement on the calibration data (else the check inputs)
+            want = _flatten(model(*check))[0].float()
+            have, runtime = _run_onnx(path, check)
+            have = have[0].float()
+            agree += int((want.argmax(-1) == have.argmax(-1)).sum())
+            total += want.argmax(-1).numel()
+            abs_diff = max(abs_diff, (want - have).abs().max().item())
+    agreement = agree / max(total, 1)
+    shapes = [[list(t.shape) for t in check if torch.is_tensor(t)] for check in checks]
+    report = ExportReport(str(path), "onnx", "parallel", runtime, shapes[0], abs_diff, math.nan, math.nan,
+                          agreement >= min_agreement, time.perf_counter() - start, opset or _onnx_opset(path),
+                          axes.names(inputs, input_names), shapes, quantize="int8", top1_agreement=agreement,
+                          min_agreement=min_agreement, calibration_batches=len(given) or 1)
+    if not report.passed:
+        raise ExportError(f"The INT8 export of {name} ({path}) agrees with the float model on {agreement:.1%} of "
+                          f"top-1 predictions, below min_agreement={min_agreement:.0%} (largest logit difference "
+                          f"{abs_diff:.3g}).")
+    return report
 
 
 def _export_hf(model: nn.Module, folder: Path, rtol: float, tokenizer: str | None) -> ExportReport:

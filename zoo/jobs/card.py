@@ -22,8 +22,7 @@ def base_model(results: dict[str, Any]) -> str | None:
     from ..tags import pretrained_cfg
 
     if results.get("tag"):
-        arch, tag = results["tag"].split(".", 1)
-        hub = pretrained_cfg(arch, tag).get("hf_hub_id") or ""
+        hub = pretrained_cfg(results["model"], results["tag"]).get("hf_hub_id") or ""
         return hub.removeprefix("hf-hub:") or None
     source = str(results["baseline"].get("source") or "")
     looks_like_hub_id = source.count("/") == 1 and not Path(source).exists() and not source.startswith((".", "/"))

@@ -10,14 +10,14 @@ from typing import Any
 
 from torch import nn
 
-from .prune_config import measure_settings, table_settings
+from .prune_config import measure_settings, planning_runtime, table_settings
 
 _log = logging.getLogger(__name__)
 
 
 def build_job_table(cfg: Any, baseline: nn.Module, data: Any, runtime: str | None = None) -> Any:
     """The latency table of `baseline` for the configured device, batch, dtype, layout and workload, in `runtime`
-    (default ``prune.runtime``)."""
+    (default the planning runtime: ``prune.runtime``, or ``onnxruntime_int8`` with ``prune.quantize=int8``)."""
     from ..latency import build_table
     from ..latency.device import resolve_device
 
@@ -28,7 +28,7 @@ def build_job_table(cfg: Any, baseline: nn.Module, data: Any, runtime: str | Non
         kwargs = {"input_size": (1,), "workload": "decode", "forward_kwargs": {"mode": "recurrent", "state": state}}
     return build_table(baseline, batch_size=p.batch_size, device=p.device, dtype=p.dtype,
                        channels_last=p.channels_last, threads=p.threads, cache_dir=p.cache_dir, merge=p.merge,
-                       settings=table_settings(p), runtime=runtime or p.runtime, **kwargs)
+                       settings=table_settings(p), runtime=runtime or planning_runtime(p), **kwargs)
 
 
 def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any = None, unfused: bool = True
@@ -76,11 +76,13 @@ def runtime_row(table: Any, plan: dict[str, Any], measured: dict[str, dict[str, 
 
 def report_runtimes(cfg: Any, table: Any, measured: dict[str, dict[str, float]], baseline: nn.Module,
                     pruned: nn.Module, plan: dict[str, Any], data: Any) -> dict[str, dict[str, Any]]:
-    """Per runtime: the chosen plan (chosen in ``prune.runtime``) measured and predicted there. ``prune.runtime`` comes
-    first, from the final measurement; each ``prune.runtime_report`` runtime gets its own (cached) table and its own
-    side-by-side timing of the baseline and the pruned network, deploy forms."""
-    rows = {cfg.prune.runtime: {**runtime_row(table, plan, measured), "chosen_here": True}}
-    for runtime in dict.fromkeys(cfg.prune.runtime_report):
+    """Per runtime: the chosen plan (chosen in the planning runtime) measured and predicted there. The planning runtime
+    comes first, from the final measurement; each ``prune.runtime_report`` runtime (with ``prune.quantize=int8``,
+    float32 onnxruntime too) gets its own (cached) table and its own side-by-side timing of the baseline and the
+    pruned network, deploy forms."""
+    rows = {planning_runtime(cfg.prune): {**runtime_row(table, plan, measured), "chosen_here": True}}
+    reported = [*(["onnxruntime"] if cfg.prune.quantize == "int8" else []), *cfg.prune.runtime_report]
+    for runtime in dict.fromkeys(reported):
         if runtime in rows:
             continue
         _log.info("runtime report: the plan in %s", runtime)
@@ -115,3 +117,4 @@ def export_pruned(cfg: Any, pruned: nn.Module, data: Any, output_dir: Path) -> d
     _log.info("exported %s (%s; max difference %.1e relative)", report["path"], report["checked_with"],
               report["max_rel_diff"])
     return report
+

@@ -36,6 +36,7 @@ from .plan import (
 )
 from .prune_config import PruneConfig, measure_settings, validate_prune
 from .prune_results import assemble_results, format_summary, log_lineage, log_to_wandb, table_record
+from .quantized import int8_quality
 
 _log = logging.getLogger(__name__)
 
@@ -187,6 +188,9 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         results["config_group"] = study_group(config)
         results["seeds"] = {key: flatten(config).get(key) for key in SEED_KEYS}
         results["checkpoint_sha256"] = file_digest(checkpoint)
+        if cfg.prune.quantize == "int8":
+            with phase(timings, "int8"):
+                results["int8"] = int8_quality(cfg, {"baseline": baseline, "pruned": pruned}, data, output_dir)
         if cfg.prune.export:
             results["export"] = export_pruned(cfg, pruned, data, output_dir)
         files = {"baseline": baseline_file(baseline_path, baseline, output_dir), "checkpoint": checkpoint,

@@ -43,6 +43,7 @@ class PruneSettings:
     export: str | None = None
     export_rtol: float = 1e-4
     export_dynamic_size: bool = False
+    quantize: str | None = None
     objectives: list[str] = field(default_factory=lambda: ["metric"])
     runtime: str = "eager"
     runtime_report: list[str] = field(default_factory=list)
@@ -138,6 +139,9 @@ def validate_prune(cfg: Any) -> None:
     if p.search not in SEARCHES:
         raise ZooError(f"prune.search={p.search!r}; allowed: {', '.join(SEARCHES)}.")
     task_metrics = ("val/ppl",) if get_entry(cfg.model.name).task == "language_model" else ("val/acc1", "val/acc5")
+    if p.quantize is not None and get_entry(cfg.model.name).task != "classification":
+        raise ZooError(f"prune.quantize={p.quantize} covers image classifiers (onnxruntime's static INT8); "
+                       f"model={cfg.model.name} is a {get_entry(cfg.model.name).task}: use prune.quantize=null.")
     unknown = [o for o in p.objectives if o not in OBJECTIVES or (o in ("val/acc1", "val/acc5", "val/ppl")
                                                                    and o not in task_metrics)]
     if unknown or not p.objectives:
@@ -175,14 +179,39 @@ def check_runtimes(p: Any, device: torch.device, dtype: torch.dtype) -> None:
     install command), before any work; ``prune.table.runtime`` is not a second way to say it."""
     from ..latency.runtime import check_runtime
 
+    if p.quantize is not None:
+        check_quantize(p)
     if "runtime" in (p.table or {}):
         raise ZooError("Set the runtime with prune.runtime (it applies to the table and to every measurement), not "
                        "prune.table.runtime.")
-    for key, runtime in [("prune.runtime", p.runtime), *(("prune.runtime_report", r) for r in p.runtime_report)]:
+    for key, runtime in [("prune.runtime", planning_runtime(p)),
+                         *(("prune.runtime_report", r) for r in p.runtime_report)]:
         try:
             check_runtime(runtime, device, dtype)
         except ZooError as exc:
             raise ZooError(f"{key}={runtime}: {exc}") from None
+
+
+def planning_runtime(p: Any) -> str:
+    """The runtime the table is built, the plan searched and the networks measured in: ``prune.runtime``, or its INT8
+    form with ``prune.quantize=int8`` (``onnxruntime_int8``)."""
+    return "onnxruntime_int8" if p.quantize == "int8" else p.runtime
+
+
+def check_quantize(p: Any) -> None:
+    """``prune.quantize``: int8, in a runtime where INT8 is real here (onnxruntime's static QDQ on the CPU)."""
+    from ..quantization import QUANTIZE, QuantizationError, check_quantization_available
+
+    if p.quantize not in QUANTIZE:
+        raise ZooError(f"prune.quantize={p.quantize!r}; allowed: null, {', '.join(QUANTIZE)}.")
+    if p.runtime not in ("eager", "onnxruntime"):
+        raise ZooError(f"prune.quantize=int8 plans against INT8 latencies in onnxruntime (static QDQ, the CPU); "
+                       f"prune.runtime={p.runtime} has no INT8 path in depthzoo yet (torch.compile's PT2E and "
+                       f"TensorRT INT8 are not built): use prune.runtime=onnxruntime.")
+    try:
+        check_quantization_available()
+    except QuantizationError as error:
+        raise ZooError(f"prune.quantize=int8: {error}") from None
 
 
 def check_baseline_source(cfg: Any) -> None:

@@ -101,6 +101,12 @@ def format_summary(results: dict[str, Any]) -> str:
                      f"{row['measured_speedup']:.2f}x measured, {row['predicted_speedup']:.2f}x predicted "
                      f"({row['speedup_prediction_error']:+.1%})" + ("  <- the plan was chosen here"
                                                                      if row.get("chosen_here") else ""))
+    int8 = results.get("int8")
+    if int8:
+        metric = next(k for k in int8["pruned"]["metrics"] if k.endswith("acc1"))
+        lines.append(f"int8 (onnxruntime, static QDQ): {metric} baseline {int8['baseline']['metrics'][metric]:.2f}, "
+                     f"pruned {int8['pruned']['metrics'][metric]:.2f} (float {results['pruned']['metrics'][metric]:.2f}"
+                     f"); pruned model {int8['pruned']['fp32_size_mb']:.2f} -> {int8['pruned']['int8_size_mb']:.2f} MB")
     export = results.get("export")
     if export:
         lines.append(f"export {export['path']}: " + (

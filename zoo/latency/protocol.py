@@ -78,7 +78,7 @@ def choose_cuda_timing(model: nn.Module, example: Any, forward_kwargs: Mapping[s
     builds neither probe again nor flip between protocols), else :func:`resolve_cuda_timing`'s; ``isolated``
     where PyTorch lacks the sleep kernel queued timing needs, and for onnxruntime sessions (their run returns once the
     device is done, so nothing can be queued ahead of it)."""
-    ort_session = settings.runtime == "onnxruntime" or (settings.runtime == "tensorrt"
+    ort_session = settings.runtime in ("onnxruntime", "onnxruntime_int8") or (settings.runtime == "tensorrt"
                                                           and tensorrt_backend() != "torch_tensorrt")
     if settings.cuda_timing == "isolated" or not can_queue() or ort_session:
         return replace(settings, cuda_timing="isolated"), {}

@@ -8,6 +8,9 @@
 * ``onnxruntime``: the module exported to ONNX (torch.onnx, the exporter :func:`zoo.export` uses) and run in an
   InferenceSession: the CPU execution provider on the CPU (``threads`` intra-op threads, sequential), the CUDA one on
   a GPU, on PyTorch's current stream through I/O binding.
+* ``onnxruntime_int8`` (CPU): as ``onnxruntime``, with the exported module quantised to INT8 first
+  (:func:`zoo.quantization.quantize_int8`: static QDQ, per-channel weights, ranges from the module's own inputs): the
+  latency of the network you ship quantised. INT8 on a GPU is TensorRT's, which this runtime is not.
 * ``tensorrt`` (CUDA only): torch-tensorrt when it is installed, else onnxruntime's TensorRT execution provider.
 
 :func:`in_runtime` makes the callable and times its making (compilation, export, engine build: a table reports it in
@@ -33,7 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import ZooError
 
-RUNTIMES = ("eager", "compile", "onnxruntime", "tensorrt")
+RUNTIMES = ("eager", "compile", "onnxruntime", "onnxruntime_int8", "tensorrt")
 INSTALL = {"onnxruntime": "pip install onnx onnxscript onnxruntime (CPU) or onnxruntime-gpu (CUDA), or "
                           "pip install -e \".[export]\"",
            "tensorrt": "pip install torch-tensorrt (matching your PyTorch), or onnxruntime-gpu built with TensorRT"}
@@ -70,16 +73,19 @@ def check_runtime(runtime: str, device: torch.device, dtype: torch.dtype = torch
     `dtype` models on `device` here."""
     if runtime not in RUNTIMES:
         raise RuntimeFailure(f"Unknown runtime {runtime!r}; allowed are {', '.join(RUNTIMES)}.")
-    if runtime == "onnxruntime":
+    if runtime == "onnxruntime_int8" and device.type != "cpu":
+        raise RuntimeFailure(f"runtime=onnxruntime_int8 times INT8 models on the CPU (device is {device}); INT8 on a "
+                             f"GPU is TensorRT's, which depthzoo does not build yet: use prune.device=cpu.")
+    if runtime in ("onnxruntime", "onnxruntime_int8"):
         missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if not _has(m)]
         if missing:
-            raise RuntimeFailure(f"runtime=onnxruntime needs {', '.join(missing)}: {INSTALL['onnxruntime']}.")
+            raise RuntimeFailure(f"runtime={runtime} needs {', '.join(missing)}: {INSTALL['onnxruntime']}.")
         if device.type == "cuda" and "CUDAExecutionProvider" not in _ort_providers():
             raise RuntimeFailure("runtime=onnxruntime on CUDA needs onnxruntime's CUDA execution provider, which this "
                                  f"onnxruntime lacks (it has {', '.join(_ort_providers())}): pip install "
                                  "onnxruntime-gpu.")
         if dtype != torch.float32:
-            raise RuntimeFailure(f"runtime=onnxruntime times float32 models (exported as they are); got dtype "
+            raise RuntimeFailure(f"runtime={runtime} times float32 models (exported as they are); got dtype "
                                  f"{dtype}. Use dtype=float32, or runtime=compile / tensorrt for reduced precision.")
     if runtime == "tensorrt":
         if device.type != "cuda":
@@ -103,7 +109,7 @@ def runtime_version(runtime: str) -> str:
     """The version of the package behind `runtime` (part of a table's cache condition)."""
     import importlib.metadata
 
-    package = {"eager": "torch", "compile": "torch", "onnxruntime": "onnxruntime",
+    package = {"eager": "torch", "compile": "torch", "onnxruntime": "onnxruntime", "onnxruntime_int8": "onnxruntime",
                "tensorrt": "torch_tensorrt" if tensorrt_backend() == "torch_tensorrt" else "onnxruntime"}[runtime]
     for name in (package, package.replace("_", "-"), "onnxruntime-gpu"):
         try:
@@ -225,8 +231,15 @@ def _ort_session(model: bytes, providers: list[Any], threads: int, what: str) ->
 
 
 def _onnxruntime(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], device: torch.device, threads: int,
-                 what: str, tensorrt: bool = False) -> Callable[[list], Any]:
+                 what: str, tensorrt: bool = False, int8: bool = False) -> Callable[[list], Any]:
     model, _ = onnx_bytes(module, args, kwargs, what)
+    if int8:
+        from ..quantization import QuantizationError, quantize_int8
+
+        try:
+            model = quantize_int8(model, [tensor_args(args, kwargs)], what)
+        except QuantizationError as error:
+            raise RuntimeFailure(str(error)) from error
     if device.type == "cpu":
         session = _ort_session(model, ["CPUExecutionProvider"], threads, what)
         names = [i.name for i in session.get_inputs()]
@@ -299,8 +312,8 @@ def in_runtime(module: nn.Module, args: tuple, kwargs: Mapping[str, Any] | None,
     start = time.perf_counter()
     if runtime == "compile":
         run = _compiled(module, tuple(args), kwargs, what)
-    elif runtime == "onnxruntime":
-        run = _onnxruntime(module, tuple(args), kwargs, device, threads, what)
+    elif runtime in ("onnxruntime", "onnxruntime_int8"):
+        run = _onnxruntime(module, tuple(args), kwargs, device, threads, what, int8=runtime == "onnxruntime_int8")
     elif runtime == "tensorrt":
         if tensorrt_backend() == "torch_tensorrt":
             run = _torch_tensorrt(module, tuple(args), kwargs, dtype, what)
