@@ -31,7 +31,7 @@ from zoo.registry import Family
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 STATUSES = ("passed", "failed", "error", "skipped", "incomplete")
 OPS: dict[str, Callable[[Any, Any], bool]] = {"<=": operator.le, ">=": operator.ge, "<": operator.lt,
-                                             ">": operator.gt, "==": operator.eq}
+                                             ">": operator.gt, "==": operator.eq, "!=": operator.ne}
 
 
 # -------------------------------------------------------------------------------------------------- verdicts

@@ -397,3 +397,38 @@ def test_runtime_diagnosis_times_the_same_network_whole_and_segment_by_segment(t
         assert row["anchored_error"] == pytest.approx(row["predicted_anchored_ms"] / row["whole_ms"] - 1)
     assert result["rows"][0]["anchored_error"] == pytest.approx(0.0, abs=1e-9)
     assert "| plan 1 |" in proc.stdout
+
+
+@pytest.mark.slow
+def test_int8_depth_quick_times_five_forms_side_by_side_and_resumes(tmp_path):
+    """The INT8 + depth suite on the smallest task: five forms timed in one session (speed-ups against the float32
+    baseline), the INT8-table and float32-table plans really planned in those runtimes, verdicts recomputed from
+    the numbers, and a second run keeps what the first measured (same inputs)."""
+    from benchmarks.int8_depth import FORMS, NOISE_FACTOR
+
+    command = [sys.executable, "-m", "benchmarks.int8_depth", "--quick", "--out", str(tmp_path / "out"),
+               "--workdir", str(tmp_path / "work")]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path), timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "out" / "int8_depth_quick.json").read_text())
+    ((model, row),) = result["models"].items()
+    (seed,) = row["quality"]["seeds"]
+    for session in (row["speed"]["session"], seed["session"]):
+        assert set(session["ms"]) == set(FORMS) and all(ms > 0 for ms in session["ms"].values())
+        for form, ms in session["ms"].items():
+            assert session["speedup"][form] == pytest.approx(session["ms"]["fp32_baseline"] / ms)
+    for planner, runtime in (("int8", "onnxruntime_int8"), ("fp32", "onnxruntime")):
+        run = json.loads((Path(seed["runs"][planner]["dir"]) / "results.json").read_text())
+        assert run["condition"]["runtime"] == runtime and set(run["runtimes"]) == {"onnxruntime", "onnxruntime_int8"}
+        assert run["runtimes"][runtime]["chosen_here"] and 0 <= run["int8"]["pruned"]["metrics"]["val/acc1"] <= 100
+    errors = row["speed"]["table_errors"]
+    label = f"{model}: INT8 table's anchored mean error within the float32 table's"
+    limit = max(errors["fp32"]["mean_error_anchored"],
+                NOISE_FACTOR * max(errors["fp32"]["noise_floor"], errors["int8"]["noise_floor"]))
+    assert result["verdicts"][label] == (errors["int8"]["mean_error_anchored"] <= limit)
+    assert result["status"] in ("passed", "failed", "incomplete")
+    again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path), timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{model} speed: kept (same inputs)" in again.stdout
+    assert json.loads((tmp_path / "out" / "int8_depth_quick.json").read_text())["models"][model]["quality"]["seeds"] \
+        == row["quality"]["seeds"]  # the seed's runs were not repeated

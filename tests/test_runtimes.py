@@ -244,3 +244,19 @@ def test_prune_plans_on_int8_latencies_and_reports_int8_quality(tmp_path):
         assert 0 <= int8[side]["metrics"]["val/acc1"] <= 100 and 0 <= int8[side]["top1_agreement"] <= 1
         assert int8[side]["int8_size_mb"] < int8[side]["fp32_size_mb"]
     assert (tmp_path / "run" / "pruned_int8.onnx").is_file() and "int8 (onnxruntime" in out.stdout
+
+
+def test_int8_planning_runtime_follows_int8_table():
+    from omegaconf import OmegaConf
+
+    from zoo.jobs.prune_config import planning_runtime, reported_runtimes
+
+    def p(**given):
+        return OmegaConf.create({"runtime": "onnxruntime", "quantize": None, "int8_table": True, "runtime_report": [],
+                                 **given})
+
+    assert planning_runtime(p()) == "onnxruntime" and reported_runtimes(p()) == []
+    assert planning_runtime(p(quantize="int8")) == "onnxruntime_int8"
+    assert reported_runtimes(p(quantize="int8", runtime_report=["eager"])) == ["onnxruntime", "eager"]
+    fp32_table = p(quantize="int8", int8_table=False)  # planned on float32, the INT8 network still measured
+    assert planning_runtime(fp32_table) == "onnxruntime" and reported_runtimes(fp32_table) == ["onnxruntime_int8"]

@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from .prune_config import measure_settings, planning_runtime, table_settings
+from .prune_config import measure_settings, planning_runtime, reported_runtimes, table_settings
 
 _log = logging.getLogger(__name__)
 
@@ -77,14 +77,11 @@ def runtime_row(table: Any, plan: dict[str, Any], measured: dict[str, dict[str, 
 def report_runtimes(cfg: Any, table: Any, measured: dict[str, dict[str, float]], baseline: nn.Module,
                     pruned: nn.Module, plan: dict[str, Any], data: Any) -> dict[str, dict[str, Any]]:
     """Per runtime: the chosen plan (chosen in the planning runtime) measured and predicted there. The planning runtime
-    comes first, from the final measurement; each ``prune.runtime_report`` runtime (with ``prune.quantize=int8``,
-    float32 onnxruntime too) gets its own (cached) table and its own side-by-side timing of the baseline and the
-    pruned network, deploy forms."""
+    comes first, from the final measurement; each other runtime (:func:`reported_runtimes`: with
+    ``prune.quantize=int8`` onnxruntime's float32 and INT8 forms, then ``prune.runtime_report``) gets its own
+    (cached) table and its own side-by-side timing of the baseline and the pruned network, deploy forms."""
     rows = {planning_runtime(cfg.prune): {**runtime_row(table, plan, measured), "chosen_here": True}}
-    reported = [*(["onnxruntime"] if cfg.prune.quantize == "int8" else []), *cfg.prune.runtime_report]
-    for runtime in dict.fromkeys(reported):
-        if runtime in rows:
-            continue
+    for runtime in reported_runtimes(cfg.prune):
         _log.info("runtime report: the plan in %s", runtime)
         other = build_job_table(cfg, baseline, data, runtime)
         timed = measure_side_by_side(other, {"baseline": baseline, "pruned": pruned.eval()},

@@ -44,6 +44,7 @@ class PruneSettings:
     export_rtol: float = 1e-4
     export_dynamic_size: bool = False
     quantize: str | None = None
+    int8_table: bool = True
     objectives: list[str] = field(default_factory=lambda: ["metric"])
     runtime: str = "eager"
     runtime_report: list[str] = field(default_factory=list)
@@ -185,7 +186,8 @@ def check_runtimes(p: Any, device: torch.device, dtype: torch.dtype) -> None:
         raise ZooError("Set the runtime with prune.runtime (it applies to the table and to every measurement), not "
                        "prune.table.runtime.")
     for key, runtime in [("prune.runtime", planning_runtime(p)),
-                         *(("prune.runtime_report", r) for r in p.runtime_report)]:
+                         *(("prune.runtime_report" if r in p.runtime_report else "prune.quantize=int8 measures in "
+                            "runtime", r) for r in reported_runtimes(p))]:
         try:
             check_runtime(runtime, device, dtype)
         except ZooError as exc:
@@ -194,8 +196,17 @@ def check_runtimes(p: Any, device: torch.device, dtype: torch.dtype) -> None:
 
 def planning_runtime(p: Any) -> str:
     """The runtime the table is built, the plan searched and the networks measured in: ``prune.runtime``, or its INT8
-    form with ``prune.quantize=int8`` (``onnxruntime_int8``)."""
-    return "onnxruntime_int8" if p.quantize == "int8" else p.runtime
+    form with ``prune.quantize=int8`` (``onnxruntime_int8``; ``prune.int8_table=false`` plans on the float32 table
+    and still ships and reports the INT8 network)."""
+    return "onnxruntime_int8" if p.quantize == "int8" and p.get("int8_table", True) else p.runtime
+
+
+def reported_runtimes(p: Any) -> list[str]:
+    """The runtimes the chosen plan is also measured in: with ``prune.quantize=int8``, onnxruntime's float32 and INT8
+    forms (whichever was not planned in), then ``prune.runtime_report``; never the planning runtime twice."""
+    int8_pair = ["onnxruntime", "onnxruntime_int8"] if p.quantize == "int8" else []
+    planned = planning_runtime(p)
+    return [r for r in dict.fromkeys([*int8_pair, *p.runtime_report]) if r != planned]
 
 
 def check_quantize(p: Any) -> None:
