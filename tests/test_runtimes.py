@@ -63,7 +63,7 @@ def test_a_module_the_runtime_cannot_take_fails_loudly_with_the_entry_named(runt
 def test_unavailable_runtimes_are_refused_with_the_install_command(monkeypatch):
     with pytest.raises(RuntimeFailure, match="needs a CUDA GPU"):
         check_runtime("tensorrt", CPU)
-    with pytest.raises(RuntimeFailure, match="allowed are eager, compile, onnxruntime, tensorrt"):
+    with pytest.raises(RuntimeFailure, match="allowed are eager, compile, onnxruntime, onnxruntime_int8, tensorrt"):
         check_runtime("openvino", CPU)
     with pytest.raises(RuntimeFailure, match="float32"):
         check_runtime("onnxruntime", CPU, torch.bfloat16)
