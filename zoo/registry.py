@@ -164,7 +164,11 @@ def is_model(name: str) -> bool:
 
 
 def get_entry(name: str) -> ModelEntry:
-    """The registry entry for `name`; an unknown name raises with the closest registered names."""
+    """The registry entry for `name` (the plugin modules are imported first when it is not registered yet: a
+    checkpoint of a plugin family loads with ``$DEPTHZOO_MODULES`` set); an unknown name raises with the closest
+    registered names."""
+    if name not in _REGISTRY:
+        load_plugins()
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=5, cutoff=0.4)
         hint = f" Closest names: {', '.join(close)}." if close else ""

@@ -110,13 +110,16 @@ OBJECTIVES = {  # what a prune job can return to a Hydra sweeper (Optuna): name 
 }
 
 
-def objective_values(results: dict[str, Any], objectives: list[str]) -> float | tuple[float, ...]:
-    """The values of `objectives` in a prune job's results (one float for one objective, else a tuple); a metric
-    the task does not have raises ZooError naming the ones it has."""
-    metrics = results["pruned"]["metrics"]
+def objective_values(results: dict[str, Any], objectives: list[str]) -> float | tuple[float, ...] | None:
+    """The values of `objectives` in a prune job's results (one float for one objective, else a tuple; None on a
+    torchrun rank other than 0); a metric the task does not have raises ZooError naming the ones it has."""
+    if "measured_speedup" not in results:  # a torchrun rank other than 0: it measures and reports nothing
+        return None
+    pruned = results["pruned"]
+    metrics = pruned["metrics"]
     known = {**metrics, "metric": metrics.get("val/acc1", metrics.get("val/loss")),
-             "latency_ms": results["pruned"]["latency_ms"], "speedup": results["measured_speedup"],
-             "params": results["pruned"]["params"]}
+             "latency_ms": pruned.get("latency_ms"), "speedup": results.get("measured_speedup"),
+             "params": pruned.get("params")}
     missing = [o for o in objectives if known.get(o) is None]
     if missing:
         raise ZooError(f"prune.objectives names {', '.join(missing)}, which this run does not measure; it has "
