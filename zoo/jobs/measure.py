@@ -114,4 +114,3 @@ def export_pruned(cfg: Any, pruned: nn.Module, data: Any, output_dir: Path) -> d
     _log.info("exported %s (%s; max difference %.1e relative)", report["path"], report["checked_with"],
               report["max_rel_diff"])
     return report
-
