@@ -54,6 +54,8 @@ SUITES = {
     "int8_depth": "depth and INT8 together in onnxruntime on the CPU: float32 and INT8 baselines, the plan of the "
                   "float32 table in float32 and INT8, the plan of the INT8 table in INT8, side by side; the INT8 "
                   "table's error; digits accuracy over seeds, INT8-table plan against float32-table plan",
+    "int8_decode": "RetNet decode with 8-bit weights on the CPU: tokens/s against float32 (retnet_base, "
+                   "retnet_1_3b) and the decode perplexity's change over trained seeds",
 }
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 

@@ -432,3 +432,41 @@ def test_int8_depth_quick_times_five_forms_side_by_side_and_resumes(tmp_path):
     assert f"{model} speed: kept (same inputs)" in again.stdout
     assert json.loads((tmp_path / "out" / "int8_depth_quick.json").read_text())["models"][model]["quality"]["seeds"] \
         == row["quality"]["seeds"]  # the seed's runs were not repeated
+
+
+@pytest.mark.slow
+def test_int8_decode_quick_measures_both_decoders_and_keeps_what_it_measured(tmp_path):
+    """The INT8 decode suite on retnet_tiny: both decoders timed, each seed's perplexities recomputed here from its
+    trained model, the statistics from the seeds, and a rerun keeps the finished parts (same inputs)."""
+    import math
+
+    import torch
+
+    from benchmarks.int8_decode import decode_perplexity
+
+    command = [sys.executable, "-m", "benchmarks.int8_decode", "--quick", "--out", str(tmp_path / "out"),
+               "--workdir", str(tmp_path / "work")]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "out" / "int8_decode_quick.json").read_text())
+    speed = result["speed"]["retnet_tiny"]
+    assert speed["weight_mb"]["int8"] < speed["weight_mb"]["fp32"] / 3  # 8-bit weights: a quarter, and scales
+    assert speed["speedup"] == pytest.approx(speed["ms_per_token"]["fp32"] / speed["ms_per_token"]["int8"], rel=0.5)
+    seeds = result["quality"]["seeds"]
+    assert [s["seed"] for s in seeds] == [0, 1]
+    for s in seeds:
+        assert s["relative_increase"] == pytest.approx(s["ppl_int8"] / s["ppl_fp32"] - 1)
+        assert s["ppl_int8"] != s["ppl_fp32"]  # the INT8 decoder is another computation
+    mean = sum(s["relative_increase"] for s in seeds) / 2
+    assert result["quality"]["statistics"]["mean_increase"] == pytest.approx(mean)
+    model = zoo.load(json.loads((tmp_path / "work" / "retnet_tiny-seed0" / "results.json").read_text())[
+        "checkpoint"]).eval()
+    windows = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(0))
+    logits = model(windows, mode="parallel")  # teacher forcing through the decoder = the parallel form's loss
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), windows[:, 1:].flatten())
+    assert decode_perplexity(model, windows, None) == pytest.approx(math.exp(loss.item()), rel=1e-4)
+    label = "decode perplexity: relative increase with INT8 weights (upper 95 % bound over seeds)"
+    assert result["verdicts"][label] == (result["quality"]["statistics"]["upper_95"] <= 0.02)
+    again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path), timeout=600)
+    assert again.returncode == 0 and "speed retnet_tiny: kept (same inputs)" in again.stdout, again.stderr[-2000:]
+    assert json.loads((tmp_path / "out" / "int8_decode_quick.json").read_text())["quality"]["seeds"] == seeds

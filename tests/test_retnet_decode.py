@@ -337,3 +337,42 @@ def test_large_decay_matrices_are_not_kept_between_calls():
     n = int((retention.TABLE_CACHE_BYTES / 8) ** 0.5) + 1  # 2 heads x n x n x 4 bytes just over the budget
     retention.decay_tables((-0.1, -0.2), n, torch.device("cpu"), torch.float32)
     assert retention._cached_decay_tables.cache_info().currsize == 1
+
+
+@pytest.mark.parametrize("prune", [False, True], ids=["default", "pruned"])
+def test_int8_decode_rounds_every_projection_to_eight_bits(prune):
+    """quantize='int8': each packed weight is its per-output signed 8-bit rounding (what the step multiplies by),
+    and the logits follow the float decoder's closely but not exactly, step after step."""
+    from zoo.models.retnet import Int8Projection
+
+    model = make_model(prune=prune)
+    logits, state = model(prompt(), mode="parallel", return_state=True)
+    exact = RecurrentDecoder(model, state, batch_size=2, pack=True)
+    rounded = RecurrentDecoder(model, state, batch_size=2, quantize="int8")
+    projections = [w for block in rounded.packed[:-1] for sub in block if sub is not None for w in sub]
+    projections.append(rounded.packed[-1][0])  # the LM head
+    assert len(projections) == 2 * (6 - 2 * prune) + 1 and all(isinstance(w, Int8Projection) for w in projections)
+    matrix = model.packed_decode_weights()[-1][0]  # the LM head, [dim, vocab]
+    scale = matrix.abs().amax(dim=0) / 127
+    want = (matrix / scale).round().clamp(-127, 127) * scale
+    x = torch.randn(3, matrix.shape[0])
+    step_error = (rounded.packed[-1][0](x) - x @ want).abs().max() / (x @ want).abs().max()
+    assert step_error < 0.02  # only the input's own 8-bit rounding is left
+    token = prompt(2, 1, seed=5)
+    for _ in range(6):
+        a, b = exact(token), rounded(token)
+        assert 0 < (a - b).abs().max() < 0.25 * a.abs().max()  # (inputs rounded per call too: 7-bit ranges)
+        token = a.argmax(-1, keepdim=True)
+    assert model.generate(prompt(), 5, quantize="int8").shape == (2, 26)
+
+
+def test_int8_decode_refuses_what_it_cannot_run():
+    model = make_model()
+    _, state = model(prompt(), mode="parallel", return_state=True)
+    with pytest.raises(RetNetInputError, match="allowed: None or 'int8'"):
+        RecurrentDecoder(model, state, batch_size=2, quantize="int4")
+    with pytest.raises(RetNetInputError, match="a float32 model on the CPU"):
+        RecurrentDecoder(model.to(torch.bfloat16), state, batch_size=2, quantize="int8")
+    model = make_model()
+    with pytest.raises(RetNetInputError, match="decode='static' or 'auto'"):
+        model.generate(prompt(), 3, decode="forward", quantize="int8")

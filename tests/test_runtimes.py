@@ -4,11 +4,13 @@ the record."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -63,13 +65,17 @@ def test_a_module_the_runtime_cannot_take_fails_loudly_with_the_entry_named(runt
 def test_unavailable_runtimes_are_refused_with_the_install_command(monkeypatch):
     with pytest.raises(RuntimeFailure, match="needs a CUDA GPU"):
         check_runtime("tensorrt", CPU)
-    with pytest.raises(RuntimeFailure, match="allowed are eager, compile, onnxruntime, onnxruntime_int8, tensorrt"):
+    with pytest.raises(RuntimeFailure, match="allowed are eager, compile, compile_int8, onnxruntime, onnxruntime_int8, "
+                                             "tensorrt"):
         check_runtime("openvino", CPU)
     with pytest.raises(RuntimeFailure, match="float32"):
         check_runtime("onnxruntime", CPU, torch.bfloat16)
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if it were not installed
     with pytest.raises(RuntimeFailure, match="pip install"):
         check_runtime("onnxruntime", CPU)
+    monkeypatch.setitem(sys.modules, "torchao", None)
+    with pytest.raises(RuntimeFailure, match="compile_int8 needs torchao .*pip install torchao"):
+        check_runtime("compile_int8", CPU)
     with pytest.raises(ZooError, match="entries='context'"):
         TableSettings(runtime="compile", entries="context")
 
@@ -180,6 +186,27 @@ def test_the_int8_runtime_runs_a_quantised_module_close_to_the_float_one():
         check_runtime("onnxruntime_int8", torch.device("cuda"))
 
 
+def test_the_compile_int8_runtime_runs_inductors_int8_program():
+    """compile_int8: torchao's PT2E quantisation compiled by inductor; its outputs are the quantised program's
+    (eager, the same rounding), close to the float module's but not equal."""
+    pytest.importorskip("torchao")
+    from zoo.quantization import quantize_pt2e
+
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(2, 4, 12, 12)
+    with timing_context(CPU, torch.float32, 1):
+        call = in_runtime(conv, (x,), {}, "compile_int8", CPU, what="the test block")
+        got = call(x)[0]
+        want = conv(x)
+        rounded = quantize_pt2e(conv, (x,), [(x,)])(x)
+    assert not torch.equal(got, want)  # quantised ...
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())  # ... close to float
+    torch.testing.assert_close(got, rounded, rtol=1e-3, atol=1e-3 * want.abs().max().item())  # the program's numbers
+    with pytest.raises(RuntimeFailure, match="compile_int8 times INT8 models that inductor builds for the CPU"):
+        check_runtime("compile_int8", torch.device("cuda"))
+
+
 def test_an_int8_table_is_its_own_condition(tmp_path):
     # plainresnet8: a handful of entries (every entry is exported and, for INT8, quantised: MobileNetV2 takes minutes)
     fp32 = build_table("plainresnet8", input_size=16, device="cpu", cache_dir=str(tmp_path), settings=FAST,
@@ -218,25 +245,94 @@ def test_int8_export_reports_agreement_and_refuses_what_it_cannot_quantise(tmp_p
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops
     with pytest.raises(ExportError, match="below min_agreement=101%"):  # the verdict follows the threshold
         zoo.export(model, tmp_path / "n.onnx", input_size=(3, 32, 32), quantize="int8", min_agreement=1.01)
-    with pytest.raises(ExportError, match="quantize='int8' of an ONNX model"):
-        zoo.export(model, tmp_path / "m.pt2", format="torch_export", quantize="int8")
+    with pytest.raises(ExportError, match="quantised export is quantize='int8' of a model's forward"):
+        zoo.export(model, tmp_path / "m.pt2", format="torch_export", quantize="int4")
+    if importlib.util.find_spec("torchao") is None:
+        return
+    import torchao.quantization.pt2e  # noqa: F401 - the program's quantise/dequantise operators
+
+    report = zoo.export(model, tmp_path / "m.pt2", format="torch_export", input_size=(3, 32, 32), quantize="int8",
+                        calibration=calibration, min_agreement=0.0)  # PT2E, for torch.compile
+    program = torch.export.load(str(tmp_path / "m.pt2")).module()
+    with torch.no_grad():
+        ours = [(model(x), program(x)) for x in calibration]
+    agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in ours) / 12
+    assert report.format == "torch_export" and report.top1_agreement == pytest.approx(agree)
+    assert report.max_abs_diff == pytest.approx(max((a - b).abs().max().item() for a, b in ours), rel=1e-5)
+    assert report.max_abs_diff > 0 and (tmp_path / "m.pt2").stat().st_size < report.float_size_bytes
+
+
+def test_qat_simulates_the_int8_model_onnxruntime_writes(tmp_path):
+    """prepare_qat rounds each weight to the very values onnxruntime's INT8 file holds, and a layer's input with the
+    scale and zero point onnxruntime calibrates on the same batch; strip_qat gives back the float layers."""
+    import copy
+
+    import onnx
+    from onnx import numpy_helper
+
+    import zoo
+    from zoo.quantization import QuantizationError, prepare_qat, strip_qat
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2, padding=1),
+                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)).eval()
+    x = torch.randn(8, 3, 16, 16)
+    zoo.export(model, tmp_path / "m.onnx", example=x, quantize="int8", calibration=[x], min_agreement=0.0)
+    graph = onnx.load(str(tmp_path / "m.onnx")).graph
+    stored = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    onnx_weights = []  # each int8 weight times its per-channel scale (axis 0: output channels)
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear" and stored.get(node.input[0], np.zeros(1)).dtype == np.int8:
+            values, scale = stored[node.input[0]], stored[node.input[1]]
+            onnx_weights.append(torch.from_numpy(values * scale.reshape(-1, *[1] * (values.ndim - 1))))
+    first_input = next(n for n in graph.node if n.op_type == "QuantizeLinear")
+    qat = prepare_qat(copy.deepcopy(model)).train()
+    with torch.no_grad():
+        qat(x)  # one batch observed: the same min/max onnxruntime calibrated on
+    layers = [qat[0], qat[2], qat[6]]
+    assert len(onnx_weights) == len(layers)
+    for layer in layers:
+        twins = [w for w in onnx_weights if w.shape == layer.weight.shape]
+        assert min((w - layer.weight.detach()).abs().max().item() for w in twins) < 1e-6
+    assert qat[0].input_quant.scale.item() == pytest.approx(float(stored[first_input.input[1]]), rel=1e-5)
+    assert qat[0].input_quant.zero_point.item() == int(stored[first_input.input[2]])
+    assert not torch.equal(qat[0].weight, model[0].weight)  # rounded while prepared ...
+    strip_qat(qat)
+    assert qat.state_dict().keys() == model.state_dict().keys()  # ... plain float layers again
+    assert all(torch.equal(value, model.state_dict()[key]) for key, value in qat.state_dict().items())
+    with pytest.raises(QuantizationError, match="already prepared"):
+        prepare_qat(prepare_qat(copy.deepcopy(model)))
+    with pytest.raises(QuantizationError, match="no Conv2d or Linear"):
+        prepare_qat(nn.Sequential(nn.ReLU()))
 
 
 def test_prune_refuses_int8_where_it_has_no_int8_path(tmp_path):
-    for override, message in (("prune.runtime=compile", "prune.runtime=compile has no INT8 path"),
+    for override, message in (("prune.runtime=tensorrt", "prune.runtime=tensorrt has no INT8 path"),
                               ("prune.quantize=int4", "prune.quantize='int4'; allowed: null, int8")):
         out = run_prune(*TINY, "prune.quantize=int8", override, "prune.device=cpu", base=tmp_path)
         assert out.returncode == 2 and message in out.stdout + out.stderr, out.stderr[-2000:]
+    out = run_prune(*TINY, "finetune.qat=true", "prune.device=cpu", base=tmp_path)
+    said = out.stdout + out.stderr
+    assert out.returncode == 2 and "finetune.qat=true" in said and "prune.quantize=int8" in said
     out = run_prune("model=retnet_tiny", "data=bytes", "prune.quantize=int8", base=tmp_path)
     assert out.returncode == 2 and "covers image classifiers" in out.stdout + out.stderr
 
 
 @pytest.mark.slow
 def test_prune_plans_on_int8_latencies_and_reports_int8_quality(tmp_path):
-    out = run_prune(*TINY, "prune.device=cpu", "prune.quantize=int8", "prune.target_speedup=1.1", base=tmp_path,
-                    timeout=900)
+    out = run_prune(*TINY, "prune.device=cpu", "prune.quantize=int8", "prune.target_speedup=1.1", "finetune.qat=true",
+                    base=tmp_path, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
+    qat = results["int8"]["qat"]  # the pruned INT8 model comes from quantisation-aware training ...
+    assert qat["epochs"] == 1 and 0 <= qat["simulated_metrics"]["val/acc1"] <= 100
+    assert (tmp_path / "run" / "qat" / "checkpoints" / "last.safetensors").is_file()
+    from .wandb_reader import find_run_files, read_run
+
+    (run_file,) = find_run_files(tmp_path / "run")
+    history = read_run(run_file).history  # ... logged beside the fine-tune, under its own names
+    assert any("qat/val/acc1" in row and "qat/train/loss" in row for row in history)
+    assert any("val/acc1" in row and "train/loss" in row for row in history)  # the fine-tune's own names
     assert results["condition"]["runtime"] == "onnxruntime_int8"
     rows = results["runtimes"]
     assert list(rows) == ["onnxruntime_int8", "onnxruntime"] and rows["onnxruntime_int8"]["chosen_here"]
@@ -261,3 +357,26 @@ def test_int8_planning_runtime_follows_int8_table():
     assert reported_runtimes(p(quantize="int8", runtime_report=["eager"])) == ["onnxruntime", "eager"]
     fp32_table = p(quantize="int8", int8_table=False)  # planned on float32, the INT8 network still measured
     assert planning_runtime(fp32_table) == "onnxruntime" and reported_runtimes(fp32_table) == ["onnxruntime_int8"]
+    compiled = p(runtime="compile", quantize="int8")  # torch.compile's INT8: PT2E
+    assert planning_runtime(compiled) == "compile_int8" and reported_runtimes(compiled) == ["compile"]
+
+
+@pytest.mark.slow
+def test_prune_plans_on_compiled_int8_latencies_and_ships_a_pt2e_program(tmp_path):
+    pytest.importorskip("torchao")
+    out = run_prune(*TINY, "model=plainresnet8", "prune.device=cpu", "prune.quantize=int8", "prune.runtime=compile",
+                    "prune.target_speedup=1.1", "prune.target_corrections=1", base=tmp_path, timeout=1500)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["condition"]["runtime"] == "compile_int8" and list(results["runtimes"]) == ["compile_int8",
+                                                                                              "compile"]
+    int8 = results["int8"]
+    assert int8["format"] == "torch_export" and int8["path"].endswith("pruned_int8.pt2")
+    for side in ("baseline", "pruned"):
+        assert 0 <= int8[side]["metrics"]["val/acc1"] <= 100 and 0 <= int8[side]["top1_agreement"] <= 1
+    import torchao.quantization.pt2e  # noqa: F401 - the program's quantise/dequantise operators
+
+    program = torch.export.load(int8["path"]).module()
+    ops = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert any("quantize_per_tensor" in op for op in ops)  # the shipped program is the quantised one
+    assert "int8 (torch.compile, PT2E)" in out.stdout

@@ -68,6 +68,7 @@ class ExportReport:
     top1_agreement: float | None = None
     min_agreement: float | None = None
     calibration_batches: int | None = None
+    float_size_bytes: int | None = None  # "int8": the float model's size (its ONNX file; for torch_export, its tensors)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,13 +85,14 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
     values; token ids for a RetNet) or, for ``form="recurrent"``, a token, a position and random states. With a
     dynamic batch the program is traced at a batch of at least 2 (torch.export specialises a batch of 1).
     tokenizer: for ``format="hf"``, a tokenizer folder or hub name saved beside the weights. quantize: ``"int8"``
-    writes the ONNX model quantised (:func:`zoo.quantization.quantize_int8`, static QDQ) on `calibration` (input
-    batches; default the example), and its check is one suited to quantisation: the top-1 agreement of its outputs
-    with the float model's on the calibration inputs (the check inputs without them; passed at `min_agreement` or
-    more) and the largest logit difference there (``max_abs_diff``). rtol: the
-    largest allowed difference relative to the largest output. Raises ExportError for an unknown format or form, a
-    missing runtime (with the install command), an operator the exporter cannot handle (naming the model), or a
-    difference beyond `rtol` (after writing the file).
+    writes the model quantised on `calibration` (input batches; default the example): as ONNX by onnxruntime
+    (:func:`zoo.quantization.quantize_int8`, static QDQ), as a torch.export program by PT2E
+    (:func:`zoo.quantization.quantize_pt2e`, for ``torch.compile``; needs torchao); its check is one suited to
+    quantisation: the top-1 agreement of its outputs with the float model's on the calibration inputs (the check
+    inputs without them; passed at `min_agreement` or more) and the largest logit difference there
+    (``max_abs_diff``). rtol: the largest allowed difference relative to the largest output. Raises ExportError for
+    an unknown format or form, a missing runtime (with the install command), an operator the exporter cannot handle
+    (naming the model), or a difference beyond `rtol` (after writing the file).
     """
     if format not in FORMATS:
         raise ExportError(f"Unknown export format {format!r}; allowed are {', '.join(FORMATS)}.")
@@ -105,9 +107,10 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
     if quantize is not None:
         from .quantization import QUANTIZE
 
-        if quantize not in QUANTIZE or format != "onnx" or form != "parallel":
+        if quantize not in QUANTIZE or format not in ("onnx", "torch_export") or form != "parallel":
             raise ExportError(f"quantize={quantize!r} with format={format!r}, form={form!r}: quantised export is "
-                              f"quantize='int8' of an ONNX model's forward (format='onnx', form='parallel').")
+                              f"quantize='int8' of a model's forward (form='parallel') as ONNX (onnxruntime's static "
+                              f"QDQ) or a torch.export program (PT2E, for torch.compile).")
     if format == "hf":
         if not hasattr(model, "hf_form"):
             raise ExportError(f"format='hf' writes a model's Hugging Face form; {type(model).__name__} has none (a "
@@ -130,8 +133,8 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
     try:
         axes = Axes(dynamic_batch, dynamic_size)
         if quantize is not None:
-            return _export_int8(model.eval(), Path(path), example, batch_size, input_size, opset, axes, calibration,
-                                min_agreement)
+            return _export_int8(model.eval(), Path(path), format, example, batch_size, input_size, opset, axes,
+                                calibration, min_agreement)
         return _export(model.eval(), Path(path), format, example, batch_size, input_size, form, rtol, opset, axes)
     finally:
         model.train(was_training)  # the caller's model is left as it was
@@ -254,12 +257,13 @@ def _inputs(model: nn.Module, program: nn.Module, example: Any, batch_size: int,
     return (torch.randint(0, model.vocab_size, base.shape, generator=generator).to(base.device),)
 
 
-def _export_int8(model: nn.Module, path: Path, example: Any, batch_size: int, input_size: Sequence[int] | None,
-                 opset: int | None, axes: Axes, calibration: Sequence[Any] | None, min_agreement: float
-                 ) -> ExportReport:
-    """The float ONNX export, quantised to INT8 in place; checked by top-1 agreement and the largest logit
-    difference against the float model on the calibration inputs (else the check inputs)."""
-    from .quantization import QuantizationError, quantize_int8
+def _export_int8(model: nn.Module, path: Path, format: str, example: Any, batch_size: int,
+                 input_size: Sequence[int] | None, opset: int | None, axes: Axes, calibration: Sequence[Any] | None,
+                 min_agreement: float) -> ExportReport:
+    """The model quantised to INT8 and written: the float ONNX export quantised in place by onnxruntime, or the PT2E
+    program saved by torch.export; checked by top-1 agreement and the largest logit difference against the float
+    model on the calibration inputs (else the check inputs)."""
+    from .quantization import QuantizationError, quantize_int8, quantize_pt2e
 
     traced_batch = max(batch_size, 2) if axes.batch else batch_size
     inputs = _inputs(model, model, example, traced_batch, input_size)
@@ -268,30 +272,52 @@ def _export_int8(model: nn.Module, path: Path, example: Any, batch_size: int, in
     path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     name = type(model).__name__
-    with torch.no_grad():
-        input_names = _export_onnx(model, inputs, path, opset, name, axes.specs(inputs))
-        try:
-            quantized = quantize_int8(path.read_bytes(), given or [inputs], name)
-        except QuantizationError as error:
-            raise ExportError(str(error)) from error
-        from .files import atomic_write
+    from .files import atomic_write
 
-        atomic_write(path, lambda tmp: tmp.write_bytes(quantized))
+    with torch.no_grad():
+        if format == "onnx":
+            input_names = _export_onnx(model, inputs, path, opset, name, axes.specs(inputs))
+            float_size = path.stat().st_size
+            try:
+                quantized = quantize_int8(path.read_bytes(), given or [inputs], name)
+            except QuantizationError as error:
+                raise ExportError(str(error)) from error
+            atomic_write(path, lambda tmp: tmp.write_bytes(quantized))
+
+            def run(check: tuple[Any, ...]) -> tuple[list[torch.Tensor], str]:
+                return _run_onnx(path, check)
+        else:
+            input_names = [f"input_{i}" for i in range(len(inputs))]
+            float_size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+            try:
+                quantized = quantize_pt2e(model, inputs, given or [inputs], name, axes.specs(inputs))
+            except QuantizationError as error:
+                raise ExportError(str(error)) from error
+            program = _torch_export(quantized, inputs, name, axes.specs(inputs))
+            buffer = io.BytesIO()  # (torch.export.save wants a .pt2 name; the temporary file has another)
+            torch.export.save(program, buffer)
+            atomic_write(path, lambda tmp: tmp.write_bytes(buffer.getvalue()))
+            loaded = torch.export.load(str(path)).module()
+
+            def run(check: tuple[Any, ...]) -> tuple[list[torch.Tensor], str]:
+                return _flatten(loaded(*check)), f"torch.export {torch.__version__} (PT2E, eager)"
         agree = total = 0
         abs_diff = 0.0
         for check in given or checks:  # agreement on the calibration data (else the check inputs)
             want = _flatten(model(*check))[0].float()
-            have, runtime = _run_onnx(path, check)
+            have, runtime = run(check)
             have = have[0].float()
             agree += int((want.argmax(-1) == have.argmax(-1)).sum())
             total += want.argmax(-1).numel()
             abs_diff = max(abs_diff, (want - have).abs().max().item())
     agreement = agree / max(total, 1)
     shapes = [[list(t.shape) for t in check if torch.is_tensor(t)] for check in checks]
-    report = ExportReport(str(path), "onnx", "parallel", runtime, shapes[0], abs_diff, math.nan, math.nan,
-                          agreement >= min_agreement, time.perf_counter() - start, opset or _onnx_opset(path),
+    report = ExportReport(str(path), format, "parallel", runtime, shapes[0], abs_diff, math.nan, math.nan,
+                          agreement >= min_agreement, time.perf_counter() - start,
+                          (opset or _onnx_opset(path)) if format == "onnx" else None,
                           axes.names(inputs, input_names), shapes, quantize="int8", top1_agreement=agreement,
-                          min_agreement=min_agreement, calibration_batches=len(given) or 1)
+                          min_agreement=min_agreement, calibration_batches=len(given) or 1,
+                          float_size_bytes=float_size)
     if not report.passed:
         raise ExportError(f"The INT8 export of {name} ({path}) agrees with the float model on {agreement:.1%} of "
                           f"top-1 predictions, below min_agreement={min_agreement:.0%} (largest logit difference "
@@ -381,18 +407,40 @@ def _torch_export(program: nn.Module, inputs: tuple[Any, ...], name: str, dynami
 def _run_onnx(path: Path, inputs: tuple[Any, ...]) -> tuple[list[torch.Tensor], str]:
     """Outputs of the ONNX file in an onnxruntime session (CUDA when the inputs are and it is available), and the
     runtime that ran it."""
-    import onnxruntime as ort
-
     cuda = any(torch.is_tensor(t) and t.is_cuda for t in inputs)
-    providers = ["CUDAExecutionProvider"] if cuda and "CUDAExecutionProvider" in ort.get_available_providers() \
-        else []
     try:
-        session = ort.InferenceSession(str(path), providers=[*providers, "CPUExecutionProvider"])
+        session = onnx_session(path, cuda=cuda)
         feed = {arg.name: torch.as_tensor(t).detach().cpu().numpy() for arg, t in zip(session.get_inputs(), inputs)}
         outputs = [torch.from_numpy(out) for out in session.run(None, feed)]
     except Exception as error:  # noqa: BLE001 - onnxruntime's own errors, named as one
         raise ExportError(f"onnxruntime could not run {path}: {type(error).__name__}: {error}") from error
     return outputs, f"onnxruntime {_version('onnxruntime')} ({session.get_providers()[0]})"
+
+
+def onnx_session(path: str | Path, threads: int | None = None, cuda: bool = False) -> Any:
+    """An onnxruntime session of the ONNX file: CUDA when asked for and available, else the CPU (`threads` intra-op
+    threads; None: onnxruntime's default)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    providers = ["CUDAExecutionProvider"] if cuda and "CUDAExecutionProvider" in ort.get_available_providers() \
+        else []
+    return ort.InferenceSession(str(path), options, providers=[*providers, "CPUExecutionProvider"])
+
+
+class OnnxModule(nn.Module):
+    """An ONNX image model run in onnxruntime on the CPU, called like the network it was exported from (for
+    :func:`zoo.training.evaluate`)."""
+
+    def __init__(self, path: str | Path, threads: int = 1):
+        super().__init__()
+        self.session = onnx_session(path, threads)
+        self.input_name = self.session.get_inputs()[0].name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.session.run(None, {self.input_name: x.detach().cpu().contiguous().numpy()})[0])
 
 
 @contextlib.contextmanager

@@ -1,19 +1,33 @@
-"""INT8 post-training quantisation of an ONNX model with onnxruntime: static, QDQ format, weights per output channel
-(signed 8-bit), activations per tensor (unsigned 8-bit), ranges from calibration inputs (min/max), after
+"""INT8, declared once. Post-training quantisation of an ONNX model with onnxruntime: static, QDQ format, weights per
+output channel (signed 8-bit), activations per tensor (unsigned 8-bit), ranges from calibration inputs (min/max), after
 onnxruntime's pre-processing (shape inference, graph optimisation). What cannot be quantised stays float (an FP32
 island: GroupNorm, for example).
 
 Used by the ``onnxruntime_int8`` latency runtime (each table record quantised on its own inputs, for its timing) and
 by :func:`zoo.export` with ``quantize="int8"`` (the network quantised on calibration batches, for its accuracy).
+
+With ``torch.compile`` instead: :func:`quantize_pt2e`, torchao's PT2E flow with the X86InductorQuantizer (per-channel
+int8 weights, uint8 activations; ranges from a histogram observer), for the ``compile_int8`` runtime and
+``zoo.export(format="torch_export", quantize="int8")``.
+
+Quantisation-aware training (:func:`prepare_qat`, :func:`strip_qat`) simulates the same scheme in PyTorch with
+``torch.ao.quantization.FakeQuantize``: each Conv2d/Linear weight rounded per output channel to signed 8-bit
+(symmetric, -127..127, the range onnxruntime gives symmetric int8 weights), each Conv2d/Linear input rounded per tensor
+to unsigned 8-bit (min/max ranges, moving average). Trained on the deploy form (BatchNorm folded), so the weights it
+rounds are the weights onnxruntime quantises afterwards.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
+from torch import nn
 
 from .errors import ZooError
 
@@ -77,6 +91,122 @@ def quantize_int8(model: bytes, calibration: Iterable[Sequence[Any]], what: str 
         return target.read_bytes()
 
 
+WEIGHT_RANGE = (-127, 127)  # signed 8-bit, symmetric: onnxruntime's range for symmetric int8 weights
+ACTIVATION_RANGE = (0, 255)  # unsigned 8-bit, affine (QuantType.QUInt8)
+QAT_LAYERS = (nn.Conv2d, nn.Linear)  # the layers onnxruntime's QDQ quantises (weights and inputs)
+
+
+def prepare_qat(model: nn.Module) -> nn.Module:
+    """Make `model` (in place) simulate :func:`quantize_int8` while it trains: every Conv2d/Linear weight and input
+    fake-quantised (straight-through gradients). Input ranges are observed only in training mode. Returns `model`."""
+    from torch.ao.quantization import FakeQuantize, MovingAverageMinMaxObserver, MovingAveragePerChannelMinMaxObserver
+    from torch.nn.utils import parametrize
+
+    layers = [m for m in model.modules() if isinstance(m, QAT_LAYERS)]
+    if not layers:
+        raise QuantizationError(f"{type(model).__name__} has no Conv2d or Linear layer to train for INT8.")
+    for layer in layers:
+        if parametrize.is_parametrized(layer, "weight"):
+            raise QuantizationError(f"{type(model).__name__} is already prepared for quantisation-aware training.")
+        weight_quant = FakeQuantize(observer=MovingAveragePerChannelMinMaxObserver, averaging_constant=1.0,
+                                    quant_min=WEIGHT_RANGE[0], quant_max=WEIGHT_RANGE[1], dtype=torch.qint8,
+                                    qscheme=torch.per_channel_symmetric, ch_axis=0)
+        parametrize.register_parametrization(layer, "weight", weight_quant)
+        layer.input_quant = FakeQuantize(observer=MovingAverageMinMaxObserver, quant_min=ACTIVATION_RANGE[0],
+                                         quant_max=ACTIVATION_RANGE[1], dtype=torch.quint8,
+                                         qscheme=torch.per_tensor_affine)
+        layer.register_forward_pre_hook(_quantise_input)
+    return model
+
+
+def _quantise_input(layer: nn.Module, args: tuple) -> tuple:
+    layer.input_quant.observer_enabled.fill_(int(layer.training))
+    return (layer.input_quant(args[0]), *args[1:])
+
+
+def strip_qat(model: nn.Module) -> nn.Module:
+    """Undo :func:`prepare_qat` in place: the float weights QAT trained, plain layers again (for export, where
+    onnxruntime quantises them). Returns `model`."""
+    from torch.nn.utils import parametrize
+
+    for layer in model.modules():
+        if isinstance(layer, QAT_LAYERS) and parametrize.is_parametrized(layer, "weight"):
+            parametrize.remove_parametrizations(layer, "weight", leave_parametrized=False)
+            del layer.input_quant
+            for key, hook in list(layer._forward_pre_hooks.items()):
+                if hook is _quantise_input:
+                    del layer._forward_pre_hooks[key]
+    return model
+
+
+PT2E_INSTALL = "pip install torchao, or pip install -e \".[int8]\""
+
+
+def check_pt2e_available() -> None:
+    """Raise :class:`QuantizationError` (with the install command) unless torchao's PT2E quantisation is installed."""
+    if importlib.util.find_spec("torchao") is None:
+        raise QuantizationError(f"INT8 with torch.compile (PT2E, X86InductorQuantizer) needs torchao: {PT2E_INSTALL}.")
+
+
+def quantize_pt2e(module: nn.Module, inputs: Sequence[Any], calibration: Iterable[Sequence[Any]],
+                  what: str = "the model", dynamic_shapes: Any = None) -> nn.Module:
+    """`module` (a function of tensors, eval) exported with ``torch.export`` on `inputs` and quantised by torchao's
+    PT2E flow for inductor (``X86InductorQuantizer``'s default: static, per-channel signed 8-bit weights, unsigned
+    8-bit activations, ranges observed on `calibration`, an iterable of input tuples). Returns the converted
+    program (Q/DQ ops around float ops), which ``torch.compile`` lowers to INT8 kernels and which runs eagerly with
+    the same rounding. Sizes stay those of `inputs` except the axes ``dynamic_shapes`` (torch.export's) names.
+    Activation ranges: the quantizer's default observer (a histogram); weights: per output channel, symmetric."""
+    check_pt2e_available()
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    feeds = [tuple(c) for c in calibration]
+    if not feeds:
+        raise QuantizationError(f"INT8 quantisation of {what} needs calibration inputs; none were given.")
+    try:
+        with torch.inference_mode(False), torch.no_grad():  # (inference tensors cannot be traced: cloned here)
+            module = _without_inference_tensors(module)
+            inputs = tuple(t.clone() if torch.is_tensor(t) else t for t in inputs)
+            feeds = [tuple(t.clone() if torch.is_tensor(t) else t for t in feed) for feed in feeds]
+            program = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes).module()
+            quantizer = x86.X86InductorQuantizer()
+            quantizer.set_global(x86.get_default_x86_inductor_quantization_config())
+            prepared = prepare_pt2e(program, quantizer)
+            for feed in feeds:
+                prepared(*feed)
+            return _drop_unused_tensors(convert_pt2e(prepared))
+    except Exception as error:  # noqa: BLE001 - torch.export's and torchao's errors become one message
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise QuantizationError(f"PT2E could not quantise {what} to INT8: {type(error).__name__}: {first}") from error
+
+
+def _without_inference_tensors(module: nn.Module) -> nn.Module:
+    """`module`, or a copy of it whose weights made in inference mode (a network copied while timing) are normal
+    tensors again, which PT2E's passes can take."""
+    if not any(t.is_inference() for t in [*module.parameters(), *module.buffers()]):
+        return module
+    module = copy.deepcopy(module)
+    for sub in module.modules():
+        for name, param in sub._parameters.items():
+            if param is not None and param.is_inference():
+                sub._parameters[name] = nn.Parameter(param.clone(), requires_grad=False)
+        for name, buffer in sub._buffers.items():
+            if buffer is not None and buffer.is_inference():
+                sub._buffers[name] = buffer.clone()
+    return module
+
+
+def _drop_unused_tensors(program: Any) -> Any:
+    """The converted program without the float weights it no longer reads (their INT8 copies replaced them), so
+    that a program exported from it does not carry both."""
+    used = {node.target for node in program.graph.nodes if node.op == "get_attr"}
+    for name, _ in [*program.named_parameters(), *program.named_buffers()]:
+        if name not in used:
+            owner, _, attribute = name.rpartition(".")
+            delattr(program.get_submodule(owner) if owner else program, attribute)
+    return program
+
+
 def _array(x: Any) -> Any:
     import numpy as np
 
@@ -85,4 +215,5 @@ def _array(x: Any) -> Any:
     return np.asarray(x)
 
 
-__all__ = ["QUANTIZE", "QuantizationError", "check_quantization_available", "input_names", "quantize_int8"]
+__all__ = ["QUANTIZE", "QuantizationError", "check_pt2e_available", "check_quantization_available", "input_names",
+           "prepare_qat", "quantize_int8", "quantize_pt2e", "strip_qat"]

@@ -71,6 +71,40 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
     return model, metrics
 
 
+def qat_finetune(cfg: Any, baseline: nn.Module, pruned: nn.Module, data: Any, logger: Any, output_dir: Path,
+                 config: dict) -> tuple[nn.Module, dict[str, float]]:
+    """``finetune.qat=true``: quantisation-aware training of the pruned network's deploy form (BatchNorm folded)
+    for ``finetune.qat_epochs`` (learning rate ``finetune.qat_lr``, else a tenth of the fine-tune's), distilling
+    from `baseline`, in float32, logged under ``qat/``, resumable from ``qat/checkpoints``.
+
+    Returns the trained float network (plain layers again, for onnxruntime to quantise) and its validation metrics
+    with the INT8 rounding simulated (what the training saw)."""
+    import copy
+
+    from omegaconf import OmegaConf
+
+    from ..fuse import fuse
+    from ..quantization import prepare_qat, strip_qat
+    from ..training import distributed as dist_utils
+    from ..training import evaluate, fit, seed_everything
+    from ..training.logger import PrefixedLogger
+
+    seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
+    device = next(baseline.parameters()).device
+    model = prepare_qat(fuse(copy.deepcopy(pruned)).to(device).train())
+    lr = cfg.finetune.qat_lr or (cfg.finetune.lr or cfg.optim.lr * 0.3) * 0.1
+    optim_cfg = OmegaConf.merge(cfg.optim, {"lr": lr, "warmup_epochs": 0})
+    trainer_cfg = OmegaConf.merge(cfg.trainer, {"max_epochs": cfg.finetune.qat_epochs, "resume": None,
+                                                "precision": "fp32", "compile": False})
+    resume = dist_utils.broadcast_object(resumable(output_dir / "qat") if dist_utils.info().is_main else None)
+    fit(model, data, optim_cfg, trainer_cfg, PrefixedLogger(logger, "qat"), teacher=baseline,
+        distill_weight=cfg.finetune.distill_weight, distill_temperature=cfg.finetune.distill_temperature,
+        output_dir=output_dir / "qat", config=config, resume_from=resume,
+        resume_hint=" Run the same command again: quantisation-aware training resumes where it stopped.")
+    metrics = evaluate(model.eval(), data.val, task=data.task)
+    return strip_qat(model), metrics
+
+
 def resumable(directory: Path) -> Path | None:
     """The interrupted fine-tuning's state to resume from, if it is intact; a damaged one is reported and dropped
     (fine-tuning starts over, which gives the same result: it is seeded)."""

@@ -17,7 +17,7 @@ _log = logging.getLogger(__name__)
 
 def build_job_table(cfg: Any, baseline: nn.Module, data: Any, runtime: str | None = None) -> Any:
     """The latency table of `baseline` for the configured device, batch, dtype, layout and workload, in `runtime`
-    (default the planning runtime: ``prune.runtime``, or ``onnxruntime_int8`` with ``prune.quantize=int8``)."""
+    (default the planning runtime: ``prune.runtime``, or its INT8 form with ``prune.quantize=int8``)."""
     from ..latency import build_table
     from ..latency.device import resolve_device
 

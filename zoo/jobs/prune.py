@@ -22,7 +22,7 @@ from ..errors import ZooError
 from ..files import write_json
 from ..latency.accuracy import correct
 from .baseline import evaluate_baseline, load_or_train_baseline
-from .finetune import finetune
+from .finetune import finetune, qat_finetune
 from .measure import build_job_table, export_pruned, measure_side_by_side, report_runtimes
 from .plan import (
     build_options,
@@ -35,7 +35,7 @@ from .plan import (
     target_check,
 )
 from .prune_config import PruneConfig, measure_settings, validate_prune
-from .prune_results import assemble_results, format_summary, log_lineage, log_to_wandb, table_record
+from .prune_results import assemble_results, format_summary, log_lineage, log_to_wandb, metric_view, table_record
 from .quantized import int8_quality
 
 _log = logging.getLogger(__name__)
@@ -165,6 +165,9 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         with phase(timings, "finetune"):
             base_metrics, base_cached = evaluate_baseline(cfg, config, baseline, data)
             pruned, pruned_metrics = finetune(cfg, baseline, plan, data, logger, output_dir, config)
+        if cfg.finetune.qat:  # every rank trains (DDP); the INT8 model is made from it below
+            with phase(timings, "qat"):
+                qat_model, qat_metrics = qat_finetune(cfg, baseline, pruned, data, logger, output_dir, config)
         if not dist.is_main:
             logger.finish(exit_code=0)
             dist_utils.barrier()
@@ -190,7 +193,13 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         results["checkpoint_sha256"] = file_digest(checkpoint)
         if cfg.prune.quantize == "int8":
             with phase(timings, "int8"):
-                results["int8"] = int8_quality(cfg, {"baseline": baseline, "pruned": pruned}, data, output_dir)
+                shipped = qat_model if cfg.finetune.qat else pruned
+                results["int8"] = int8_quality(cfg, {"baseline": baseline, "pruned": shipped}, data, output_dir)
+                if cfg.finetune.qat:
+                    results["int8"]["qat"] = {"epochs": cfg.finetune.qat_epochs,
+                                              "simulated_metrics": metric_view(qat_metrics),
+                                              "note": "the pruned INT8 model is quantised from the QAT network; the "
+                                                      "baseline's INT8 model by post-training quantisation"}
         if cfg.prune.export:
             results["export"] = export_pruned(cfg, pruned, data, output_dir)
         files = {"baseline": baseline_file(baseline_path, baseline, output_dir), "checkpoint": checkpoint,

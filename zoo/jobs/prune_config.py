@@ -62,6 +62,9 @@ class FinetuneSettings:
     distill_weight: float = 0.3
     distill_temperature: float = 2.0
     linearise_fraction: float = 0.5
+    qat: bool = False
+    qat_epochs: int = 1
+    qat_lr: float | None = None
 
 
 @dataclass
@@ -98,7 +101,8 @@ PRUNE_RANGES = (  # (key, lowest, highest, lowest excluded?): see zoo.training.c
     ("prune.correction_plans", 0, None, False), ("prune.export_rtol", 0.0, None, False),
     ("finetune.epochs", 0, None, False), ("finetune.lr", 0.0, None, True),
     ("finetune.distill_weight", 0.0, 1.0, False), ("finetune.distill_temperature", 0.0, None, True),
-    ("finetune.linearise_fraction", 0.0, 1.0, False),
+    ("finetune.linearise_fraction", 0.0, 1.0, False), ("finetune.qat_epochs", 1, None, False),
+    ("finetune.qat_lr", 0.0, None, True),
 )
 
 
@@ -146,6 +150,9 @@ def validate_prune(cfg: Any) -> None:
     if p.quantize is not None and get_entry(cfg.model.name).task != "classification":
         raise ZooError(f"prune.quantize={p.quantize} covers image classifiers (onnxruntime's static INT8); "
                        f"model={cfg.model.name} is a {get_entry(cfg.model.name).task}: use prune.quantize=null.")
+    if cfg.finetune.qat and p.quantize is None:
+        raise ZooError("finetune.qat=true trains the pruned network for the INT8 model it ships; it needs "
+                       "prune.quantize=int8 (or finetune.qat=false).")
     unknown = [o for o in p.objectives if o not in OBJECTIVES or (o in ("val/acc1", "val/acc5", "val/ppl")
                                                                    and o not in task_metrics)]
     if unknown or not p.objectives:
@@ -197,35 +204,51 @@ def check_runtimes(p: Any, device: torch.device, dtype: torch.dtype) -> None:
             raise ZooError(f"{key}={runtime}: {exc}") from None
 
 
+INT8_PAIRS = {  # prune.runtime -> (its float32 runtime, its INT8 runtime) with prune.quantize=int8
+    "onnxruntime": ("onnxruntime", "onnxruntime_int8"), "eager": ("onnxruntime", "onnxruntime_int8"),
+    "compile": ("compile", "compile_int8"),
+}
+
+
 def planning_runtime(p: Any) -> str:
     """The runtime the table is built, the plan searched and the networks measured in: ``prune.runtime``, or its INT8
-    form with ``prune.quantize=int8`` (``onnxruntime_int8``; ``prune.int8_table=false`` plans on the float32 table
-    and still ships and reports the INT8 network)."""
-    return "onnxruntime_int8" if p.quantize == "int8" and p.get("int8_table", True) else p.runtime
+    form with ``prune.quantize=int8`` (``onnxruntime_int8``, or ``compile_int8`` for ``prune.runtime=compile``;
+    ``prune.int8_table=false`` plans on the float32 table and still ships and reports the INT8 network)."""
+    if p.quantize != "int8":
+        return p.runtime
+    fp32, int8 = INT8_PAIRS.get(p.runtime, (p.runtime, p.runtime))
+    return int8 if p.get("int8_table", True) else fp32
 
 
 def reported_runtimes(p: Any) -> list[str]:
-    """The runtimes the chosen plan is also measured in: with ``prune.quantize=int8``, onnxruntime's float32 and INT8
-    forms (whichever was not planned in), then ``prune.runtime_report``; never the planning runtime twice."""
-    int8_pair = ["onnxruntime", "onnxruntime_int8"] if p.quantize == "int8" else []
+    """The runtimes the chosen plan is also measured in: with ``prune.quantize=int8``, the float32 and INT8 forms of
+    its runtime (whichever was not planned in), then ``prune.runtime_report``; never the planning runtime twice."""
+    int8_pair = list(INT8_PAIRS.get(p.runtime, ())) if p.quantize == "int8" else []
     planned = planning_runtime(p)
     return [r for r in dict.fromkeys([*int8_pair, *p.runtime_report]) if r != planned]
 
 
 def check_quantize(p: Any) -> None:
-    """``prune.quantize``: int8, in a runtime where INT8 is real here (onnxruntime's static QDQ on the CPU)."""
-    from ..quantization import QUANTIZE, QuantizationError, check_quantization_available
+    """``prune.quantize``: int8, in a runtime where INT8 is real here (onnxruntime's static QDQ, or torch.compile
+    with PT2E, on the CPU)."""
+    from ..quantization import QUANTIZE, QuantizationError, check_pt2e_available, check_quantization_available
 
     if p.quantize not in QUANTIZE:
         raise ZooError(f"prune.quantize={p.quantize!r}; allowed: null, {', '.join(QUANTIZE)}.")
-    if p.runtime not in ("eager", "onnxruntime"):
-        raise ZooError(f"prune.quantize=int8 plans against INT8 latencies in onnxruntime (static QDQ, the CPU); "
-                       f"prune.runtime={p.runtime} has no INT8 path in depthzoo yet (torch.compile's PT2E and "
-                       f"TensorRT INT8 are not built): use prune.runtime=onnxruntime.")
+    if p.runtime not in INT8_PAIRS:
+        raise ZooError(f"prune.quantize=int8 plans against INT8 latencies in onnxruntime (static QDQ) or torch.compile "
+                       f"(PT2E), on the CPU; prune.runtime={p.runtime} has no INT8 path in depthzoo yet (TensorRT INT8 "
+                       f"is not built): use prune.runtime=onnxruntime or compile.")
     try:
-        check_quantization_available()
+        check_pt2e_available() if p.runtime == "compile" else check_quantization_available()
     except QuantizationError as error:
         raise ZooError(f"prune.quantize=int8: {error}") from None
+
+
+def int8_format(p: Any) -> str:
+    """How the INT8 network of a ``prune.quantize=int8`` run is written and evaluated: ``torch_export`` (PT2E, for
+    torch.compile) with ``prune.runtime=compile``, else ``onnx`` (onnxruntime)."""
+    return "torch_export" if p.runtime == "compile" else "onnx"
 
 
 def check_baseline_source(cfg: Any) -> None:

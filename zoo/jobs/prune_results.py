@@ -16,7 +16,8 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _metric_view(metrics: dict[str, float]) -> dict[str, float]:
+def metric_view(metrics: dict[str, float]) -> dict[str, float]:
+    """Validation metrics as results.json holds them: ``val/<name>``, rounded to 5 decimals."""
     return {(k if k.startswith("val/") else f"val/{k}"): round(float(v), 5) for k, v in metrics.items()}
 
 
@@ -47,9 +48,9 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
         "latency_form": table.condition.get("form", "eager"),
         "baseline": {"latency_ms": base_ms, "latency_eager_ms": eager_base,
                      "predicted_latency_ms": table.predict({"remove": []}), "params": count_params(baseline),
-                     "metrics": _metric_view(base_metrics)},
+                     "metrics": metric_view(base_metrics)},
         "pruned": {"latency_ms": pruned_ms, "latency_eager_ms": eager_pruned, "params": count_params(pruned),
-                   "metrics": _metric_view(pruned_metrics)},
+                   "metrics": metric_view(pruned_metrics)},
         "predicted_latency_ms": predicted,
         "predicted_peak_memory_mb": None if memory is None else memory / 2**20,
         "max_memory_mb": cfg.prune.max_memory_mb,
@@ -104,7 +105,8 @@ def format_summary(results: dict[str, Any]) -> str:
     int8 = results.get("int8")
     if int8:
         metric = next(k for k in int8["pruned"]["metrics"] if k.endswith("acc1"))
-        lines.append(f"int8 (onnxruntime, static QDQ): {metric} baseline {int8['baseline']['metrics'][metric]:.2f}, "
+        how = "torch.compile, PT2E" if int8.get("format") == "torch_export" else "onnxruntime, static QDQ"
+        lines.append(f"int8 ({how}): {metric} baseline {int8['baseline']['metrics'][metric]:.2f}, "
                      f"pruned {int8['pruned']['metrics'][metric]:.2f} (float {results['pruned']['metrics'][metric]:.2f}"
                      f"); pruned model {int8['pruned']['fp32_size_mb']:.2f} -> {int8['pruned']['int8_size_mb']:.2f} MB")
     export = results.get("export")

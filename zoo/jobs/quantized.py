@@ -1,5 +1,5 @@
 """The INT8 side of a prune run (``prune.quantize=int8``): the baseline and the pruned network quantised after the
-fine-tune and evaluated as onnxruntime runs them."""
+fine-tune (or the quantisation-aware training) and evaluated as onnxruntime runs them."""
 
 from __future__ import annotations
 
@@ -7,53 +7,68 @@ import copy
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
+
+from .prune_results import metric_view
 
 
 def int8_quality(cfg: Any, networks: dict[str, nn.Module], data: Any, output_dir: Path) -> dict[str, Any]:
-    """``prune.quantize=int8``: each network (baseline, pruned; deploy forms) exported to ONNX and quantised after the
-    fine-tune (static QDQ on ``prune.calib_batches`` training batches), evaluated in onnxruntime on the validation
-    split; with its top-1 agreement with the float network and the ONNX sizes, float and INT8. The pruned network's
-    INT8 model is kept as ``pruned_int8.onnx``."""
+    """``prune.quantize=int8``: each network (baseline, pruned; deploy forms) quantised on ``prune.calib_batches``
+    training batches (onnxruntime's static QDQ; PT2E with ``prune.runtime=compile``) and evaluated on the validation
+    split as that runtime computes it; with its top-1 agreement with the float network and the sizes, float and
+    INT8. The pruned network's INT8 model is kept as ``pruned_int8.onnx`` (``pruned_int8.pt2``, a PT2E program, with
+    ``prune.runtime=compile``)."""
     import tempfile
 
     from ..exporting import export
     from ..fuse import fuse
     from ..training import evaluate
     from .plan import calibration_batches
+    from .prune_config import int8_format
 
     calibration = [inputs for inputs, _ in calibration_batches(data, cfg.prune.calib_batches)]
-    out: dict[str, Any] = {"calibration_batches": len(calibration), "method": "onnxruntime static QDQ, per-channel "
-                           "weights (int8), per-tensor activations (uint8), min/max ranges"}
+    form = int8_format(cfg.prune)
+    suffix = ".onnx" if form == "onnx" else ".pt2"
+    out: dict[str, Any] = {"calibration_batches": len(calibration), "format": form, "method": METHODS[form]}
     with tempfile.TemporaryDirectory(prefix="zoo-int8-") as tmp:
         for name, network in networks.items():
             model = fuse(copy.deepcopy(network).cpu().float().eval())
-            float_path = Path(tmp) / f"{name}_fp32.onnx"
-            int8_path = output_dir / "pruned_int8.onnx" if name == "pruned" else Path(tmp) / f"{name}_int8.onnx"
-            export(model, float_path, input_size=data.input_size, rtol=1.0)
-            report = export(model, int8_path, input_size=data.input_size, quantize="int8", calibration=calibration,
-                            min_agreement=0.0)
-            metrics = evaluate(OnnxModule(int8_path), data.val, task="classification", device="cpu")
-            out[name] = {"metrics": {f"val/{k}": round(float(v), 5) for k, v in metrics.items()},
-                         "top1_agreement": report.top1_agreement, "max_logit_diff": report.max_abs_diff,
-                         "fp32_size_mb": float_path.stat().st_size / 2**20,
+            int8_path = output_dir / f"pruned_int8{suffix}" if name == "pruned" else Path(tmp) / f"{name}{suffix}"
+            report = export(model, int8_path, format=form, input_size=data.input_size, quantize="int8",
+                            calibration=calibration, min_agreement=0.0)
+            metrics = evaluate(int8_module(int8_path), data.val, task="classification", device="cpu")
+            out[name] = {"metrics": metric_view(metrics), "top1_agreement": report.top1_agreement,
+                         "max_logit_diff": report.max_abs_diff, "fp32_size_mb": report.float_size_bytes / 2**20,
                          "int8_size_mb": int8_path.stat().st_size / 2**20}
-    out["path"] = str(output_dir / "pruned_int8.onnx")
+    out["path"] = str(output_dir / f"pruned_int8{suffix}")
     return out
 
 
-class OnnxModule(nn.Module):
-    """An ONNX file run in onnxruntime's CPU session, called like the network it was exported from."""
+METHODS = {"onnx": "onnxruntime static QDQ, per-channel weights (int8), per-tensor activations (uint8), min/max ranges",
+           "torch_export": "torchao PT2E with X86InductorQuantizer (for torch.compile), per-channel weights (int8), "
+                           "per-tensor activations (uint8), histogram ranges; evaluated as the eager program"}
 
-    def __init__(self, path: Path, threads: int = 1):
+
+def int8_module(path: Path) -> nn.Module:
+    """A written INT8 network, callable for evaluation: an ONNX file in onnxruntime, or a PT2E program (eager: the
+    rounding inductor's kernels compute)."""
+    from ..exporting import OnnxModule
+
+    if path.suffix == ".onnx":
+        return OnnxModule(path)
+    return ProgramModule(path)
+
+
+class ProgramModule(nn.Module):
+    """A saved ``torch.export`` program, called like the network it was exported from (in eval mode: a loaded
+    program refuses ``.train()``/``.eval()``, so it is kept outside the module tree)."""
+
+    def __init__(self, path: Path):
         super().__init__()
-        import onnxruntime as ort
+        import torch
+        import torchao.quantization.pt2e  # noqa: F401 - registers the program's quantise/dequantise operators
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.name = self.session.get_inputs()[0].name
+        self.__dict__["program"] = torch.export.load(str(path)).module()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(self.session.run(None, {self.name: x.detach().cpu().contiguous().numpy()})[0])
+    def forward(self, *args: Any) -> Any:
+        return self.program(*args)

@@ -46,7 +46,7 @@ NON_DETERMINING = (*LOCATION_AND_REUSE, "trainer.progress", "trainer.log_every",
 OUTPUTS = {
     "train": ("results.json", "checkpoints"),
     "prune": ("results.json", "plan.json", "finetune", "pruned.safetensors", "pruned.onnx", "pruned.pt2", "hf",
-              "README.md", "latency_table.json", "pruned_int8.onnx"),
+              "README.md", "latency_table.json", "pruned_int8.onnx", "pruned_int8.pt2", "qat"),
     "baseline": ("checkpoints", "trained.json"),
 }
 ALL_OUTPUTS = tuple(dict.fromkeys(name for names in OUTPUTS.values() for name in names))

@@ -11,6 +11,9 @@
 * ``onnxruntime_int8`` (CPU): as ``onnxruntime``, with the exported module quantised to INT8 first
   (:func:`zoo.quantization.quantize_int8`: static QDQ, per-channel weights, ranges from the module's own inputs): the
   latency of the network you ship quantised. INT8 on a GPU is TensorRT's, which this runtime is not.
+* ``compile_int8`` (CPU): as ``compile``, with the module quantised to INT8 first by torchao's PT2E flow
+  (:func:`zoo.quantization.quantize_pt2e`: X86InductorQuantizer, ranges from the module's own inputs), which
+  inductor lowers to INT8 kernels (oneDNN). Needs torchao.
 * ``tensorrt`` (CUDA only): torch-tensorrt when it is installed, else onnxruntime's TensorRT execution provider.
 
 :func:`in_runtime` makes the callable and times its making (compilation, export, engine build: a table reports it in
@@ -36,7 +39,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import ZooError
 
-RUNTIMES = ("eager", "compile", "onnxruntime", "onnxruntime_int8", "tensorrt")
+RUNTIMES = ("eager", "compile", "compile_int8", "onnxruntime", "onnxruntime_int8", "tensorrt")
 INSTALL = {"onnxruntime": "pip install onnx onnxscript onnxruntime (CPU) or onnxruntime-gpu (CUDA), or "
                           "pip install -e \".[export]\"",
            "tensorrt": "pip install torch-tensorrt (matching your PyTorch), or onnxruntime-gpu built with TensorRT"}
@@ -76,6 +79,14 @@ def check_runtime(runtime: str, device: torch.device, dtype: torch.dtype = torch
     if runtime == "onnxruntime_int8" and device.type != "cpu":
         raise RuntimeFailure(f"runtime=onnxruntime_int8 times INT8 models on the CPU (device is {device}); INT8 on a "
                              f"GPU is TensorRT's, which depthzoo does not build yet: use prune.device=cpu.")
+    if runtime == "compile_int8":
+        from ..quantization import PT2E_INSTALL
+
+        if device.type != "cpu" or dtype != torch.float32:
+            raise RuntimeFailure(f"runtime=compile_int8 times INT8 models that inductor builds for the CPU from "
+                                 f"float32 ones (device {device}, dtype {dtype}): use prune.device=cpu and float32.")
+        if not _has("torchao"):
+            raise RuntimeFailure(f"runtime=compile_int8 needs torchao (PT2E quantisation): {PT2E_INSTALL}.")
     if runtime in ("onnxruntime", "onnxruntime_int8"):
         missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if not _has(m)]
         if missing:
@@ -95,7 +106,8 @@ def check_runtime(runtime: str, device: torch.device, dtype: torch.dtype = torch
             raise RuntimeFailure(f"runtime=tensorrt needs TensorRT: {INSTALL['tensorrt']}.")
         if dtype not in (torch.float32, torch.float16):
             raise RuntimeFailure(f"runtime=tensorrt builds float32 or float16 engines; got dtype {dtype}.")
-    if runtime == "compile" and device.type == "cpu" and not any(_has_compiler(c) for c in ("g++", "c++", "clang++")):
+    compilers = ("g++", "c++", "clang++")
+    if runtime in ("compile", "compile_int8") and device.type == "cpu" and not any(map(_has_compiler, compilers)):
         raise RuntimeFailure("runtime=compile (inductor) on the CPU needs a C++ compiler: apt install g++.")
 
 
@@ -107,10 +119,16 @@ def _has_compiler(name: str) -> bool:
 
 def runtime_version(runtime: str) -> str:
     """The version of the package behind `runtime` (part of a table's cache condition)."""
-    import importlib.metadata
-
+    if runtime == "compile_int8":  # both make the program: torchao quantises, inductor compiles
+        return f"{runtime_version('compile')}, {_package_version('torchao')}"
     package = {"eager": "torch", "compile": "torch", "onnxruntime": "onnxruntime", "onnxruntime_int8": "onnxruntime",
                "tensorrt": "torch_tensorrt" if tensorrt_backend() == "torch_tensorrt" else "onnxruntime"}[runtime]
+    return _package_version(package)
+
+
+def _package_version(package: str) -> str:
+    import importlib.metadata
+
     for name in (package, package.replace("_", "-"), "onnxruntime-gpu"):
         try:
             return f"{package} {importlib.metadata.version(name)}"
@@ -160,19 +178,29 @@ def _own_frame() -> Callable[..., Any]:
     return types.FunctionType(_call.__code__.replace(), _call.__globals__, "_call")
 
 
-def _compiled(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], what: str) -> Callable[[list], Any]:
+def _compiled(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], what: str,
+              int8: bool = False) -> Callable[[list], Any]:
     import torch._dynamo
     import torch._inductor.config as inductor_config
 
     bound = _Bound(module, args, kwargs)
     tensors = tensor_args(args, kwargs)
+    if int8:
+        from ..quantization import QuantizationError, quantize_pt2e
+
+        try:
+            with _quiet():
+                bound = quantize_pt2e(bound.eval(), tensors, [tensors], what)
+        except QuantizationError as error:
+            raise RuntimeFailure(str(error)) from error
     fn = torch.compile(_own_frame(), backend="inductor", fullgraph=True, dynamic=False)
     try:
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), inductor_config.patch(freezing=True), \
                 _quiet():
             fn(bound, *tensors)  # compiles now, under the caller's threads, dtype and inference mode
     except Exception as error:  # noqa: BLE001 - any compiler failure becomes one message naming the module
-        raise RuntimeFailure(f"runtime=compile could not compile {what}: {_first_line(error)}") from error
+        raise RuntimeFailure(f"runtime={'compile_int8' if int8 else 'compile'} could not compile {what}: "
+                             f"{_first_line(error)}") from error
     return lambda given: fn(bound, *given)
 
 
@@ -310,8 +338,8 @@ def in_runtime(module: nn.Module, args: tuple, kwargs: Mapping[str, Any] | None,
         return module
     kwargs = dict(kwargs or {})
     start = time.perf_counter()
-    if runtime == "compile":
-        run = _compiled(module, tuple(args), kwargs, what)
+    if runtime in ("compile", "compile_int8"):
+        run = _compiled(module, tuple(args), kwargs, what, int8=runtime == "compile_int8")
     elif runtime in ("onnxruntime", "onnxruntime_int8"):
         run = _onnxruntime(module, tuple(args), kwargs, device, threads, what, int8=runtime == "onnxruntime_int8")
     elif runtime == "tensorrt":

@@ -256,7 +256,7 @@ class MultiScaleRetention(nn.Module):
             qk = torch.cat((self.q_proj(h), self.k_proj(h)), dim=-1)
             v, gate = self.v_proj(h), self.g_proj(h)
         else:
-            qk, v, gate = (h @ packed[0]).split(self.split_sizes, dim=-1)
+            qk, v, gate = project(h, packed[0]).split(self.split_sizes, dim=-1)
         qk = qk.view(batch, 2 * heads, self.key_dim)
         if qk.dtype != cos.dtype:
             qk, v = qk.to(cos.dtype), v.to(cos.dtype)
@@ -275,7 +275,7 @@ class MultiScaleRetention(nn.Module):
             out = out.to(h.dtype)
         if packed is None:
             return x + self.out_proj(F.silu(gate) * out), state
-        return torch.addmm(x, F.silu(gate) * out, packed[1]), state
+        return project_add(x, F.silu(gate) * out, packed[1]), state
 
     @functools.cached_property
     def split_sizes(self) -> tuple[int, int, int]:
@@ -314,8 +314,8 @@ class GatedFFN(nn.Module):
 
     def step(self, x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """:meth:`forward` of one decode token [B, dim] with :meth:`packed_weights`."""
-        gate, up = (self.norm.forward(x) @ packed[0]).chunk(2, dim=-1)
-        return torch.addmm(x, F.silu(gate) * up, packed[1])
+        gate, up = project(self.norm.forward(x), packed[0]).chunk(2, dim=-1)
+        return project_add(x, F.silu(gate) * up, packed[1])
 
     def packed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The gate and up projections in one [dim, 2 hidden] matrix and the down projection as [hidden, dim]
@@ -547,7 +547,7 @@ class RetNet(DepthMixin, nn.Module):
     def generate(self, input_ids: torch.Tensor | Sequence[torch.Tensor], max_new_tokens: int,
                  temperature: float = 1.0, top_k: int | None = None, do_sample: bool = False,
                  prefill: str = "chunkwise", chunk_size: int | None = None,
-                 attention_mask: torch.Tensor | None = None, decode: str = "auto"
+                 attention_mask: torch.Tensor | None = None, decode: str = "auto", quantize: str | None = None
                  ) -> torch.Tensor | list[torch.Tensor]:
         """Prompt [B, T] followed by `max_new_tokens` generated tokens: one parallel/chunkwise prefill pass,
         then recurrent steps with constant memory. Greedy unless `do_sample` (temperature, then top-k).
@@ -557,7 +557,8 @@ class RetNet(DepthMixin, nn.Module):
         alone. decode: ``auto`` (``graph`` on CUDA, else ``static``), ``graph`` (the static step captured once in
         a CUDA graph and replayed per token), ``static`` (:class:`RecurrentDecoder` run eagerly: preallocated state
         updated in place, no host sync per token) or ``forward`` (``model(token, mode="recurrent", state=...)``
-        per token, the public API).
+        per token, the public API). quantize: ``"int8"`` decodes with 8-bit weights (see :class:`RecurrentDecoder`;
+        the prompt's prefill stays float).
         """
         prompts = list(input_ids) if isinstance(input_ids, (list, tuple)) else None
         if prompts is not None:
@@ -580,7 +581,7 @@ class RetNet(DepthMixin, nn.Module):
                                    "row (the next token follows each prompt's last token).")
         logits, state = self(input_ids, mode=prefill, chunk_size=chunk_size, return_state=True,
                              attention_mask=attention_mask)
-        step = self.decoder(state, input_ids.shape[0], decode) if max_new_tokens > 1 else None
+        step = self.decoder(state, input_ids.shape[0], decode, quantize) if max_new_tokens > 1 else None
         tokens, logits = [input_ids], logits[:, -1]
         for index in range(max_new_tokens):
             next_token = _pick_token(logits.float(), temperature, top_k, do_sample)
@@ -592,13 +593,20 @@ class RetNet(DepthMixin, nn.Module):
             return out
         return [row[input_ids.shape[1] - len(prompt):] for row, prompt in zip(out, prompts)]
 
-    def decoder(self, state: RetNetState, batch_size: int, decode: str = "auto"
+    def decoder(self, state: RetNetState, batch_size: int, decode: str = "auto", quantize: str | None = None
                 ) -> Callable[[torch.Tensor], torch.Tensor]:
         """A function from the next token ids [B, 1] to their logits [B, vocab] that continues `state` (see
-        :meth:`generate` for `decode`). Under autocast, or with :meth:`set_fast_step` off, every decode is
-        ``forward`` (the fast step keeps the retention core out of low precision only through that path)."""
+        :meth:`generate` for `decode` and `quantize`). Under autocast, or with :meth:`set_fast_step` off, every
+        decode is ``forward`` (the fast step keeps the retention core out of low precision only through that path);
+        ``quantize`` needs the fast step, so it is refused there."""
         self._check_decode(decode)
         self._check_state(state, batch_size)
+        if quantize is not None:
+            check_decode_quantize(self, quantize, decode == "graph")
+            if decode == "forward" or any(not getattr(b.retention, "fast_step", True) for b in self.blocks):
+                raise RetNetInputError("quantize='int8' runs in the fast decode step: use decode='static' or 'auto', "
+                                       "with set_fast_step on.")
+            return RecurrentDecoder(self, state, batch_size, quantize=quantize)
         device = self.embed.weight.device
         autocast = torch.amp.autocast_mode.is_autocast_available(device.type) and torch.is_autocast_enabled(
             device.type)
@@ -629,12 +637,13 @@ class RetNet(DepthMixin, nn.Module):
             if isinstance(block.retention, MultiScaleRetention):
                 block.retention.fast_step = enable
 
-    def packed_decode_weights(self) -> list[tuple[Any, Any]]:
+    def packed_decode_weights(self, quantize: str | None = None) -> list[tuple[Any, Any]]:
         """For :class:`RecurrentDecoder`: per block (``packed_weights`` of the retention, of the FFN; None for a
         removed or foreign sub-layer), then (the LM head as [dim, vocab], None). The packed copies (q/k/v/g and
         gate/up concatenated) are made once and kept with the model until its weights change (any in-place update
-        or reload); for fp32/fp64 weights the packed step computes the same numbers as the reference step."""
-        key = tuple((p.data_ptr(), p._version, p.dtype) for p in self.parameters())
+        or reload); for fp32/fp64 weights the packed step computes the same numbers as the reference step.
+        ``quantize="int8"``: every matrix an :class:`Int8Projection` instead (weights rounded to 8 bits)."""
+        key = (quantize, *((p.data_ptr(), p._version, p.dtype) for p in self.parameters()))
         cached = self.__dict__.get("_decode_pack")
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -642,11 +651,12 @@ class RetNet(DepthMixin, nn.Module):
         def weights(sub: nn.Module) -> tuple[torch.Tensor, ...] | None:
             if not isinstance(sub, (MultiScaleRetention, GatedFFN)):
                 return None
-            return tuple(w.detach() for w in sub.packed_weights())
+            return tuple(form(w.detach()) for w in sub.packed_weights())
 
+        form = Int8Projection if quantize == "int8" else (lambda matrix: matrix)
         with torch.inference_mode(False), torch.no_grad():
             packed = [(weights(b.retention), weights(b.ffn)) for b in self.blocks]
-            packed.append((self.lm_head.weight.detach().mT, None))
+            packed.append((form(self.lm_head.weight.detach().mT), None))
         self.__dict__["_decode_pack"] = (key, packed)
         return packed
 
@@ -705,6 +715,38 @@ def decode_frequencies(model: RetNet) -> torch.Tensor | None:
     return rotary_frequencies(first.key_dim, first.rope_theta, first.rope).to(model.embed.weight.device)[None]
 
 
+class Int8Projection:
+    """``x @ W`` of a decode step with W's 8-bit form: each output's weights rounded to signed 8-bit (symmetric, one
+    scale per output), the input quantised per call (unsigned 8-bit, per row range), multiplied by torch's x86
+    (fbgemm) dynamic-quantised linear kernel on the CPU. A quarter of the bytes a float32 step reads, for a step
+    bound by reading weights. (torch marks its quantised tensors deprecated, pytorch#184982; they are the CPU INT8
+    matmul this torch has: torchao's eager INT8 linear was slower than float32 here.)"""
+
+    def __init__(self, matrix: torch.Tensor):
+        weight = matrix.mT.float().contiguous()  # [out, in]
+        scale = (weight.abs().amax(dim=1) / 127).clamp_min(1e-12)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*", category=UserWarning)
+            rounded = torch.quantize_per_channel(weight, scale.double(), torch.zeros_like(scale, dtype=torch.long),
+                                                 0, torch.qint8)
+        self.params = torch.ops.quantized.linear_prepack(rounded, None)
+        self.shape = tuple(matrix.shape)
+        self.nbytes = weight.numel() + scale.numel() * 8  # int8 weights and their scale and zero point per output
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x, self.params, reduce_range=True)
+
+
+def project(x: torch.Tensor, weight: torch.Tensor | Int8Projection) -> torch.Tensor:
+    """``x @ weight`` for a packed decode weight ([in, out] matrix or its :class:`Int8Projection`)."""
+    return x @ weight if torch.is_tensor(weight) else weight(x)
+
+
+def project_add(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor | Int8Projection) -> torch.Tensor:
+    """``x + a @ weight`` (one fused ``addmm`` for a float matrix, rounded as the reference step rounds it)."""
+    return torch.addmm(x, a, weight) if torch.is_tensor(weight) else x + weight(a)
+
+
 def decode_step(model: RetNet, token: torch.Tensor, position: torch.Tensor, frequencies: torch.Tensor | None,
                 states: Sequence[torch.Tensor | None], inplace: bool = False,
                 packed: list[tuple[Any, Any]] | None = None) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
@@ -726,7 +768,7 @@ def decode_step(model: RetNet, token: torch.Tensor, position: torch.Tensor, freq
         new_states.append(state)
         x = block.ffn(x) if ffn_weight is None else block.ffn.step(x, ffn_weight)
     head = packed[-1][0]
-    return (model.lm_head(model.norm(x)) if head is None else model.norm(x) @ head), new_states
+    return (model.lm_head(model.norm(x)) if head is None else project(model.norm(x), head)), new_states
 
 
 class ParallelForm(nn.Module):
@@ -769,6 +811,23 @@ class RecurrentForm(nn.Module):
                 torch.tensor(7.0, dtype=torch.float64, device=device), *states)
 
 
+DECODE_QUANTIZE = (None, "int8")
+
+
+def check_decode_quantize(model: RetNet, quantize: str | None, graph: bool) -> None:
+    """``quantize`` of a decode: None, or ``"int8"`` for a float32 model on the CPU decoded eagerly (RetNetInputError
+    saying what is allowed otherwise)."""
+    if quantize not in DECODE_QUANTIZE:
+        raise RetNetInputError(f"quantize={quantize!r}; allowed: None or 'int8' (8-bit weights in the decode step).")
+    if quantize is None:
+        return
+    weight = model.embed.weight
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or graph:
+        found = f"{weight.dtype} weights on {weight.device}" + (", in a CUDA graph" if graph else "")
+        raise RetNetInputError(f"quantize='int8' decodes with torch's x86 INT8 kernels: a float32 model on the CPU, "
+                               f"decoded eagerly (decode='static' or 'auto'); this is {found}.")
+
+
 class RecurrentDecoder:
     """Token-by-token decoding at a fixed, small cost per token. The token, its position and the recurrent state
     live in preallocated tensors that every step updates in place (no new state, no host sync, no input check:
@@ -780,12 +839,15 @@ class RecurrentDecoder:
     pack: use :meth:`RetNet.packed_decode_weights` (one projection instead of four, and of two: the same dot
     products; ~10 % faster per token for retnet_small on a CPU). Default: for fp32/fp64 weights, without a graph (a
     replay has no per-operator overhead to save), while the packed copy stays under ``PACK_LIMIT_BYTES``.
+    quantize: ``"int8"`` runs every projection and the LM head with 8-bit weights (:class:`Int8Projection`; float32
+    weights on the CPU, no graph); the state, norms and retention stay float32.
     """
 
     PACK_LIMIT_BYTES = 256 * 2**20
 
     def __init__(self, model: RetNet, state: RetNetState, batch_size: int, graph: bool = False,
-                 pack: bool | None = None):
+                 pack: bool | None = None, quantize: str | None = None):
+        check_decode_quantize(model, quantize, graph)
         device = model.embed.weight.device
         self.model, self.offset = model, state.offset
         self.core = torch.promote_types(model.embed.weight.dtype, torch.float32)
@@ -795,7 +857,7 @@ class RecurrentDecoder:
             self.layers = [None if s is None else s.to(self.core, copy=True) for s in state.layers]
             self.frequencies = decode_frequencies(model)
             exact = model.embed.weight.dtype in (torch.float32, torch.float64)  # see packed_decode_weights
-            self.packed = model.packed_decode_weights() if pack or (
+            self.packed = model.packed_decode_weights(quantize) if pack or quantize or (
                 pack is None and exact and not graph and model.packed_decode_bytes() <= self.PACK_LIMIT_BYTES) \
                 else None
             self.graph, self.logits = None, None

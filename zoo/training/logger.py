@@ -82,6 +82,23 @@ class WandbLogger(NullLogger):
         finish_run(self.run, exit_code)
 
 
+class PrefixedLogger(NullLogger):
+    """A second training phase logged into the same run under its own names (``<prefix>/train/loss_step``, its
+    summary, ``<prefix>-best`` checkpoints); finishing is left to the run's owner."""
+
+    def __init__(self, inner: NullLogger, prefix: str):
+        self.inner, self.prefix, self.run_dir = inner, prefix, inner.run_dir
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.inner.log({f"{self.prefix}/{k}": v for k, v in metrics.items()}, step)
+
+    def summary(self, metrics: dict[str, Any]) -> None:
+        self.inner.summary({f"{self.prefix}/{k}": v for k, v in metrics.items()})
+
+    def log_checkpoint(self, path: str | Path, aliases: list[str]) -> None:
+        self.inner.log_checkpoint(path, [f"{self.prefix}-{a}" for a in aliases])
+
+
 def finish_run(run: Any, exit_code: int = 0) -> None:
     """End a W&B run and wait until its data is on disk.
 
