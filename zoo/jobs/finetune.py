@@ -79,8 +79,6 @@ def qat_finetune(cfg: Any, baseline: nn.Module, pruned: nn.Module, data: Any, lo
 
     Returns the trained float network (plain layers again, for onnxruntime to quantise) and its validation metrics
     with the INT8 rounding simulated (what the training saw)."""
-    import copy
-
     from omegaconf import OmegaConf
 
     from ..fuse import fuse
@@ -91,7 +89,7 @@ def qat_finetune(cfg: Any, baseline: nn.Module, pruned: nn.Module, data: Any, lo
 
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     device = next(baseline.parameters()).device
-    model = prepare_qat(fuse(copy.deepcopy(pruned)).to(device).train())
+    model = prepare_qat(fuse(pruned).to(device).train())  # fuse works on a copy
     lr = cfg.finetune.qat_lr or (cfg.finetune.lr or cfg.optim.lr * 0.3) * 0.1
     optim_cfg = OmegaConf.merge(cfg.optim, {"lr": lr, "warmup_epochs": 0})
     trainer_cfg = OmegaConf.merge(cfg.trainer, {"max_epochs": cfg.finetune.qat_epochs, "resume": None,

@@ -1,5 +1,5 @@
 """The INT8 side of a prune run (``prune.quantize=int8``): the baseline and the pruned network quantised after the
-fine-tune (or the quantisation-aware training) and evaluated as onnxruntime runs them."""
+fine-tune (or the quantisation-aware training) and evaluated as their INT8 runtime computes them."""
 
 from __future__ import annotations
 

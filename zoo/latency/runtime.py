@@ -108,7 +108,7 @@ def check_runtime(runtime: str, device: torch.device, dtype: torch.dtype = torch
             raise RuntimeFailure(f"runtime=tensorrt builds float32 or float16 engines; got dtype {dtype}.")
     compilers = ("g++", "c++", "clang++")
     if runtime in ("compile", "compile_int8") and device.type == "cpu" and not any(map(_has_compiler, compilers)):
-        raise RuntimeFailure("runtime=compile (inductor) on the CPU needs a C++ compiler: apt install g++.")
+        raise RuntimeFailure(f"runtime={runtime} (inductor) on the CPU needs a C++ compiler: apt install g++.")
 
 
 def _has_compiler(name: str) -> bool:

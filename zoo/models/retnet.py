@@ -601,8 +601,7 @@ class RetNet(DepthMixin, nn.Module):
         ``quantize`` needs the fast step, so it is refused there."""
         self._check_decode(decode)
         self._check_state(state, batch_size)
-        if quantize is not None:
-            check_decode_quantize(self, quantize, decode == "graph")
+        if quantize is not None:  # (RecurrentDecoder checks the model and the value)
             if decode == "forward" or any(not getattr(b.retention, "fast_step", True) for b in self.blocks):
                 raise RetNetInputError("quantize='int8' runs in the fast decode step: use decode='static' or 'auto', "
                                        "with set_fast_step on.")
@@ -730,7 +729,6 @@ class Int8Projection:
             rounded = torch.quantize_per_channel(weight, scale.double(), torch.zeros_like(scale, dtype=torch.long),
                                                  0, torch.qint8)
         self.params = torch.ops.quantized.linear_prepack(rounded, None)
-        self.shape = tuple(matrix.shape)
         self.nbytes = weight.numel() + scale.numel() * 8  # int8 weights and their scale and zero point per output
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
