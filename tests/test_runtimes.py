@@ -65,6 +65,8 @@ def test_a_module_the_runtime_cannot_take_fails_loudly_with_the_entry_named(runt
 def test_unavailable_runtimes_are_refused_with_the_install_command(monkeypatch):
     with pytest.raises(RuntimeFailure, match="needs a CUDA GPU"):
         check_runtime("tensorrt", CPU)
+    with pytest.raises(RuntimeFailure, match="builds TensorRT INT8 engines on a CUDA GPU"):
+        check_runtime("tensorrt_int8", CPU)
     with pytest.raises(RuntimeFailure, match="allowed are eager, compile, compile_int8, onnxruntime, onnxruntime_int8, "
                                              "tensorrt"):
         check_runtime("openvino", CPU)
@@ -182,7 +184,7 @@ def test_the_int8_runtime_runs_a_quantised_module_close_to_the_float_one():
         want = conv(x)
     assert not torch.equal(got, want)  # quantised: not the float numbers ...
     torch.testing.assert_close(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())  # ... but close to them
-    with pytest.raises(RuntimeFailure, match="INT8 on a GPU is TensorRT's"):
+    with pytest.raises(RuntimeFailure, match="INT8 on a GPU is TensorRT's: runtime=tensorrt_int8"):
         check_runtime("onnxruntime_int8", torch.device("cuda"))
 
 
@@ -262,6 +264,69 @@ def test_int8_export_reports_agreement_and_refuses_what_it_cannot_quantise(tmp_p
     assert report.max_abs_diff > 0 and (tmp_path / "m.pt2").stat().st_size < report.float_size_bytes
 
 
+def test_int8_export_for_tensorrt_writes_symmetric_qdq(tmp_path):
+    """int8_scheme='tensorrt': every activation Q/DQ pair signed 8-bit with zero point 0 (TensorRT's explicit
+    quantisation takes nothing else), weights per channel; the agreement is recomputed from the file."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    import zoo
+    from zoo.errors import ExportError
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5)).eval()
+    calibration = [torch.rand(4, 3, 16, 16) for _ in range(2)]  # (non-negative: an asymmetric scheme would shift)
+    report = zoo.export(model, tmp_path / "trt.onnx", example=calibration[0], quantize="int8",
+                        calibration=calibration, min_agreement=0.0, int8_scheme="tensorrt")
+    graph = onnx.load(str(tmp_path / "trt.onnx")).graph
+    stored = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    zero_points = [stored[n.input[2]] for n in graph.node if n.op_type == "QuantizeLinear"]
+    assert zero_points and all(z.dtype == np.int8 and not z.any() for z in zero_points)
+    weights = [stored[n.input[1]] for n in graph.node if n.op_type == "DequantizeLinear"
+               and stored.get(n.input[0], np.zeros(1)).dtype == np.int8 and stored[n.input[0]].ndim > 1]
+    assert len(weights) == 3 and all(scale.size > 1 for scale in weights)  # per output channel
+    session = ort.InferenceSession(str(tmp_path / "trt.onnx"), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    with torch.no_grad():
+        ours = [(model(x), torch.from_numpy(session.run(None, {name: x.numpy()})[0])) for x in calibration]
+    assert report.int8_scheme == "tensorrt" and report.top1_agreement == pytest.approx(
+        sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in ours) / 8)
+    assert 0 < report.max_abs_diff == pytest.approx(max((a - b).abs().max().item() for a, b in ours), rel=1e-5)
+    with pytest.raises(ExportError, match="int8_scheme='openvino'"):
+        zoo.export(model, tmp_path / "x.onnx", example=calibration[0], quantize="int8", int8_scheme="openvino")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TensorRT INT8 engines need a CUDA GPU")
+def test_the_tensorrt_int8_runtime_runs_the_symmetric_qdq_file():
+    """tensorrt_int8 on a GPU: the engine computes what the TensorRT-form QDQ file computes (onnxruntime on the CPU),
+    within INT8 rounding, and differs from float."""
+    from zoo.latency.runtime import onnx_bytes, tensorrt_int8_backend
+    from zoo.quantization import quantize_int8
+
+    if tensorrt_int8_backend() is None:
+        pytest.skip("no TensorRT here")
+    import onnxruntime as ort
+
+    cuda = torch.device("cuda")
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 8, 1)).eval()
+    x = torch.randn(2, 8, 16, 16)
+    with torch.no_grad():
+        want = block(x)
+    qdq = quantize_int8(onnx_bytes(block, (x,), {}, "the block")[0], [(x,)], scheme="tensorrt")
+    session = ort.InferenceSession(qdq, providers=["CPUExecutionProvider"])
+    rounded = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
+    gpu_block = block.to(cuda)
+    with timing_context(cuda, torch.float32, 1):
+        call = in_runtime(gpu_block, (x.to(cuda),), {}, "tensorrt_int8", cuda, what="the block")
+        got = torch.as_tensor(call(x.to(cuda))[0]).cpu()
+    scale = want.abs().max().item()
+    assert (got - want).abs().max().item() > 1e-5 * scale  # INT8, not float
+    torch.testing.assert_close(got, rounded, rtol=0.02, atol=0.02 * scale)
+
+
 def test_qat_simulates_the_int8_model_onnxruntime_writes(tmp_path):
     """prepare_qat rounds each weight to the very values onnxruntime's INT8 file holds, and a layer's input with the
     scale and zero point onnxruntime calibrates on the same batch; strip_qat gives back the float layers."""
@@ -307,7 +372,8 @@ def test_qat_simulates_the_int8_model_onnxruntime_writes(tmp_path):
 
 
 def test_prune_refuses_int8_where_it_has_no_int8_path(tmp_path):
-    for override, message in (("prune.runtime=tensorrt", "prune.runtime=tensorrt has no INT8 path"),
+    for override, message in (("prune.runtime=tensorrt", "prune.runtime=tensorrt_int8: runtime=tensorrt_int8 builds "
+                                                          "TensorRT INT8 engines on a CUDA GPU (device is cpu)"),
                               ("prune.quantize=int4", "prune.quantize='int4'; allowed: null, int8")):
         out = run_prune(*TINY, "prune.quantize=int8", override, "prune.device=cpu", base=tmp_path)
         assert out.returncode == 2 and message in out.stdout + out.stderr, out.stderr[-2000:]
@@ -346,7 +412,7 @@ def test_prune_plans_on_int8_latencies_and_reports_int8_quality(tmp_path):
 def test_int8_planning_runtime_follows_int8_table():
     from omegaconf import OmegaConf
 
-    from zoo.jobs.prune_config import planning_runtime, reported_runtimes
+    from zoo.jobs.prune_config import int8_format, planning_runtime, reported_runtimes
 
     def p(**given):
         return OmegaConf.create({"runtime": "onnxruntime", "quantize": None, "int8_table": True, "runtime_report": [],
@@ -359,6 +425,10 @@ def test_int8_planning_runtime_follows_int8_table():
     assert planning_runtime(fp32_table) == "onnxruntime" and reported_runtimes(fp32_table) == ["onnxruntime_int8"]
     compiled = p(runtime="compile", quantize="int8")  # torch.compile's INT8: PT2E
     assert planning_runtime(compiled) == "compile_int8" and reported_runtimes(compiled) == ["compile"]
+    assert int8_format(compiled) == ("torch_export", None)
+    tensorrt = p(runtime="tensorrt", quantize="int8")  # TensorRT's INT8: explicit quantisation of a symmetric QDQ file
+    assert planning_runtime(tensorrt) == "tensorrt_int8" and reported_runtimes(tensorrt) == ["tensorrt"]
+    assert int8_format(tensorrt) == ("onnx", "tensorrt") and int8_format(p(quantize="int8")) == ("onnx", "onnxruntime")
 
 
 @pytest.mark.slow

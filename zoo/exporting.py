@@ -65,6 +65,7 @@ class ExportReport:
     dynamic_axes: dict[str, dict[int, str]] | None = None  # input name -> {axis: name}
     checked_shapes: list[list[list[int]]] | None = None  # every input's shape, per parity check
     quantize: str | None = None  # "int8": checked by top1_agreement with the float model instead of rtol
+    int8_scheme: str | None = None  # "int8" ONNX: whose QDQ form (zoo.quantization.INT8_SCHEMES)
     top1_agreement: float | None = None
     min_agreement: float | None = None
     calibration_batches: int | None = None
@@ -78,7 +79,7 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
            input_size: Sequence[int] | None = None, form: str = "parallel", rtol: float = 1e-4,
            opset: int | None = None, dynamic_batch: bool = True, dynamic_size: bool = False,
            tokenizer: str | None = None, quantize: str | None = None, calibration: Sequence[Any] | None = None,
-           min_agreement: float = 0.9) -> ExportReport:
+           min_agreement: float = 0.9, int8_scheme: str = "onnxruntime") -> ExportReport:
     """Write `model` (eval mode) to `path` as ONNX or a ``torch.export`` program and check it against PyTorch.
 
     example: the input (a tensor or a tuple); default the model's ``example_input(batch_size, input_size)`` (random
@@ -86,7 +87,8 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
     dynamic batch the program is traced at a batch of at least 2 (torch.export specialises a batch of 1).
     tokenizer: for ``format="hf"``, a tokenizer folder or hub name saved beside the weights. quantize: ``"int8"``
     writes the model quantised on `calibration` (input batches; default the example): as ONNX by onnxruntime
-    (:func:`zoo.quantization.quantize_int8`, static QDQ), as a torch.export program by PT2E
+    (:func:`zoo.quantization.quantize_int8`, static QDQ; ``int8_scheme="tensorrt"`` writes TensorRT's symmetric form,
+    which a TensorRT engine builds from), as a torch.export program by PT2E
     (:func:`zoo.quantization.quantize_pt2e`, for ``torch.compile``; needs torchao); its check is one suited to
     quantisation: the top-1 agreement of its outputs with the float model's on the calibration inputs (the check
     inputs without them; passed at `min_agreement` or more) and the largest logit difference there
@@ -105,12 +107,15 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
     if format == "onnx":
         _require("onnx", "onnxscript", "onnxruntime")
     if quantize is not None:
-        from .quantization import QUANTIZE
+        from .quantization import INT8_SCHEMES, QUANTIZE
 
         if quantize not in QUANTIZE or format not in ("onnx", "torch_export") or form != "parallel":
             raise ExportError(f"quantize={quantize!r} with format={format!r}, form={form!r}: quantised export is "
                               f"quantize='int8' of a model's forward (form='parallel') as ONNX (onnxruntime's static "
                               f"QDQ) or a torch.export program (PT2E, for torch.compile).")
+        if int8_scheme not in INT8_SCHEMES or (format != "onnx" and int8_scheme != "onnxruntime"):
+            raise ExportError(f"int8_scheme={int8_scheme!r} with format={format!r}: the scheme of an INT8 ONNX file is "
+                              f"one of {', '.join(INT8_SCHEMES)} (a torch.export program has PT2E's own).")
     if format == "hf":
         if not hasattr(model, "hf_form"):
             raise ExportError(f"format='hf' writes a model's Hugging Face form; {type(model).__name__} has none (a "
@@ -134,7 +139,7 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
         axes = Axes(dynamic_batch, dynamic_size)
         if quantize is not None:
             return _export_int8(model.eval(), Path(path), format, example, batch_size, input_size, opset, axes,
-                                calibration, min_agreement)
+                                calibration, min_agreement, int8_scheme)
         return _export(model.eval(), Path(path), format, example, batch_size, input_size, form, rtol, opset, axes)
     finally:
         model.train(was_training)  # the caller's model is left as it was
@@ -259,7 +264,7 @@ def _inputs(model: nn.Module, program: nn.Module, example: Any, batch_size: int,
 
 def _export_int8(model: nn.Module, path: Path, format: str, example: Any, batch_size: int,
                  input_size: Sequence[int] | None, opset: int | None, axes: Axes, calibration: Sequence[Any] | None,
-                 min_agreement: float) -> ExportReport:
+                 min_agreement: float, scheme: str = "onnxruntime") -> ExportReport:
     """The model quantised to INT8 and written: the float ONNX export quantised in place by onnxruntime, or the PT2E
     program saved by torch.export; checked by top-1 agreement and the largest logit difference against the float
     model on the calibration inputs (else the check inputs)."""
@@ -279,7 +284,7 @@ def _export_int8(model: nn.Module, path: Path, format: str, example: Any, batch_
             input_names = _export_onnx(model, inputs, path, opset, name, axes.specs(inputs))
             float_size = path.stat().st_size
             try:
-                quantized = quantize_int8(path.read_bytes(), given or [inputs], name)
+                quantized = quantize_int8(path.read_bytes(), given or [inputs], name, scheme=scheme)
             except QuantizationError as error:
                 raise ExportError(str(error)) from error
             atomic_write(path, lambda tmp: tmp.write_bytes(quantized))
@@ -317,7 +322,7 @@ def _export_int8(model: nn.Module, path: Path, format: str, example: Any, batch_
                           (opset or _onnx_opset(path)) if format == "onnx" else None,
                           axes.names(inputs, input_names), shapes, quantize="int8", top1_agreement=agreement,
                           min_agreement=min_agreement, calibration_batches=len(given) or 1,
-                          float_size_bytes=float_size)
+                          float_size_bytes=float_size, int8_scheme=scheme if format == "onnx" else None)
     if not report.passed:
         raise ExportError(f"The INT8 export of {name} ({path}) agrees with the float model on {agreement:.1%} of "
                           f"top-1 predictions, below min_agreement={min_agreement:.0%} (largest logit difference "

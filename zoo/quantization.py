@@ -1,10 +1,12 @@
 """INT8, declared once. Post-training quantisation of an ONNX model with onnxruntime: static, QDQ format, weights per
-output channel (signed 8-bit), activations per tensor (unsigned 8-bit), ranges from calibration inputs (min/max), after
+output channel (signed 8-bit, symmetric), activations per tensor, ranges from calibration inputs (min/max), after
 onnxruntime's pre-processing (shape inference, graph optimisation). What cannot be quantised stays float (an FP32
-island: GroupNorm, for example).
+island: GroupNorm, for example). Activations are unsigned 8-bit for onnxruntime on the CPU, and signed symmetric 8-bit
+for TensorRT (``scheme="tensorrt"``: its explicit quantisation takes Q/DQ pairs with zero points 0 only).
 
-Used by the ``onnxruntime_int8`` latency runtime (each table record quantised on its own inputs, for its timing) and
-by :func:`zoo.export` with ``quantize="int8"`` (the network quantised on calibration batches, for its accuracy).
+Used by the ``onnxruntime_int8`` and ``tensorrt_int8`` latency runtimes (each table record quantised on its own
+inputs, for its timing) and by :func:`zoo.export` with ``quantize="int8"`` (the network quantised on calibration
+batches, for its accuracy).
 
 With ``torch.compile`` instead: :func:`quantize_pt2e`, torchao's PT2E flow with the X86InductorQuantizer (per-channel
 int8 weights, uint8 activations; ranges from a histogram observer), for the ``compile_int8`` runtime and
@@ -32,6 +34,11 @@ from torch import nn
 from .errors import ZooError
 
 QUANTIZE = ("int8",)
+INT8_SCHEMES = {  # who runs the QDQ model -> how onnxruntime's quantiser writes it
+    "onnxruntime": "activations unsigned 8-bit with zero points (onnxruntime's fastest CPU kernels, u8s8)",
+    "tensorrt": "activations signed 8-bit, symmetric (zero points 0): TensorRT's explicit quantisation takes only "
+                "this",
+}
 INSTALL = "pip install onnx onnxscript onnxruntime, or pip install -e \".[export]\""
 
 
@@ -55,9 +62,13 @@ def input_names(model: bytes) -> list[str]:
     return [i.name for i in proto.graph.input if i.name not in initializers]
 
 
-def quantize_int8(model: bytes, calibration: Iterable[Sequence[Any]], what: str = "the model") -> bytes:
+def quantize_int8(model: bytes, calibration: Iterable[Sequence[Any]], what: str = "the model",
+                  scheme: str = "onnxruntime") -> bytes:
     """`model` (a serialised float32 ONNX model) quantised to INT8 QDQ on `calibration` (an iterable of input tuples,
-    tensors or arrays in the graph's input order); returns the quantised model's bytes."""
+    tensors or arrays in the graph's input order); returns the quantised model's bytes. `scheme`: the runtime the
+    file is for (:data:`INT8_SCHEMES`); weights are per output channel, signed and symmetric in both."""
+    if scheme not in INT8_SCHEMES:
+        raise QuantizationError(f"Unknown INT8 scheme {scheme!r}; allowed: {', '.join(INT8_SCHEMES)}.")
     check_quantization_available()
     import onnxruntime
 
@@ -82,8 +93,11 @@ def quantize_int8(model: bytes, calibration: Iterable[Sequence[Any]], what: str 
         source.write_bytes(model)
         try:
             quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+            symmetric = scheme == "tensorrt"
             quantize_static(str(prepared), str(target), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+                            activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
+                            weight_type=QuantType.QInt8,
+                            extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True})
         except Exception as error:  # noqa: BLE001 - onnxruntime's own errors become one message naming the model
             first = str(error).splitlines()[0] if str(error) else ""
             raise QuantizationError(f"onnxruntime could not quantise {what} to INT8: {type(error).__name__}: "
@@ -215,5 +229,5 @@ def _array(x: Any) -> Any:
     return np.asarray(x)
 
 
-__all__ = ["QUANTIZE", "QuantizationError", "check_pt2e_available", "check_quantization_available", "input_names",
-           "prepare_qat", "quantize_int8", "quantize_pt2e", "strip_qat"]
+__all__ = ["INT8_SCHEMES", "QUANTIZE", "QuantizationError", "check_pt2e_available", "check_quantization_available",
+           "input_names", "prepare_qat", "quantize_int8", "quantize_pt2e", "strip_qat"]

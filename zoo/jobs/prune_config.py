@@ -206,14 +206,15 @@ def check_runtimes(p: Any, device: torch.device, dtype: torch.dtype) -> None:
 
 INT8_PAIRS = {  # prune.runtime -> (its float32 runtime, its INT8 runtime) with prune.quantize=int8
     "onnxruntime": ("onnxruntime", "onnxruntime_int8"), "eager": ("onnxruntime", "onnxruntime_int8"),
-    "compile": ("compile", "compile_int8"),
+    "compile": ("compile", "compile_int8"), "tensorrt": ("tensorrt", "tensorrt_int8"),
 }
 
 
 def planning_runtime(p: Any) -> str:
     """The runtime the table is built, the plan searched and the networks measured in: ``prune.runtime``, or its INT8
-    form with ``prune.quantize=int8`` (``onnxruntime_int8``, or ``compile_int8`` for ``prune.runtime=compile``;
-    ``prune.int8_table=false`` plans on the float32 table and still ships and reports the INT8 network)."""
+    form with ``prune.quantize=int8`` (``onnxruntime_int8``, ``compile_int8`` for ``prune.runtime=compile``,
+    ``tensorrt_int8`` for ``prune.runtime=tensorrt``); ``prune.int8_table=false`` plans on the float32 table and
+    still ships and reports the INT8 network."""
     if p.quantize != "int8":
         return p.runtime
     fp32, int8 = INT8_PAIRS.get(p.runtime, (p.runtime, p.runtime))
@@ -229,26 +230,29 @@ def reported_runtimes(p: Any) -> list[str]:
 
 
 def check_quantize(p: Any) -> None:
-    """``prune.quantize``: int8, in a runtime where INT8 is real here (onnxruntime's static QDQ, or torch.compile
-    with PT2E, on the CPU)."""
+    """``prune.quantize``: int8, in a runtime with an INT8 path (onnxruntime's static QDQ or torch.compile with PT2E on
+    the CPU, TensorRT's explicit quantisation on a GPU)."""
     from ..quantization import QUANTIZE, QuantizationError, check_pt2e_available, check_quantization_available
 
     if p.quantize not in QUANTIZE:
         raise ZooError(f"prune.quantize={p.quantize!r}; allowed: null, {', '.join(QUANTIZE)}.")
     if p.runtime not in INT8_PAIRS:
         raise ZooError(f"prune.quantize=int8 plans against INT8 latencies in onnxruntime (static QDQ) or torch.compile "
-                       f"(PT2E), on the CPU; prune.runtime={p.runtime} has no INT8 path in depthzoo yet (TensorRT INT8 "
-                       f"is not built): use prune.runtime=onnxruntime or compile.")
+                       f"(PT2E) on the CPU, or TensorRT on a GPU; prune.runtime={p.runtime} has no INT8 path: use "
+                       f"prune.runtime={', '.join(r for r in INT8_PAIRS if r != 'eager')}.")
     try:
         check_pt2e_available() if p.runtime == "compile" else check_quantization_available()
     except QuantizationError as error:
         raise ZooError(f"prune.quantize=int8: {error}") from None
 
 
-def int8_format(p: Any) -> str:
-    """How the INT8 network of a ``prune.quantize=int8`` run is written and evaluated: ``torch_export`` (PT2E, for
-    torch.compile) with ``prune.runtime=compile``, else ``onnx`` (onnxruntime)."""
-    return "torch_export" if p.runtime == "compile" else "onnx"
+def int8_format(p: Any) -> tuple[str, str | None]:
+    """How the INT8 network of a ``prune.quantize=int8`` run is written: (export format, INT8 scheme of an ONNX file).
+    ``torch_export`` (PT2E, for torch.compile) with ``prune.runtime=compile``; else ``onnx`` in TensorRT's QDQ form
+    with ``prune.runtime=tensorrt``, in onnxruntime's otherwise."""
+    if p.runtime == "compile":
+        return "torch_export", None
+    return "onnx", "tensorrt" if p.runtime == "tensorrt" else "onnxruntime"
 
 
 def check_baseline_source(cfg: Any) -> None:

@@ -105,7 +105,8 @@ def format_summary(results: dict[str, Any]) -> str:
     int8 = results.get("int8")
     if int8:
         metric = next(k for k in int8["pruned"]["metrics"] if k.endswith("acc1"))
-        how = "torch.compile, PT2E" if int8.get("format") == "torch_export" else "onnxruntime, static QDQ"
+        how = {"torch_export": "torch.compile, PT2E", "tensorrt": "TensorRT's symmetric QDQ, evaluated in onnxruntime"}\
+            .get(int8.get("scheme") or int8.get("format"), "onnxruntime, static QDQ")
         lines.append(f"int8 ({how}): {metric} baseline {int8['baseline']['metrics'][metric]:.2f}, "
                      f"pruned {int8['pruned']['metrics'][metric]:.2f} (float {results['pruned']['metrics'][metric]:.2f}"
                      f"); pruned model {int8['pruned']['fp32_size_mb']:.2f} -> {int8['pruned']['int8_size_mb']:.2f} MB")

@@ -14,10 +14,10 @@ from .prune_results import metric_view
 
 def int8_quality(cfg: Any, networks: dict[str, nn.Module], data: Any, output_dir: Path) -> dict[str, Any]:
     """``prune.quantize=int8``: each network (baseline, pruned; deploy forms) quantised on ``prune.calib_batches``
-    training batches (onnxruntime's static QDQ; PT2E with ``prune.runtime=compile``) and evaluated on the validation
-    split as that runtime computes it; with its top-1 agreement with the float network and the sizes, float and
-    INT8. The pruned network's INT8 model is kept as ``pruned_int8.onnx`` (``pruned_int8.pt2``, a PT2E program, with
-    ``prune.runtime=compile``)."""
+    training batches (onnxruntime's static QDQ, in TensorRT's symmetric form with ``prune.runtime=tensorrt``; PT2E
+    with ``prune.runtime=compile``) and evaluated on the validation split as that file computes it; with its top-1
+    agreement with the float network and the sizes, float and INT8. The pruned network's INT8 model is kept as
+    ``pruned_int8.onnx`` (``pruned_int8.pt2``, a PT2E program, with ``prune.runtime=compile``)."""
     import tempfile
 
     from ..exporting import export
@@ -27,15 +27,16 @@ def int8_quality(cfg: Any, networks: dict[str, nn.Module], data: Any, output_dir
     from .prune_config import int8_format
 
     calibration = [inputs for inputs, _ in calibration_batches(data, cfg.prune.calib_batches)]
-    form = int8_format(cfg.prune)
+    form, scheme = int8_format(cfg.prune)
     suffix = ".onnx" if form == "onnx" else ".pt2"
-    out: dict[str, Any] = {"calibration_batches": len(calibration), "format": form, "method": METHODS[form]}
+    out: dict[str, Any] = {"calibration_batches": len(calibration), "format": form, "scheme": scheme,
+                           "method": METHODS[scheme or form]}
     with tempfile.TemporaryDirectory(prefix="zoo-int8-") as tmp:
         for name, network in networks.items():
             model = fuse(copy.deepcopy(network).cpu().float().eval())
             int8_path = output_dir / f"pruned_int8{suffix}" if name == "pruned" else Path(tmp) / f"{name}{suffix}"
             report = export(model, int8_path, format=form, input_size=data.input_size, quantize="int8",
-                            calibration=calibration, min_agreement=0.0)
+                            calibration=calibration, min_agreement=0.0, int8_scheme=scheme or "onnxruntime")
             metrics = evaluate(int8_module(int8_path), data.val, task="classification", device="cpu")
             out[name] = {"metrics": metric_view(metrics), "top1_agreement": report.top1_agreement,
                          "max_logit_diff": report.max_abs_diff, "fp32_size_mb": report.float_size_bytes / 2**20,
@@ -44,7 +45,11 @@ def int8_quality(cfg: Any, networks: dict[str, nn.Module], data: Any, output_dir
     return out
 
 
-METHODS = {"onnx": "onnxruntime static QDQ, per-channel weights (int8), per-tensor activations (uint8), min/max ranges",
+METHODS = {"onnxruntime": "onnxruntime static QDQ, per-channel weights (int8), per-tensor activations (uint8), min/max "
+                          "ranges",
+           "tensorrt": "onnxruntime static QDQ in TensorRT's form (explicit quantisation): per-channel weights (int8), "
+                       "per-tensor activations (int8, symmetric), min/max ranges; evaluated as onnxruntime computes "
+                       "the file on the CPU (TensorRT's fused kernels round the same Q/DQ points, not bit for bit)",
            "torch_export": "torchao PT2E with X86InductorQuantizer (for torch.compile), per-channel weights (int8), "
                            "per-tensor activations (uint8), histogram ranges; evaluated as the eager program"}
 

@@ -6,8 +6,8 @@ Keys: model, batch_size, input_size (int or [C,H,W] / [T]), device (auto|cpu|cud
 (float32|bfloat16|float16), channels_last, threads, cache_dir, correct, seed, clock (wall|thread),
 estimator (median|p10|min), warmup_s, min_rounds, max_rounds, entries (auto|context|isolated),
 cuda_timing (auto|queued|isolated), cuda_graph, runtime (eager|compile|compile_int8|onnxruntime|onnxruntime_int8|
-tensorrt: the deploy runtime the records and the prediction check run in; the _int8 ones quantise each record first:
-PT2E for torch.compile, static QDQ for onnxruntime), json (write a
+tensorrt|tensorrt_int8: the deploy runtime the records and the prediction check run in; the _int8 ones quantise each
+record first: PT2E for torch.compile, static QDQ for onnxruntime, symmetric QDQ for TensorRT), json (write a
 summary there). The defaults are prune.py's: the wall clock, one thread, eager, records timed in context on the CPU
 (docs/latency.md says why).
 Example: ``python -m zoo.latency model=mobilenetv2_100 batch_size=32 device=cuda correct=5``.

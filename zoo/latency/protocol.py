@@ -17,7 +17,7 @@ from torch import nn
 from .cache import LatencyCache
 from .device import synchronize, timing_context
 from .measure import Bench, can_queue, measured_form, prepare, time_rounds
-from .runtime import in_runtime, tensorrt_backend
+from .runtime import in_runtime, tensorrt_backend, tensorrt_int8_backend
 from .settings import TableSettings
 
 logger = logging.getLogger("zoo.latency")
@@ -78,8 +78,9 @@ def choose_cuda_timing(model: nn.Module, example: Any, forward_kwargs: Mapping[s
     builds neither probe again nor flip between protocols), else :func:`resolve_cuda_timing`'s; ``isolated``
     where PyTorch lacks the sleep kernel queued timing needs, and for onnxruntime sessions (their run returns once the
     device is done, so nothing can be queued ahead of it)."""
-    ort_session = settings.runtime in ("onnxruntime", "onnxruntime_int8") or (settings.runtime == "tensorrt"
-                                                          and tensorrt_backend() != "torch_tensorrt")
+    ort_session = settings.runtime in ("onnxruntime", "onnxruntime_int8") \
+        or (settings.runtime == "tensorrt" and tensorrt_backend() == "ort-tensorrt") \
+        or (settings.runtime == "tensorrt_int8" and tensorrt_int8_backend() == "ort-tensorrt")
     if settings.cuda_timing == "isolated" or not can_queue() or ort_session:
         return replace(settings, cuda_timing="isolated"), {}
     if settings.cuda_timing == "queued":

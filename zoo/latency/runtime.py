@@ -10,11 +10,17 @@
   a GPU, on PyTorch's current stream through I/O binding.
 * ``onnxruntime_int8`` (CPU): as ``onnxruntime``, with the exported module quantised to INT8 first
   (:func:`zoo.quantization.quantize_int8`: static QDQ, per-channel weights, ranges from the module's own inputs): the
-  latency of the network you ship quantised. INT8 on a GPU is TensorRT's, which this runtime is not.
+  latency of the network you ship quantised. INT8 on a GPU is ``tensorrt_int8``'s.
 * ``compile_int8`` (CPU): as ``compile``, with the module quantised to INT8 first by torchao's PT2E flow
   (:func:`zoo.quantization.quantize_pt2e`: X86InductorQuantizer, ranges from the module's own inputs), which
   inductor lowers to INT8 kernels (oneDNN). Needs torchao.
-* ``tensorrt`` (CUDA only): torch-tensorrt when it is installed, else onnxruntime's TensorRT execution provider.
+* ``tensorrt`` (CUDA only): torch-tensorrt when it is installed, else TensorRT's Python API building the ONNX export,
+  else onnxruntime's TensorRT execution provider.
+* ``tensorrt_int8`` (CUDA only): TensorRT's explicit quantisation. The exported module is quantised to INT8 QDQ in
+  TensorRT's form (:func:`zoo.quantization.quantize_int8` with ``scheme="tensorrt"``: symmetric, zero points 0, ranges
+  from the module's own inputs), then built by TensorRT's ONNX parser into an engine whose precisions the Q/DQ pairs
+  set (a strongly typed network where TensorRT has them, else the INT8 builder flag), run on PyTorch's current stream;
+  without the ``tensorrt`` package, by onnxruntime's TensorRT execution provider with INT8 on.
 
 :func:`in_runtime` makes the callable and times its making (compilation, export, engine build: a table reports it in
 its build time); a module a runtime cannot take raises :class:`RuntimeFailure` naming it, never a silent eager run.
@@ -39,10 +45,13 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import ZooError
 
-RUNTIMES = ("eager", "compile", "compile_int8", "onnxruntime", "onnxruntime_int8", "tensorrt")
+RUNTIMES = ("eager", "compile", "compile_int8", "onnxruntime", "onnxruntime_int8", "tensorrt", "tensorrt_int8")
 INSTALL = {"onnxruntime": "pip install onnx onnxscript onnxruntime (CPU) or onnxruntime-gpu (CUDA), or "
                           "pip install -e \".[export]\"",
-           "tensorrt": "pip install torch-tensorrt (matching your PyTorch), or onnxruntime-gpu built with TensorRT"}
+           "tensorrt": "pip install torch-tensorrt (matching your PyTorch) or tensorrt, or onnxruntime-gpu built with "
+                       "TensorRT",
+           "tensorrt_int8": "pip install tensorrt onnx onnxscript onnxruntime (TensorRT's Python API and the "
+                            "quantiser), or onnxruntime-gpu built with TensorRT"}
 
 
 class RuntimeFailure(ZooError):
@@ -63,9 +72,17 @@ def _ort_providers() -> list[str]:
 
 
 def tensorrt_backend() -> str | None:
-    """How ``tensorrt`` runs here: ``torch_tensorrt``, ``ort-tensorrt`` (onnxruntime's TensorRT EP) or None."""
+    """How ``tensorrt`` runs here: ``torch_tensorrt``, ``tensorrt`` (TensorRT's Python API building the ONNX export),
+    ``ort-tensorrt`` (onnxruntime's TensorRT EP) or None."""
     if _has("torch_tensorrt"):
         return "torch_tensorrt"
+    return tensorrt_int8_backend()
+
+
+def tensorrt_int8_backend() -> str | None:
+    """How ``tensorrt_int8`` runs here: ``tensorrt`` (TensorRT's Python API), ``ort-tensorrt`` or None."""
+    if _has("tensorrt"):
+        return "tensorrt"
     if _has("onnxruntime") and "TensorrtExecutionProvider" in _ort_providers():
         return "ort-tensorrt"
     return None
@@ -78,7 +95,7 @@ def check_runtime(runtime: str, device: torch.device, dtype: torch.dtype = torch
         raise RuntimeFailure(f"Unknown runtime {runtime!r}; allowed are {', '.join(RUNTIMES)}.")
     if runtime == "onnxruntime_int8" and device.type != "cpu":
         raise RuntimeFailure(f"runtime=onnxruntime_int8 times INT8 models on the CPU (device is {device}); INT8 on a "
-                             f"GPU is TensorRT's, which depthzoo does not build yet: use prune.device=cpu.")
+                             f"GPU is TensorRT's: runtime=tensorrt_int8 (prune.runtime=tensorrt), or prune.device=cpu.")
     if runtime == "compile_int8":
         from ..quantization import PT2E_INSTALL
 
@@ -106,6 +123,17 @@ def check_runtime(runtime: str, device: torch.device, dtype: torch.dtype = torch
             raise RuntimeFailure(f"runtime=tensorrt needs TensorRT: {INSTALL['tensorrt']}.")
         if dtype not in (torch.float32, torch.float16):
             raise RuntimeFailure(f"runtime=tensorrt builds float32 or float16 engines; got dtype {dtype}.")
+    if runtime == "tensorrt_int8":
+        if device.type != "cuda":
+            raise RuntimeFailure(f"runtime=tensorrt_int8 builds TensorRT INT8 engines on a CUDA GPU (device is "
+                                 f"{device}); INT8 on the CPU is runtime=onnxruntime_int8 or compile_int8.")
+        missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if not _has(m)]
+        if missing or tensorrt_int8_backend() is None:
+            raise RuntimeFailure(f"runtime=tensorrt_int8 needs TensorRT and the INT8 quantiser "
+                                 f"({', '.join(missing) or 'tensorrt'} missing): {INSTALL['tensorrt_int8']}.")
+        if dtype != torch.float32:
+            raise RuntimeFailure(f"runtime=tensorrt_int8 quantises float32 models (the Q/DQ pairs set every "
+                                 f"precision); got dtype {dtype}.")
     compilers = ("g++", "c++", "clang++")
     if runtime in ("compile", "compile_int8") and device.type == "cpu" and not any(map(_has_compiler, compilers)):
         raise RuntimeFailure(f"runtime={runtime} (inductor) on the CPU needs a C++ compiler: apt install g++.")
@@ -121,8 +149,12 @@ def runtime_version(runtime: str) -> str:
     """The version of the package behind `runtime` (part of a table's cache condition)."""
     if runtime == "compile_int8":  # both make the program: torchao quantises, inductor compiles
         return f"{runtime_version('compile')}, {_package_version('torchao')}"
+    builder = {"torch_tensorrt": "torch_tensorrt", "tensorrt": "tensorrt"}
+    if runtime == "tensorrt_int8":  # onnxruntime quantises, TensorRT (or its execution provider) builds
+        return f"{_package_version(builder.get(tensorrt_int8_backend(), 'onnxruntime'))}, " \
+               f"{_package_version('onnxruntime')}"
     package = {"eager": "torch", "compile": "torch", "onnxruntime": "onnxruntime", "onnxruntime_int8": "onnxruntime",
-               "tensorrt": "torch_tensorrt" if tensorrt_backend() == "torch_tensorrt" else "onnxruntime"}[runtime]
+               "tensorrt": builder.get(tensorrt_backend(), "onnxruntime")}[runtime]
     return _package_version(package)
 
 
@@ -258,16 +290,23 @@ def _ort_session(model: bytes, providers: list[Any], threads: int, what: str) ->
         raise RuntimeFailure(f"onnxruntime could not load {what}: {_first_line(error)}") from error
 
 
+def _int8_onnx(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], what: str, scheme: str) -> bytes:
+    """`module` exported to ONNX and quantised to INT8 QDQ (`scheme`'s form) on its own inputs."""
+    from ..quantization import QuantizationError, quantize_int8
+
+    model, _ = onnx_bytes(module, args, kwargs, what)
+    try:
+        return quantize_int8(model, [tensor_args(args, kwargs)], what, scheme=scheme)
+    except QuantizationError as error:
+        raise RuntimeFailure(str(error)) from error
+
+
 def _onnxruntime(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], device: torch.device, threads: int,
                  what: str, tensorrt: bool = False, int8: bool = False) -> Callable[[list], Any]:
-    model, _ = onnx_bytes(module, args, kwargs, what)
     if int8:
-        from ..quantization import QuantizationError, quantize_int8
-
-        try:
-            model = quantize_int8(model, [tensor_args(args, kwargs)], what)
-        except QuantizationError as error:
-            raise RuntimeFailure(str(error)) from error
+        model = _int8_onnx(module, args, kwargs, what, "tensorrt" if tensorrt else "onnxruntime")
+    else:
+        model, _ = onnx_bytes(module, args, kwargs, what)
     if device.type == "cpu":
         session = _ort_session(model, ["CPUExecutionProvider"], threads, what)
         names = [i.name for i in session.get_inputs()]
@@ -278,7 +317,8 @@ def _onnxruntime(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], devi
         _check_runs(run_cpu, args, kwargs, what)
         return run_cpu
     stream = {"device_id": device.index or 0, "user_compute_stream": str(torch.cuda.current_stream(device).cuda_stream)}
-    provider = ("TensorrtExecutionProvider", {"device_id": device.index or 0, "trt_fp16_enable": False}) if tensorrt \
+    provider = ("TensorrtExecutionProvider", {"device_id": device.index or 0, "trt_fp16_enable": False,
+                                              "trt_int8_enable": int8}) if tensorrt \
         else ("CUDAExecutionProvider", stream)
     session = _ort_session(model, [provider], threads, what)
     names = [i.name for i in session.get_inputs()]
@@ -328,6 +368,78 @@ def _torch_tensorrt(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], d
     return lambda given: engine(*given)
 
 
+TRT_DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16, "INT32": torch.int32,
+              "INT64": torch.int64, "INT8": torch.int8, "BOOL": torch.bool}
+
+
+def _tensorrt_engine(model: bytes, tensors: list[torch.Tensor], device: torch.device, what: str,
+                     runtime: str) -> Callable[[list], Any]:
+    """An ONNX `model` built by TensorRT's ONNX parser into an engine, run on PyTorch's current stream. A strongly
+    typed network where TensorRT has them (the graph's types and, for INT8, its Q/DQ pairs set every precision),
+    else the builder flags its types need (TensorRT 8)."""
+    import tensorrt as trt
+
+    from ..quantization import input_names
+
+    logger = trt.Logger(trt.Logger.ERROR)
+    builder = trt.Builder(logger)
+    kinds = trt.NetworkDefinitionCreationFlag
+    typed = hasattr(kinds, "STRONGLY_TYPED")  # TensorRT 10+: the Q/DQ pairs and tensor types set every precision
+    flags = 1 << int(kinds.STRONGLY_TYPED) if typed else 1 << int(kinds.EXPLICIT_BATCH)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse(model):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise RuntimeFailure(f"runtime={runtime}: TensorRT's ONNX parser could not read {what}: {errors}")
+    config = builder.create_builder_config()
+    if not typed and runtime == "tensorrt_int8":
+        config.set_flag(trt.BuilderFlag.INT8)
+    if not typed and any(t.dtype == torch.float16 for t in tensors):
+        config.set_flag(trt.BuilderFlag.FP16)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise RuntimeFailure(f"runtime={runtime}: TensorRT could not build an engine for {what}.")
+    engine = trt.Runtime(logger).deserialize_cuda_engine(serialized)
+    context = engine.create_execution_context()
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+    results = [torch.empty(tuple(context.get_tensor_shape(n)), device=device,
+                           dtype=TRT_DTYPES[engine.get_tensor_dtype(n).name]) for n in outputs]
+    for name, result in zip(outputs, results):
+        context.set_tensor_address(name, result.data_ptr())
+    inputs = input_names(model)  # the graph's inputs, in the order the tensors come
+
+    def run(given: list[torch.Tensor]) -> list[torch.Tensor]:
+        given = [t.contiguous() for t in given]  # kept alive until the engine is queued
+        for name, t in zip(inputs, given):
+            context.set_tensor_address(name, t.data_ptr())
+        if not context.execute_async_v3(torch.cuda.current_stream(device).cuda_stream):
+            raise RuntimeFailure(f"runtime={runtime} could not run {what}.")
+        return results
+
+    try:
+        run(tensors)
+    except Exception as error:  # noqa: BLE001
+        raise RuntimeFailure(f"runtime={runtime} could not run {what}: {_first_line(error)}") from error
+    return run
+
+
+def _tensorrt(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], device: torch.device, threads: int,
+              what: str, int8: bool) -> Callable[[list], Any]:
+    """`module` built by TensorRT from its ONNX export (quantised to TensorRT's QDQ form first with `int8`)."""
+    runtime = "tensorrt_int8" if int8 else "tensorrt"
+    if (tensorrt_int8_backend() if int8 else tensorrt_backend()) == "ort-tensorrt":
+        return _onnxruntime(module, args, kwargs, device, threads, what, tensorrt=True, int8=int8)
+    model = _int8_onnx(module, args, kwargs, what, "tensorrt") if int8 else onnx_bytes(module, args, kwargs, what)[0]
+    try:
+        with _quiet():
+            return _tensorrt_engine(model, tensor_args(args, kwargs), device, what, runtime)
+    except RuntimeFailure:
+        raise
+    except Exception as error:  # noqa: BLE001 - TensorRT's own errors become one message naming the module
+        raise RuntimeFailure(f"runtime={runtime} could not build {what}: {_first_line(error)}") from error
+
+
 def in_runtime(module: nn.Module, args: tuple, kwargs: Mapping[str, Any] | None, runtime: str, device: torch.device,
                threads: int = 1, dtype: torch.dtype = torch.float32, what: str = "the module"
                ) -> nn.Module | RuntimeCall:
@@ -342,15 +454,14 @@ def in_runtime(module: nn.Module, args: tuple, kwargs: Mapping[str, Any] | None,
         run = _compiled(module, tuple(args), kwargs, what, int8=runtime == "compile_int8")
     elif runtime in ("onnxruntime", "onnxruntime_int8"):
         run = _onnxruntime(module, tuple(args), kwargs, device, threads, what, int8=runtime == "onnxruntime_int8")
-    elif runtime == "tensorrt":
-        if tensorrt_backend() == "torch_tensorrt":
-            run = _torch_tensorrt(module, tuple(args), kwargs, dtype, what)
-        else:
-            run = _onnxruntime(module, tuple(args), kwargs, device, threads, what, tensorrt=True)
+    elif runtime == "tensorrt" and tensorrt_backend() == "torch_tensorrt":
+        run = _torch_tensorrt(module, tuple(args), kwargs, dtype, what)
+    elif runtime in ("tensorrt", "tensorrt_int8"):
+        run = _tensorrt(module, tuple(args), kwargs, device, threads, what, int8=runtime == "tensorrt_int8")
     else:
         raise RuntimeFailure(f"Unknown runtime {runtime!r}; allowed are {', '.join(RUNTIMES)}.")
     return RuntimeCall(run, runtime, time.perf_counter() - start)
 
 
 __all__ = ["RUNTIMES", "RuntimeCall", "RuntimeFailure", "check_runtime", "in_runtime", "onnx_bytes",
-           "runtime_version", "tensorrt_backend"]
+           "runtime_version", "tensorrt_backend", "tensorrt_int8_backend"]

@@ -84,7 +84,7 @@ class TableSettings(RoundSettings):
             raise ZooError(f"entries='context' times segments inside the running eager network; runtime="
                            f"{self.runtime!r} runs one compiled graph without segment boundaries: use entries='auto' "
                            f"or 'isolated'.")
-        if self.cuda_graph and self.runtime in ("onnxruntime", "onnxruntime_int8", "tensorrt"):
+        if self.cuda_graph and self.runtime in ("onnxruntime", "onnxruntime_int8", "tensorrt", "tensorrt_int8"):
             raise ZooError(f"cuda_graph=true replays a captured PyTorch call; runtime={self.runtime!r} runs its own "
                            f"engine (it manages its own graphs): use cuda_graph=false, or runtime=eager / compile.")
         if self.cuda_timing not in CUDA_TIMINGS:
