@@ -281,17 +281,20 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
     """Every model's parts; writes ``int8_depth.json`` after each piece (``int8_depth_quick.json`` with quick).
     Finished parts whose inputs match are kept from `resume` (a committed result), else from the file it writes."""
     if device not in ("cpu", "auto"):
-        return {"suite": "int8_depth", "skipped": f"INT8 here is onnxruntime's on the CPU; device={device} has no "
-                "INT8 path in depthzoo yet (TensorRT INT8 is not built)"}
+        return {"suite": "int8_depth", "skipped": f"this benchmark times onnxruntime's INT8 on the CPU; device="
+                f"{device} has none here (TensorRT INT8 on a GPU: prune.runtime=tensorrt prune.quantize=int8)"}
     models = models or ([smoke_model()] if quick else cnn_models())
     seeds = 1 if quick else seeds
     path = result_path(quick, out)
     source = Path(resume) if resume else path
     stored = json.loads(source.read_text()) if source.is_file() else {}
+    target = QUICK_TARGET if quick else TARGET
+    if stored and stored.get("target") != target:  # every part's plans were chosen for the stored target
+        print(f"{source}: measured at target {stored.get('target')}x, not {target}x: recomputed", flush=True)
+        stored = {}
     work = Path(workdir or Path.home() / ".cache" / "depthzoo" / ("int8_depth_quick" if quick else "int8_depth"))
     work.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"suite": "int8_depth", "quick": quick, "protocol": PROTOCOL,
-                              "target": QUICK_TARGET if quick else TARGET,
+    result: dict[str, Any] = {"suite": "int8_depth", "quick": quick, "protocol": PROTOCOL, "target": target,
                               "env": environment(torch.device("cpu"), torch.float32, 1, 1), "versions": versions(),
                               "models": {m: dict(stored.get("models", {}).get(m, {})) for m in models}}
     start = time.perf_counter()

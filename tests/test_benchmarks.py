@@ -295,6 +295,8 @@ def test_paired_statistics_against_hand_computed_values():
     noise = compare([0.5, 0.5], [[1.0, -1.0] * 20 + [1.0], [1.0, -1.0] * 20 + [1.0]])
     assert noise["test"] == "paired_bootstrap" and noise["p"] > 0.5
     assert compare([0.0, 0.0, 0.0], [[0.0] * 10] * 3)["p"] == 1.0  # the same plans: a tie, not a win
+    flat = compare([0.5, 0.5, 0.5], None)  # no spread and nothing per sample: untestable, so a tie
+    assert flat["test"] == "none" and flat["p"] == 1.0 and verdicts([flat])[0]["verdict"] == "tie"
     judged = verdicts([{"p": 0.001, "mean": 1.0}, {"p": 0.001, "mean": -1.0}, {"p": 0.2, "mean": 3.0}])
     assert [j["verdict"] for j in judged] == ["better", "worse", "tie"] and judged[0]["family_size"] == 3
 
@@ -397,6 +399,22 @@ def test_runtime_diagnosis_times_the_same_network_whole_and_segment_by_segment(t
         assert row["anchored_error"] == pytest.approx(row["predicted_anchored_ms"] / row["whole_ms"] - 1)
     assert result["rows"][0]["anchored_error"] == pytest.approx(0.0, abs=1e-9)
     assert "| plan 1 |" in proc.stdout
+
+
+def test_int8_depth_keeps_stored_parts_only_at_the_same_target(tmp_path):
+    """A stored part was planned for its file's target: resumed at another target it is dropped, not reused."""
+    from benchmarks.common import Budget, smoke_model
+    from benchmarks.int8_depth import QUICK_TARGET, run
+
+    model = smoke_model()
+    stored = {"speed": {"fingerprint": "stored", "session": {"speedup": {}}}}
+    for target, kept in ((QUICK_TARGET, True), (QUICK_TARGET + 0.5, False)):
+        source = tmp_path / f"stored_{target}.json"
+        source.write_text(json.dumps({"target": target, "models": {model: stored}}))
+        result = run(quick=True, models=[model], parts=("speed",), out=tmp_path / "out", resume=source,
+                     budget=Budget(0.0, min_start_s=1.0))  # no time to measure: only what is kept is there
+        assert (result["models"][model]["speed"] == stored["speed"]) is kept
+        assert kept or "skipped" in result["models"][model]["speed"]
 
 
 @pytest.mark.slow

@@ -287,6 +287,9 @@ def test_int8_export_for_tensorrt_writes_symmetric_qdq(tmp_path):
     weights = [stored[n.input[1]] for n in graph.node if n.op_type == "DequantizeLinear"
                and stored.get(n.input[0], np.zeros(1)).dtype == np.int8 and stored[n.input[0]].ndim > 1]
     assert len(weights) == 3 and all(scale.size > 1 for scale in weights)  # per output channel
+    dequantised = [stored[n.input[0]].dtype for n in graph.node if n.op_type == "DequantizeLinear"
+                   and n.input[0] in stored]
+    assert dequantised and set(dequantised) == {np.dtype(np.int8)}  # no int32 bias: TensorRT's parser takes none
     session = ort.InferenceSession(str(tmp_path / "trt.onnx"), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     with torch.no_grad():
@@ -296,6 +299,8 @@ def test_int8_export_for_tensorrt_writes_symmetric_qdq(tmp_path):
     assert 0 < report.max_abs_diff == pytest.approx(max((a - b).abs().max().item() for a, b in ours), rel=1e-5)
     with pytest.raises(ExportError, match="int8_scheme='openvino'"):
         zoo.export(model, tmp_path / "x.onnx", example=calibration[0], quantize="int8", int8_scheme="openvino")
+    with pytest.raises(ExportError, match="give quantize='int8' with it"):
+        zoo.export(model, tmp_path / "x.onnx", example=calibration[0], int8_scheme="tensorrt")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="TensorRT INT8 engines need a CUDA GPU")
@@ -321,15 +326,18 @@ def test_the_tensorrt_int8_runtime_runs_the_symmetric_qdq_file():
     gpu_block = block.to(cuda)
     with timing_context(cuda, torch.float32, 1):
         call = in_runtime(gpu_block, (x.to(cuda),), {}, "tensorrt_int8", cuda, what="the block")
-        got = torch.as_tensor(call(x.to(cuda))[0]).cpu()
+        out = call(x.to(cuda))[0]  # a tensor (TensorRT's API) or an OrtValue (onnxruntime's TensorRT EP)
+        got = out.cpu() if torch.is_tensor(out) else torch.from_numpy(out.numpy())
     scale = want.abs().max().item()
     assert (got - want).abs().max().item() > 1e-5 * scale  # INT8, not float
     torch.testing.assert_close(got, rounded, rtol=0.02, atol=0.02 * scale)
 
 
-def test_qat_simulates_the_int8_model_onnxruntime_writes(tmp_path):
+@pytest.mark.parametrize("scheme", ["onnxruntime", "tensorrt"])
+def test_qat_simulates_the_int8_model_onnxruntime_writes(tmp_path, scheme):
     """prepare_qat rounds each weight to the very values onnxruntime's INT8 file holds, and a layer's input with the
-    scale and zero point onnxruntime calibrates on the same batch; strip_qat gives back the float layers."""
+    scale and zero point onnxruntime calibrates on the same batch (in either scheme: unsigned, or TensorRT's symmetric
+    signed); strip_qat gives back the float layers."""
     import copy
 
     import onnx
@@ -342,7 +350,8 @@ def test_qat_simulates_the_int8_model_onnxruntime_writes(tmp_path):
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2, padding=1),
                           nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)).eval()
     x = torch.randn(8, 3, 16, 16)
-    zoo.export(model, tmp_path / "m.onnx", example=x, quantize="int8", calibration=[x], min_agreement=0.0)
+    zoo.export(model, tmp_path / "m.onnx", example=x, quantize="int8", calibration=[x], min_agreement=0.0,
+               int8_scheme=scheme)
     graph = onnx.load(str(tmp_path / "m.onnx")).graph
     stored = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     onnx_weights = []  # each int8 weight times its per-channel scale (axis 0: output channels)
@@ -351,7 +360,7 @@ def test_qat_simulates_the_int8_model_onnxruntime_writes(tmp_path):
             values, scale = stored[node.input[0]], stored[node.input[1]]
             onnx_weights.append(torch.from_numpy(values * scale.reshape(-1, *[1] * (values.ndim - 1))))
     first_input = next(n for n in graph.node if n.op_type == "QuantizeLinear")
-    qat = prepare_qat(copy.deepcopy(model)).train()
+    qat = prepare_qat(copy.deepcopy(model), scheme).train()
     with torch.no_grad():
         qat(x)  # one batch observed: the same min/max onnxruntime calibrated on
     layers = [qat[0], qat[2], qat[6]]
@@ -361,6 +370,7 @@ def test_qat_simulates_the_int8_model_onnxruntime_writes(tmp_path):
         assert min((w - layer.weight.detach()).abs().max().item() for w in twins) < 1e-6
     assert qat[0].input_quant.scale.item() == pytest.approx(float(stored[first_input.input[1]]), rel=1e-5)
     assert qat[0].input_quant.zero_point.item() == int(stored[first_input.input[2]])
+    assert qat[0].input_quant.quant_min == {"onnxruntime": 0, "tensorrt": -127}[scheme]
     assert not torch.equal(qat[0].weight, model[0].weight)  # rounded while prepared ...
     strip_qat(qat)
     assert qat.state_dict().keys() == model.state_dict().keys()  # ... plain float layers again
@@ -369,6 +379,8 @@ def test_qat_simulates_the_int8_model_onnxruntime_writes(tmp_path):
         prepare_qat(prepare_qat(copy.deepcopy(model)))
     with pytest.raises(QuantizationError, match="no Conv2d or Linear"):
         prepare_qat(nn.Sequential(nn.ReLU()))
+    with pytest.raises(QuantizationError, match="Unknown INT8 scheme 'int4'"):
+        prepare_qat(copy.deepcopy(model), "int4")
 
 
 def test_prune_refuses_int8_where_it_has_no_int8_path(tmp_path):

@@ -106,6 +106,8 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
                           f"none. Use form='parallel'.")
     if format == "onnx":
         _require("onnx", "onnxscript", "onnxruntime")
+    if quantize is None and int8_scheme != "onnxruntime":
+        raise ExportError(f"int8_scheme={int8_scheme!r} is the form of an INT8 file; give quantize='int8' with it.")
     if quantize is not None:
         from .quantization import INT8_SCHEMES, QUANTIZE
 

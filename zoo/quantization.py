@@ -15,8 +15,8 @@ int8 weights, uint8 activations; ranges from a histogram observer), for the ``co
 Quantisation-aware training (:func:`prepare_qat`, :func:`strip_qat`) simulates the same scheme in PyTorch with
 ``torch.ao.quantization.FakeQuantize``: each Conv2d/Linear weight rounded per output channel to signed 8-bit
 (symmetric, -127..127, the range onnxruntime gives symmetric int8 weights), each Conv2d/Linear input rounded per tensor
-to unsigned 8-bit (min/max ranges, moving average). Trained on the deploy form (BatchNorm folded), so the weights it
-rounds are the weights onnxruntime quantises afterwards.
+to unsigned 8-bit (min/max ranges, moving average; signed and symmetric, -127..127, in TensorRT's scheme). Trained on
+the deploy form (BatchNorm folded), so the weights it rounds are the weights onnxruntime quantises afterwards.
 """
 
 from __future__ import annotations
@@ -36,8 +36,12 @@ from .errors import ZooError
 QUANTIZE = ("int8",)
 INT8_SCHEMES = {  # who runs the QDQ model -> how onnxruntime's quantiser writes it
     "onnxruntime": "activations unsigned 8-bit with zero points (onnxruntime's fastest CPU kernels, u8s8)",
-    "tensorrt": "activations signed 8-bit, symmetric (zero points 0): TensorRT's explicit quantisation takes only "
-                "this",
+    "tensorrt": "activations signed 8-bit, symmetric (zero points 0), biases left float: TensorRT's explicit "
+                "quantisation takes only this (its DequantizeLinear reads no int32 bias)",
+}
+QUANTIZER_OPTIONS = {  # onnxruntime quantize_static's extra_options per scheme
+    "onnxruntime": {"WeightSymmetric": True},
+    "tensorrt": {"WeightSymmetric": True, "ActivationSymmetric": True, "QuantizeBias": False},
 }
 INSTALL = "pip install onnx onnxscript onnxruntime, or pip install -e \".[export]\""
 
@@ -93,11 +97,9 @@ def quantize_int8(model: bytes, calibration: Iterable[Sequence[Any]], what: str 
         source.write_bytes(model)
         try:
             quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
-            symmetric = scheme == "tensorrt"
             quantize_static(str(prepared), str(target), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                            activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
-                            weight_type=QuantType.QInt8,
-                            extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True})
+                            activation_type=QuantType.QInt8 if scheme == "tensorrt" else QuantType.QUInt8,
+                            weight_type=QuantType.QInt8, extra_options=QUANTIZER_OPTIONS[scheme])
         except Exception as error:  # noqa: BLE001 - onnxruntime's own errors become one message naming the model
             first = str(error).splitlines()[0] if str(error) else ""
             raise QuantizationError(f"onnxruntime could not quantise {what} to INT8: {type(error).__name__}: "
@@ -106,16 +108,22 @@ def quantize_int8(model: bytes, calibration: Iterable[Sequence[Any]], what: str 
 
 
 WEIGHT_RANGE = (-127, 127)  # signed 8-bit, symmetric: onnxruntime's range for symmetric int8 weights
-ACTIVATION_RANGE = (0, 255)  # unsigned 8-bit, affine (QuantType.QUInt8)
+ACTIVATION_RANGES = {  # per scheme: (qmin, qmax, dtype, qscheme) of onnxruntime's activation quantisation
+    "onnxruntime": (0, 255, torch.quint8, torch.per_tensor_affine),  # QuantType.QUInt8, min/max
+    "tensorrt": (-127, 127, torch.qint8, torch.per_tensor_symmetric),  # QInt8 with ActivationSymmetric: max|x| / 127
+}
 QAT_LAYERS = (nn.Conv2d, nn.Linear)  # the layers onnxruntime's QDQ quantises (weights and inputs)
 
 
-def prepare_qat(model: nn.Module) -> nn.Module:
-    """Make `model` (in place) simulate :func:`quantize_int8` while it trains: every Conv2d/Linear weight and input
-    fake-quantised (straight-through gradients). Input ranges are observed only in training mode. Returns `model`."""
+def prepare_qat(model: nn.Module, scheme: str = "onnxruntime") -> nn.Module:
+    """Make `model` (in place) simulate :func:`quantize_int8` in `scheme` while it trains: every Conv2d/Linear weight
+    and input fake-quantised (straight-through gradients). Input ranges are observed only in training mode. Returns
+    `model`."""
     from torch.ao.quantization import FakeQuantize, MovingAverageMinMaxObserver, MovingAveragePerChannelMinMaxObserver
     from torch.nn.utils import parametrize
 
+    if scheme not in ACTIVATION_RANGES:
+        raise QuantizationError(f"Unknown INT8 scheme {scheme!r}; allowed: {', '.join(ACTIVATION_RANGES)}.")
     layers = [m for m in model.modules() if isinstance(m, QAT_LAYERS)]
     if not layers:
         raise QuantizationError(f"{type(model).__name__} has no Conv2d or Linear layer to train for INT8.")
@@ -126,9 +134,9 @@ def prepare_qat(model: nn.Module) -> nn.Module:
                                     quant_min=WEIGHT_RANGE[0], quant_max=WEIGHT_RANGE[1], dtype=torch.qint8,
                                     qscheme=torch.per_channel_symmetric, ch_axis=0)
         parametrize.register_parametrization(layer, "weight", weight_quant)
-        layer.input_quant = FakeQuantize(observer=MovingAverageMinMaxObserver, quant_min=ACTIVATION_RANGE[0],
-                                         quant_max=ACTIVATION_RANGE[1], dtype=torch.quint8,
-                                         qscheme=torch.per_tensor_affine)
+        qmin, qmax, dtype, qscheme = ACTIVATION_RANGES[scheme]
+        layer.input_quant = FakeQuantize(observer=MovingAverageMinMaxObserver, quant_min=qmin, quant_max=qmax,
+                                         dtype=dtype, qscheme=qscheme)
         layer.register_forward_pre_hook(_quantise_input)
     return model
 

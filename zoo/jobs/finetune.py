@@ -86,10 +86,12 @@ def qat_finetune(cfg: Any, baseline: nn.Module, pruned: nn.Module, data: Any, lo
     from ..training import distributed as dist_utils
     from ..training import evaluate, fit, seed_everything
     from ..training.logger import PrefixedLogger
+    from .prune_config import int8_format
 
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     device = next(baseline.parameters()).device
-    model = prepare_qat(fuse(pruned).to(device).train())  # fuse works on a copy
+    scheme = int8_format(cfg.prune)[1] or "onnxruntime"  # (PT2E's activations are unsigned too)
+    model = prepare_qat(fuse(pruned).to(device).train(), scheme)  # fuse works on a copy
     lr = cfg.finetune.qat_lr or (cfg.finetune.lr or cfg.optim.lr * 0.3) * 0.1
     optim_cfg = OmegaConf.merge(cfg.optim, {"lr": lr, "warmup_epochs": 0})
     trainer_cfg = OmegaConf.merge(cfg.trainer, {"max_epochs": cfg.finetune.qat_epochs, "resume": None,

@@ -119,8 +119,10 @@ def check_runtime(runtime: str, device: torch.device, dtype: torch.dtype = torch
         if device.type != "cuda":
             raise RuntimeFailure(f"runtime=tensorrt needs a CUDA GPU (device is {device}); on the CPU use "
                                  "runtime=onnxruntime or compile.")
-        if tensorrt_backend() is None:
-            raise RuntimeFailure(f"runtime=tensorrt needs TensorRT: {INSTALL['tensorrt']}.")
+        missing = [m for m in ("onnx", "onnxscript") if not _has(m)]  # all but torch-tensorrt build the ONNX export
+        if tensorrt_backend() is None or (tensorrt_backend() != "torch_tensorrt" and missing):
+            raise RuntimeFailure(f"runtime=tensorrt needs TensorRT{' and ' + ', '.join(missing) if missing else ''}: "
+                                 f"{INSTALL['tensorrt']}.")
         if dtype not in (torch.float32, torch.float16):
             raise RuntimeFailure(f"runtime=tensorrt builds float32 or float16 engines; got dtype {dtype}.")
     if runtime == "tensorrt_int8":
@@ -149,13 +151,21 @@ def runtime_version(runtime: str) -> str:
     """The version of the package behind `runtime` (part of a table's cache condition)."""
     if runtime == "compile_int8":  # both make the program: torchao quantises, inductor compiles
         return f"{runtime_version('compile')}, {_package_version('torchao')}"
-    builder = {"torch_tensorrt": "torch_tensorrt", "tensorrt": "tensorrt"}
     if runtime == "tensorrt_int8":  # onnxruntime quantises, TensorRT (or its execution provider) builds
-        return f"{_package_version(builder.get(tensorrt_int8_backend(), 'onnxruntime'))}, " \
-               f"{_package_version('onnxruntime')}"
+        builder = _tensorrt_version() if tensorrt_int8_backend() == "tensorrt" else "TensorRT EP"
+        return f"{builder}, {_package_version('onnxruntime')}"
+    if runtime == "tensorrt" and tensorrt_backend() == "tensorrt":
+        return _tensorrt_version()
     package = {"eager": "torch", "compile": "torch", "onnxruntime": "onnxruntime", "onnxruntime_int8": "onnxruntime",
-               "tensorrt": builder.get(tensorrt_backend(), "onnxruntime")}[runtime]
+               "tensorrt": "torch_tensorrt" if tensorrt_backend() == "torch_tensorrt" else "onnxruntime"}[runtime]
     return _package_version(package)
+
+
+def _tensorrt_version() -> str:
+    """TensorRT's own version (its wheels have several distribution names, and apt installs have none)."""
+    import tensorrt
+
+    return f"tensorrt {tensorrt.__version__}"
 
 
 def _package_version(package: str) -> str:
@@ -408,13 +418,19 @@ def _tensorrt_engine(model: bytes, tensors: list[torch.Tensor], device: torch.de
     for name, result in zip(outputs, results):
         context.set_tensor_address(name, result.data_ptr())
     inputs = input_names(model)  # the graph's inputs, in the order the tensors come
+    stream = torch.cuda.Stream(device)  # TensorRT synchronises the device on the default stream: a stream of its own
 
     def run(given: list[torch.Tensor]) -> list[torch.Tensor]:
-        given = [t.contiguous() for t in given]  # kept alive until the engine is queued
+        """Queue the engine after the caller's stream's work and the caller's stream after it; the outputs are the
+        engine's own buffers, overwritten by the next call."""
+        given = [t.contiguous() for t in given]
+        caller = torch.cuda.current_stream(device)
+        stream.wait_stream(caller)
         for name, t in zip(inputs, given):
             context.set_tensor_address(name, t.data_ptr())
-        if not context.execute_async_v3(torch.cuda.current_stream(device).cuda_stream):
+        if not context.execute_async_v3(stream.cuda_stream):
             raise RuntimeFailure(f"runtime={runtime} could not run {what}.")
+        caller.wait_stream(stream)  # (the inputs are freed on the caller's stream: after the engine read them)
         return results
 
     try:
