@@ -303,6 +303,35 @@ def test_int8_export_for_tensorrt_writes_symmetric_qdq(tmp_path):
         zoo.export(model, tmp_path / "x.onnx", example=calibration[0], int8_scheme="tensorrt")
 
 
+@pytest.mark.parametrize("scheme", ["onnxruntime", "tensorrt"])
+def test_int8_keeps_group_norm_float(tmp_path, scheme):
+    """BiT's GroupNorm (exported as InstanceNormalization, then its affine Mul/Add) stays a float island: only the
+    convolutions' and the classifier's constants are rounded. (Fresh GroupNorms have equal affines, which the
+    exporter shares: rounded as weights, onnxruntime's quantiser refuses them, as it did BiT.)"""
+    import onnx
+
+    import zoo
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                          nn.GroupNorm(2, 8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5)).eval()
+    x = torch.randn(4, 3, 16, 16)
+    report = zoo.export(model, tmp_path / "gn.onnx", example=x, quantize="int8", calibration=[x], min_agreement=0.0,
+                        int8_scheme=scheme)
+    graph = onnx.load(str(tmp_path / "gn.onnx")).graph
+    stored = {i.name for i in graph.initializer}
+    readers: dict[str, list[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node.op_type)
+    rounded = [n.output[0] for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in stored]
+    assert rounded and {op for name in rounded for op in readers[name]} <= {"Conv", "Gemm", "MatMul"}
+    assert sum(n.op_type == "InstanceNormalization" for n in graph.node) == 2  # the normalisations, in float
+    with torch.no_grad():
+        scale = model(x).abs().max().item()
+    assert 0 < report.max_abs_diff < 0.1 * scale
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="TensorRT INT8 engines need a CUDA GPU")
 def test_the_tensorrt_int8_runtime_runs_the_symmetric_qdq_file():
     """tensorrt_int8 on a GPU: the engine computes what the TensorRT-form QDQ file computes (onnxruntime on the CPU),

@@ -97,14 +97,33 @@ def quantize_int8(model: bytes, calibration: Iterable[Sequence[Any]], what: str 
         source.write_bytes(model)
         try:
             quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+            float_nodes = float_islands(prepared)
             quantize_static(str(prepared), str(target), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=QuantType.QInt8 if scheme == "tensorrt" else QuantType.QUInt8,
-                            weight_type=QuantType.QInt8, extra_options=QUANTIZER_OPTIONS[scheme])
+                            weight_type=QuantType.QInt8, nodes_to_exclude=float_nodes,
+                            extra_options=QUANTIZER_OPTIONS[scheme])
         except Exception as error:  # noqa: BLE001 - onnxruntime's own errors become one message naming the model
             first = str(error).splitlines()[0] if str(error) else ""
             raise QuantizationError(f"onnxruntime could not quantise {what} to INT8: {type(error).__name__}: "
                                     f"{first}") from error
         return target.read_bytes()
+
+
+NORMALIZATIONS = ("InstanceNormalization", "GroupNormalization", "LayerNormalization")
+
+
+def float_islands(path: Path) -> list[str]:
+    """The nodes of the ONNX file at `path` that onnxruntime's quantiser keeps float: normalisations (GroupNorm
+    exports as InstanceNormalization, then its affine) and every Mul/Add that reads a float constant (a
+    normalisation's affine, a scale). INT8 would not speed them up, and the quantiser would round their constants as
+    weights (and refuses one the exporter shares between readers, as it does the equal affines of fresh GroupNorms).
+    """
+    import onnx
+
+    graph = onnx.load(str(path)).graph
+    constants = {i.name for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+    return [node.name for node in graph.node if node.op_type in NORMALIZATIONS
+            or (node.op_type in ("Mul", "Add") and any(i in constants for i in node.input))]
 
 
 WEIGHT_RANGE = (-127, 127)  # signed 8-bit, symmetric: onnxruntime's range for symmetric int8 weights
