@@ -23,8 +23,9 @@ class TableSettings(RoundSettings):
 
     runtime: the deploy runtime every record (and every whole network in a prediction check and in ``prune.py``'s
         final timing) runs in (:mod:`zoo.latency.runtime`): ``eager``, ``compile`` (torch.compile, inductor),
-        ``onnxruntime`` or ``tensorrt`` (CUDA). Outside eager every record's module is compiled or exported on its
-        own and timed isolated; the compile/export time is part of the build time (``runtime_build_s``).
+        ``onnxruntime`` or ``tensorrt`` (CUDA), or an INT8 form (``compile_int8``, ``onnxruntime_int8``,
+        ``tensorrt_int8``: each record quantised first). Outside eager every record's module is compiled or exported
+        on its own and timed isolated; the compile/export time is part of the build time (``runtime_build_s``).
     entries: how the records are timed. ``context`` times every (segment, variant) inside running probe networks
         (hooks at the segment boundaries), so each one starts from the cache state the network leaves it in;
         ``isolated`` times each alone on its captured inputs in interleaved rounds, the machine's drift divided out
