@@ -219,6 +219,24 @@ def test_an_int8_table_is_its_own_condition(tmp_path):
     assert len(list(tmp_path.glob("*.json"))) == 2 and int8.predict() > 0 and fp32.predict() > 0
 
 
+def in_onnxruntime(path: Path):
+    """The ONNX file at `path` as onnxruntime computes it on the CPU, called like a one-input model."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
+
+
+def agreement(model: nn.Module, written, batches: list[torch.Tensor]) -> tuple[float, float]:
+    """Recomputed here: the top-1 agreement of a written INT8 model with `model` over `batches`, and the largest
+    output difference."""
+    with torch.no_grad():
+        pairs = [(model(x), written(x)) for x in batches]
+    agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in pairs) / sum(len(a) for a, _ in pairs)
+    return agree, max((a - b).abs().max().item() for a, b in pairs)
+
+
 def test_int8_export_reports_agreement_and_refuses_what_it_cannot_quantise(tmp_path):
     import zoo
     from zoo.errors import ExportError
@@ -230,16 +248,9 @@ def test_int8_export_reports_agreement_and_refuses_what_it_cannot_quantise(tmp_p
     calibration = [torch.randn(4, 3, 32, 32) for _ in range(3)]
     report = zoo.export(model, tmp_path / "m.onnx", input_size=(3, 32, 32), quantize="int8", calibration=calibration,
                         min_agreement=0.0)  # (random weights: near-equal logits, so agreement is not the point here)
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    with torch.no_grad():
-        ours = [(model(x), torch.from_numpy(session.run(None, {name: x.numpy()})[0])) for x in calibration]
-    agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in ours) / 12
+    agree, largest = agreement(model, in_onnxruntime(tmp_path / "m.onnx"), calibration)
     assert report.quantize == "int8" and report.calibration_batches == 3 and report.passed
     assert report.top1_agreement == pytest.approx(agree)  # recomputed here from the file it wrote
-    largest = max((a - b).abs().max().item() for a, b in ours)
     assert report.max_abs_diff == pytest.approx(largest, rel=1e-5) and largest > 0  # quantised: close, not equal
     import onnx
 
@@ -255,12 +266,9 @@ def test_int8_export_reports_agreement_and_refuses_what_it_cannot_quantise(tmp_p
 
     report = zoo.export(model, tmp_path / "m.pt2", format="torch_export", input_size=(3, 32, 32), quantize="int8",
                         calibration=calibration, min_agreement=0.0)  # PT2E, for torch.compile
-    program = torch.export.load(str(tmp_path / "m.pt2")).module()
-    with torch.no_grad():
-        ours = [(model(x), program(x)) for x in calibration]
-    agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in ours) / 12
+    agree, largest = agreement(model, torch.export.load(str(tmp_path / "m.pt2")).module(), calibration)
     assert report.format == "torch_export" and report.top1_agreement == pytest.approx(agree)
-    assert report.max_abs_diff == pytest.approx(max((a - b).abs().max().item() for a, b in ours), rel=1e-5)
+    assert report.max_abs_diff == pytest.approx(largest, rel=1e-5)
     assert report.max_abs_diff > 0 and (tmp_path / "m.pt2").stat().st_size < report.float_size_bytes
 
 
@@ -268,7 +276,6 @@ def test_int8_export_for_tensorrt_writes_symmetric_qdq(tmp_path):
     """int8_scheme='tensorrt': every activation Q/DQ pair signed 8-bit with zero point 0 (TensorRT's explicit
     quantisation takes nothing else), weights per channel; the agreement is recomputed from the file."""
     import onnx
-    import onnxruntime as ort
     from onnx import numpy_helper
 
     import zoo
@@ -290,13 +297,9 @@ def test_int8_export_for_tensorrt_writes_symmetric_qdq(tmp_path):
     dequantised = [stored[n.input[0]].dtype for n in graph.node if n.op_type == "DequantizeLinear"
                    and n.input[0] in stored]
     assert dequantised and set(dequantised) == {np.dtype(np.int8)}  # no int32 bias: TensorRT's parser takes none
-    session = ort.InferenceSession(str(tmp_path / "trt.onnx"), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    with torch.no_grad():
-        ours = [(model(x), torch.from_numpy(session.run(None, {name: x.numpy()})[0])) for x in calibration]
-    assert report.int8_scheme == "tensorrt" and report.top1_agreement == pytest.approx(
-        sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in ours) / 8)
-    assert 0 < report.max_abs_diff == pytest.approx(max((a - b).abs().max().item() for a, b in ours), rel=1e-5)
+    agree, largest = agreement(model, in_onnxruntime(tmp_path / "trt.onnx"), calibration)
+    assert report.int8_scheme == "tensorrt" and report.top1_agreement == pytest.approx(agree)
+    assert 0 < report.max_abs_diff == pytest.approx(largest, rel=1e-5)
     with pytest.raises(ExportError, match="int8_scheme='openvino'"):
         zoo.export(model, tmp_path / "x.onnx", example=calibration[0], quantize="int8", int8_scheme="openvino")
     with pytest.raises(ExportError, match="give quantize='int8' with it"):

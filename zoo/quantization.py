@@ -34,14 +34,13 @@ from torch import nn
 from .errors import ZooError
 
 QUANTIZE = ("int8",)
-INT8_SCHEMES = {  # who runs the QDQ model -> how onnxruntime's quantiser writes it
-    "onnxruntime": "activations unsigned 8-bit with zero points (onnxruntime's fastest CPU kernels, u8s8)",
-    "tensorrt": "activations signed 8-bit, symmetric (zero points 0), biases left float: TensorRT's explicit "
-                "quantisation takes only this (its DequantizeLinear reads no int32 bias)",
-}
-QUANTIZER_OPTIONS = {  # onnxruntime quantize_static's extra_options per scheme
-    "onnxruntime": {"WeightSymmetric": True},
-    "tensorrt": {"WeightSymmetric": True, "ActivationSymmetric": True, "QuantizeBias": False},
+INT8_SCHEMES = {  # who runs the QDQ model -> how onnxruntime's quantize_static writes it (activation QuantType,
+    # extra_options); weights are signed, symmetric, per output channel in both
+    # onnxruntime: activations unsigned 8-bit with zero points (onnxruntime's fastest CPU kernels, u8s8)
+    "onnxruntime": ("QUInt8", {"WeightSymmetric": True}),
+    # tensorrt: activations signed 8-bit, symmetric (zero points 0), biases left float: TensorRT's explicit
+    # quantisation takes only this (its DequantizeLinear reads no int32 bias)
+    "tensorrt": ("QInt8", {"WeightSymmetric": True, "ActivationSymmetric": True, "QuantizeBias": False}),
 }
 INSTALL = "pip install onnx onnxscript onnxruntime, or pip install -e \".[export]\""
 
@@ -98,10 +97,10 @@ def quantize_int8(model: bytes, calibration: Iterable[Sequence[Any]], what: str 
         try:
             quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
             float_nodes = float_islands(prepared)
+            activations, options = INT8_SCHEMES[scheme]
             quantize_static(str(prepared), str(target), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                            activation_type=QuantType.QInt8 if scheme == "tensorrt" else QuantType.QUInt8,
-                            weight_type=QuantType.QInt8, nodes_to_exclude=float_nodes,
-                            extra_options=QUANTIZER_OPTIONS[scheme])
+                            activation_type=QuantType[activations], weight_type=QuantType.QInt8,
+                            nodes_to_exclude=float_nodes, extra_options=options)
         except Exception as error:  # noqa: BLE001 - onnxruntime's own errors become one message naming the model
             first = str(error).splitlines()[0] if str(error) else ""
             raise QuantizationError(f"onnxruntime could not quantise {what} to INT8: {type(error).__name__}: "

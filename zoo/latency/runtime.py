@@ -19,8 +19,9 @@
 * ``tensorrt_int8`` (CUDA only): TensorRT's explicit quantisation. The exported module is quantised to INT8 QDQ in
   TensorRT's form (:func:`zoo.quantization.quantize_int8` with ``scheme="tensorrt"``: symmetric, zero points 0, ranges
   from the module's own inputs), then built by TensorRT's ONNX parser into an engine whose precisions the Q/DQ pairs
-  set (a strongly typed network where TensorRT has them, else the INT8 builder flag), run on PyTorch's current stream;
-  without the ``tensorrt`` package, by onnxruntime's TensorRT execution provider with INT8 on.
+  set (a strongly typed network where TensorRT has them, else the INT8 builder flag), run on a CUDA stream of its own
+  ordered after and before PyTorch's current one; without the ``tensorrt`` package, by onnxruntime's TensorRT
+  execution provider with INT8 on.
 
 :func:`in_runtime` makes the callable and times its making (compilation, export, engine build: a table reports it in
 its build time); a module a runtime cannot take raises :class:`RuntimeFailure` naming it, never a silent eager run.
@@ -119,8 +120,9 @@ def check_runtime(runtime: str, device: torch.device, dtype: torch.dtype = torch
         if device.type != "cuda":
             raise RuntimeFailure(f"runtime=tensorrt needs a CUDA GPU (device is {device}); on the CPU use "
                                  "runtime=onnxruntime or compile.")
+        backend = tensorrt_backend()
         missing = [m for m in ("onnx", "onnxscript") if not _has(m)]  # all but torch-tensorrt build the ONNX export
-        if tensorrt_backend() is None or (tensorrt_backend() != "torch_tensorrt" and missing):
+        if backend is None or (backend != "torch_tensorrt" and missing):
             raise RuntimeFailure(f"runtime=tensorrt needs TensorRT{' and ' + ', '.join(missing) if missing else ''}: "
                                  f"{INSTALL['tensorrt']}.")
         if dtype not in (torch.float32, torch.float16):
@@ -300,23 +302,23 @@ def _ort_session(model: bytes, providers: list[Any], threads: int, what: str) ->
         raise RuntimeFailure(f"onnxruntime could not load {what}: {_first_line(error)}") from error
 
 
-def _int8_onnx(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], what: str, scheme: str) -> bytes:
-    """`module` exported to ONNX and quantised to INT8 QDQ (`scheme`'s form) on its own inputs."""
+def _onnx_model(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], what: str,
+                int8_scheme: str | None = None) -> bytes:
+    """`module` exported to ONNX, and with an `int8_scheme` quantised to INT8 QDQ in that form on its own inputs."""
     from ..quantization import QuantizationError, quantize_int8
 
     model, _ = onnx_bytes(module, args, kwargs, what)
+    if int8_scheme is None:
+        return model
     try:
-        return quantize_int8(model, [tensor_args(args, kwargs)], what, scheme=scheme)
+        return quantize_int8(model, [tensor_args(args, kwargs)], what, scheme=int8_scheme)
     except QuantizationError as error:
         raise RuntimeFailure(str(error)) from error
 
 
 def _onnxruntime(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], device: torch.device, threads: int,
                  what: str, tensorrt: bool = False, int8: bool = False) -> Callable[[list], Any]:
-    if int8:
-        model = _int8_onnx(module, args, kwargs, what, "tensorrt" if tensorrt else "onnxruntime")
-    else:
-        model, _ = onnx_bytes(module, args, kwargs, what)
+    model = _onnx_model(module, args, kwargs, what, ("tensorrt" if tensorrt else "onnxruntime") if int8 else None)
     if device.type == "cpu":
         session = _ort_session(model, ["CPUExecutionProvider"], threads, what)
         names = [i.name for i in session.get_inputs()]
@@ -384,7 +386,7 @@ TRT_DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloa
 
 def _tensorrt_engine(model: bytes, tensors: list[torch.Tensor], device: torch.device, what: str,
                      runtime: str) -> Callable[[list], Any]:
-    """An ONNX `model` built by TensorRT's ONNX parser into an engine, run on PyTorch's current stream. A strongly
+    """An ONNX `model` built by TensorRT's ONNX parser into an engine, run on a stream of its own. A strongly
     typed network where TensorRT has them (the graph's types and, for INT8, its Q/DQ pairs set every precision),
     else the builder flags its types need (TensorRT 8)."""
     import tensorrt as trt
@@ -446,7 +448,7 @@ def _tensorrt(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], device:
     runtime = "tensorrt_int8" if int8 else "tensorrt"
     if (tensorrt_int8_backend() if int8 else tensorrt_backend()) == "ort-tensorrt":
         return _onnxruntime(module, args, kwargs, device, threads, what, tensorrt=True, int8=int8)
-    model = _int8_onnx(module, args, kwargs, what, "tensorrt") if int8 else onnx_bytes(module, args, kwargs, what)[0]
+    model = _onnx_model(module, args, kwargs, what, "tensorrt" if int8 else None)
     try:
         with _quiet():
             return _tensorrt_engine(model, tensor_args(args, kwargs), device, what, runtime)

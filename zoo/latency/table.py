@@ -11,10 +11,9 @@ The prediction for a plan is ``fixed + sum over segments of cost(segment, varian
 * ``fixed`` is the network with each segment replaced by a module that replays the segment's captured output:
   stem, head and all glue between segments, with real shapes; in a runtime other than eager (``runtime=compile``,
   ``onnxruntime``, ``tensorrt`` and their ``_int8`` forms: :mod:`zoo.latency.runtime`) each record's module is
-  compiled or exported on its
-  own, timed chained after the previous segment (less that segment alone: the runtime's layout conversions at the
-  edges cancel, :func:`~zoo.latency.build.chains_after_previous`), and the fixed part is the whole network, timed in
-  the runtime, less its intact segments (a compiler folds a replay).
+  compiled or exported on its own, timed chained after the previous segment (less that segment alone: the runtime's
+  layout conversions at the edges cancel, :func:`~zoo.latency.build.chains_after_previous`), and the fixed part is
+  the whole network, timed in the runtime, less its intact segments (a compiler folds a replay).
 
 Identical segments (same architecture, inputs and variant) share one cache record across models and runs; see
 :mod:`zoo.latency.cache`. :func:`~zoo.latency.accuracy.correct` may fit a correction ``scale * raw + offset``
