@@ -12,7 +12,7 @@ float32-table plan in float32 and in INT8, and the INT8-table plan in INT8. Spee
 baseline in the same session. Which removals are worth less under INT8: each segment variant's saving (share of
 the baseline) in the INT8 table against the float32 table, by kind (a block, an activation merge).
 
-**quality** (the default digits task, 48 px, ``--seeds`` seeds): the baseline is trained once (``train.py``); per
+**quality** (the default digits task, 48 px, ``--seeds`` seeds, default 5): the baseline is trained once (``train.py``); per
 seed, ``prune.py prune.quantize=int8 prune.target_speedup=2.0`` plans on the INT8 table and again with
 ``prune.int8_table=false`` on the float32 table (both fine-tuned with the default short fine-tune, both networks
 quantised after it and evaluated in onnxruntime); then the five networks of that seed are timed side by side as
@@ -25,11 +25,13 @@ anchored error (mean and max) within the float32 table's (or within 1.5x the noi
 INT8-table plan not significantly less accurate than the float32-table plan (Holm), and at least as fast in INT8
 (mean over seeds, within the noise floor). What a family cannot do is recorded with the reason.
 
-Resumable: every finished part is written to the result file with the fingerprint of its inputs (model, sizes,
-seeds, protocol, versions); a rerun keeps the parts whose fingerprint matches and recomputes the others.
+Resumable: every finished part (and every finished seed) is written to the result file with the fingerprint of its
+inputs (model, sizes, protocol, versions; for the digits seeds also the baseline's weights, which a fresh machine
+retrains: its seeds are kept only if the baseline comes out bit for bit the same); a rerun keeps what matches and
+recomputes the rest, saying which.
 
     python -m benchmarks run int8_depth --device cpu            # every CNN family (hours on 2 cores)
-    python -m benchmarks.int8_depth --models mobilenetv2_100 [--parts speed,quality] [--seeds 3] [--quick]
+    python -m benchmarks.int8_depth --models mobilenetv2_100 [--parts speed,quality] [--seeds 5] [--quick]
         [--resume results/int8_depth_cpu.json] [--workdir DIR]
     python -m benchmarks.int8_depth --summarise results/int8_depth_cpu.json   # verdicts again, no measuring
 """
@@ -53,6 +55,7 @@ from benchmarks.common import Budget, Check, environment, families, judge, resul
 from benchmarks.runtime_tables import speed_plan
 from benchmarks.stats import compare, verdicts
 from zoo.files import json_digest
+from zoo.importance import weights_digest
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, prediction_error, random_plans
 from zoo.latency.device import timing_context
 from zoo.latency.networks import pruned_network, time_interleaved
@@ -246,15 +249,24 @@ def quality_statistics(seeds: list[dict[str, Any]]) -> dict[str, Any]:
             "mean_noise": statistics.fmean(max(s["session"]["rel_uncertainty"].values()) for s in seeds)}
 
 
+def quality_fingerprint(key: dict[str, Any], baseline_weights: str) -> str:
+    """What a stored seed depends on: the part's inputs and the digits baseline's weights (a retrained baseline that
+    differs in any bit makes every stored seed stale)."""
+    return json_digest({**key, "baseline_weights": baseline_weights}, 20)
+
+
 def quality_part(model: str, seeds: int, quick: bool, workdir: Path, stored: dict[str, Any] | None,
                  key: dict[str, Any], save: Any) -> dict[str, Any]:
     """The digits part, resumed seed by seed from `stored` when its fingerprint matches."""
-    fingerprint = json_digest(key, 20)
+    baseline = train_baseline(model, quick, workdir)
+    weights = weights_digest(zoo.load(baseline))
+    fingerprint = quality_fingerprint(key, weights)
     done = [s for s in (stored or {}).get("seeds", []) if (stored or {}).get("fingerprint") == fingerprint]
     if stored and stored.get("fingerprint") != fingerprint:
-        print(f"{model} quality: stored seeds were measured with other inputs; recomputed", flush=True)
-    baseline = train_baseline(model, quick, workdir)
-    part = {"fingerprint": fingerprint, "key": key, "seeds": done}
+        reason = ("another baseline (its weights differ: retrained elsewhere, not bit for bit)"
+                  if stored.get("key") == key else "other inputs")
+        print(f"{model} quality: the stored seeds were measured on {reason}; recomputed", flush=True)
+    part = {"fingerprint": fingerprint, "key": key, "baseline_weights": weights, "seeds": done}
     for seed in range(len(done), seeds):
         start = time.perf_counter()
         part["seeds"].append(quality_seed(model, seed, baseline, quick, workdir))
@@ -276,7 +288,7 @@ def result_path(quick: bool, out: str | Path | None) -> Path:
 
 
 def run(quick: bool = False, device: str = "cpu", models: list[str] | None = None, parts: tuple[str, ...] = (
-        "speed", "quality"), seeds: int = 3, workdir: str | Path | None = None, out: str | Path | None = None,
+        "speed", "quality"), seeds: int = 5, workdir: str | Path | None = None, out: str | Path | None = None,
         budget: Budget | None = None, resume: str | Path | None = None) -> dict[str, Any]:
     """Every model's parts; writes ``int8_depth.json`` after each piece (``int8_depth_quick.json`` with quick).
     Finished parts whose inputs match are kept from `resume` (a committed result), else from the file it writes."""
@@ -437,7 +449,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--models", default=None, help="comma-separated (default: every CNN family's reference)")
     parser.add_argument("--parts", default="speed,quality")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--workdir", default=None, help="baselines, runs and tables (default ~/.cache/depthzoo)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--resume", default=None, metavar="JSON", help="keep the finished parts of this result "

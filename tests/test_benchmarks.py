@@ -417,6 +417,27 @@ def test_int8_depth_keeps_stored_parts_only_at_the_same_target(tmp_path):
         assert kept or "skipped" in result["models"][model]["speed"]
 
 
+def test_int8_depth_seeds_are_tied_to_the_baseline_weights(tmp_path):
+    """A stored digits seed is kept only on the same baseline: the same weights saved elsewhere (other file, other
+    metadata) keep it; one changed weight, or another part's inputs, make it stale."""
+    import torch
+
+    from benchmarks.int8_depth import quality_fingerprint
+    from zoo.importance import weights_digest
+
+    model = zoo.create_model("mobilenetv2_035", num_classes=10)
+    first = zoo.save_checkpoint(model, tmp_path / "a" / "best.safetensors")
+    again = zoo.save_checkpoint(model, tmp_path / "b" / "best.safetensors", epoch=7)
+    key = {"model": "mobilenetv2_035", "part": "quality", "protocol": 1}
+    stored = quality_fingerprint(key, weights_digest(zoo.load(first)))
+    assert quality_fingerprint(key, weights_digest(zoo.load(again))) == stored
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] += 1e-3
+    changed = zoo.save_checkpoint(model, tmp_path / "c" / "best.safetensors")
+    assert quality_fingerprint(key, weights_digest(zoo.load(changed))) != stored
+    assert quality_fingerprint({**key, "protocol": 2}, weights_digest(zoo.load(first))) != stored
+
+
 @pytest.mark.slow
 def test_int8_depth_quick_times_five_forms_side_by_side_and_resumes(tmp_path):
     """The INT8 + depth suite on the smallest task: five forms timed in one session (speed-ups against the float32
