@@ -13,8 +13,8 @@ baseline in the same session. Which removals are worth less under INT8: each seg
 the baseline) in the INT8 table against the float32 table, by kind (a block, an activation merge).
 
 **quality** (the default digits task, 48 px, ``--seeds`` seeds, default 5): the baseline is trained once
-(``train.py``); per seed, ``prune.py prune.quantize=int8 prune.target_speedup=2.0`` plans on the INT8 table and again with
-``prune.int8_table=false`` on the float32 table (both fine-tuned with the default short fine-tune, both networks
+(``train.py``); per seed, ``prune.py prune.quantize=int8 prune.target_speedup=2.0`` plans on the INT8 table and again
+with ``prune.int8_table=false`` on the float32 table (both fine-tuned with the default short fine-tune, both networks
 quantised after it and evaluated in onnxruntime); then the five networks of that seed are timed side by side as
 above. Compared paired by seed (scipy's t test; Holm over the family's comparisons): the INT8-table plan against
 the float32-table plan, in INT8 top-1 and in measured INT8 speed-up.
