@@ -153,6 +153,13 @@ def _unchanged_index(seg: Sequence[Choice]) -> int:
                 min(range(len(seg)), key=lambda i: (-seg[i].latency, len(seg[i].removed))))
 
 
+def fastest_plan(options: Sequence[Sequence[Choice]]) -> SearchResult:
+    """The fastest plan the options allow: each segment's fastest variant (among equals, the least damage)."""
+    picks = tuple(min(range(len(seg)), key=lambda i: (seg[i].latency, seg[i].damage)) for seg in options)
+    latency, damage = _totals(options, picks)
+    return SearchResult(picks, latency, damage, "fastest")
+
+
 def greedy_search(options: Sequence[Sequence[Choice]], budget: float) -> SearchResult:
     """Baseline: repeatedly take the variant switch with the least damage per millisecond saved."""
     _check_reachable(options, budget)

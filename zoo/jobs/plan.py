@@ -26,7 +26,7 @@ from ..importance import (
     unit_io,
     weights_digest,
 )
-from ..search import SEARCHES, WHOLE_SEGMENT_SEARCHES, BudgetError, Choice, search
+from ..search import SEARCHES, WHOLE_SEGMENT_SEARCHES, BudgetError, Choice, fastest_plan, search
 from .measure import measure_side_by_side
 from .prune_config import measure_settings, read_plan_file
 
@@ -169,7 +169,10 @@ def model_search_inputs(cfg: Any, baseline: nn.Module, table: Any, data: Any, op
 
 def choose_plan(cfg: Any, table: Any, options: list[list[Choice]], model_inputs: dict[str, Any] | None = None
                 ) -> tuple[dict[str, Any], Any]:
-    """Run the configured search; an unreachable budget names the best achievable speed-up."""
+    """Run the configured search; an unreachable budget names the best achievable speed-up.
+
+    A target beyond the table's predicted ceiling by at most ``prune.target_tolerance`` (the table's own error is a
+    few per cent) gets the fastest plan, and the measured-target loop decides whether it reaches the target."""
     target, budget = budget_for(cfg, table)
     try:
         result = search(cfg.prune.search, options, budget, bins=cfg.prune.bins, seed=cfg.prune.seed,
@@ -184,6 +187,12 @@ def choose_plan(cfg: Any, table: Any, options: list[list[Choice]], model_inputs:
             raise BudgetError(f"No plan fits the target of {target:.3f} ms once latencies are rounded to "
                               f"prune.bins={cfg.prune.bins} steps; raise prune.bins, e.g. to {cfg.prune.bins * 4}."
                               ) from None
+        if fastest <= target * (1.0 + cfg.prune.target_tolerance):
+            _log.warning("the target (%.3f ms predicted) is %.1f %% beyond the table's fastest plan (%.3f ms, %.2fx), "
+                         "within prune.target_tolerance=%.3g: the fastest plan is taken and measured", target,
+                         100 * (fastest / target - 1.0), fastest, best, cfg.prune.target_tolerance)
+            result = fastest_plan(options)
+            return {"remove": result.removed(options), "merge": cfg.prune.merge}, result
         instead = (f"ask for prune.target_latency_ms above {fastest:.3f}" if cfg.prune.target_latency_ms
                    else f"ask for prune.target_speedup below {best:.2f}")
         asked = (f"prune.target_latency_ms={cfg.prune.target_latency_ms}" if cfg.prune.target_latency_ms
@@ -255,6 +264,10 @@ def corrected_plan(cfg: Any, table: Any, options: list[list[Choice]], model_inpu
         except BudgetError as exc:
             _log.warning("no plan for the corrected target %.3fx (%s): keeping the closest plan tried", searched_for,
                          exc)
+            break
+        if any(sorted(c.plan["remove"]) == sorted(plan["remove"]) for c in tried):
+            _log.info("the corrected target %.3fx gives a plan already timed: keeping the closest plan tried",
+                      searched_for)
             break
     best = min(tried, key=lambda c: abs(c.miss))
     if abs(best.miss) > cfg.prune.target_tolerance:
