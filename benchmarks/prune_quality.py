@@ -6,8 +6,10 @@ For each family, on a task that is not near its ceiling (real data that exists o
 2. build its latency table on the device (cached);
 3. per (rule, target, seed): the rule's plan, timed beside the baseline and searched again for a corrected target
    until its measured speed-up is within ``TOLERANCE`` of the target (the loop ``prune.py`` runs,
-   :func:`zoo.jobs.plan.corrected_plan`); when no plan lands there, the two plans that bracket the target measured
-   are both evaluated and their quality is interpolated linearly in measured speed-up, per validation sample;
+   :func:`zoo.jobs.plan.corrected_plan`); when no plan lands there and all of them measured on one side of it, the
+   search steps its predicted speed-up away from them until it gives a plan on the other side (:func:`bracketing`);
+   the two plans that bracket the target measured are both evaluated and their quality is interpolated linearly in
+   measured speed-up, per validation sample;
 4. quality one-shot (the plan applied and merged, no training) and after the short fine-tune (a real ``prune.py``
    fine-tune: distillation from the baseline, linearisation), with per-sample values on the validation split;
 5. every plan used is measured again, all of them beside the baseline in one interleaved session per target
@@ -39,6 +41,7 @@ weights, rule, seed, target, protocol), so an interrupted run continues and a ch
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import statistics
@@ -104,7 +107,9 @@ DEV_SEEDS = (100, 101, 102)
 SHORT_EPOCHS = 1
 TOLERANCE = 0.02          # a plan is at the target when its measured speed-up is within 2 % of it
 CORRECTIONS = 4           # searches again for a corrected target, at most
-PROTOCOL = 2              # cells of an older protocol are not reused
+BRACKET_STEPS = (0.03, 0.06, 0.12, 0.24)  # how far the bracketing search steps the predicted speed-up, in turn
+BRACKET_TIMINGS = 3       # plans the bracketing search times, at most
+PROTOCOL = 3              # cells of an older protocol are not reused
 COMMON = ["logger=none", "trainer.progress=false", "trainer.save_checkpoints=false", "prune.calib_batches=4",
           "++prune.table={warmup_s: 0.5, min_rounds: 5, max_rounds: 15}", f"prune.target_tolerance={2 * TOLERANCE}",
           f"prune.target_corrections={CORRECTIONS}",
@@ -249,6 +254,7 @@ class Family:
                  "evaluations": getattr(inputs.get("loss_of"), "evaluations", 0), "plan": plain_plan(plan)}
         if correct:
             _, tried = corrected_plan(cfg, self.table, options, inputs, self.baseline, plan, result)
+            tried += bracketing(cfg, self.table, options, inputs, self.baseline, tried)
             found["tried"] = [{**c.record(), "plan": plain_plan(c.plan)} for c in tried]
         return found
 
@@ -340,6 +346,48 @@ def cached(family: Family, key: dict[str, Any], compute: Any) -> Any:
     value = compute()
     write_sealed_json(path, {"key": key, "value": value})
     return value
+
+
+def bracketing(cfg: Any, table: Any, options: list, inputs: dict[str, Any], baseline: torch.nn.Module,
+               tried: list[Any]) -> list[Any]:
+    """When no plan the measured-target loop tried is within ``TOLERANCE`` of the wanted speed-up and all of them
+    measured on one side of it, the nearest plans on the other side, each timed beside the baseline: the search runs
+    for predicted speed-ups stepped away from the tried plans' (``BRACKET_STEPS``) until it gives a plan not tried,
+    at most ``BRACKET_TIMINGS`` times. A plan's speed-up moves in steps (a block is removed or kept), so scaling the
+    target by the miss can give the same plan every time; the plans below and above the target are interpolated."""
+    from zoo.jobs.plan import Correction, choose_plan, measured_speedup
+    from zoo.jobs.prune_config import measure_settings
+    from zoo.search import BudgetError
+
+    added: list[Any] = []
+    names = {plan_name(c.plan) for c in tried}
+    wanted = tried[0].wanted
+    for _ in range(BRACKET_TIMINGS):
+        seen = [*tried, *added]
+        if at_target([{"measured_speedup": c.measured, "plan": c.plan} for c in seen], wanted)["at_target"]:
+            break
+        above = seen[0].measured > wanted  # every plan measured on this side (else they bracket the target)
+        edge = (min if above else max)(c.predicted for c in seen)
+        plan = result = None
+        for step in BRACKET_STEPS:
+            searched_for = max(1.0 + 1e-3, edge * (1.0 - step)) if above else edge * (1.0 + step)
+            retarget = copy.deepcopy(cfg)
+            retarget.prune.target_speedup, retarget.prune.target_latency_ms = searched_for, None
+            try:
+                plan, result = choose_plan(retarget, table, options, inputs)
+            except BudgetError:
+                plan = None
+                break
+            if plan_name(plan) not in names:
+                break
+            plan = None
+        if plan is None:
+            break
+        names.add(plan_name(plan))
+        _, measured = measured_speedup(table, baseline, plan, measure_settings(cfg.prune))
+        added.append(Correction(searched_for, table.predict({"remove": []}) / table.predict(plan), measured, wanted,
+                                plan, result))
+    return added
 
 
 def at_target(tried: list[dict[str, Any]], wanted: float, tolerance: float = TOLERANCE) -> dict[str, Any]:

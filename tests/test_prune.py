@@ -133,6 +133,45 @@ def test_a_target_just_beyond_the_tables_ceiling_gets_the_fastest_plan(digits_pr
         planning.choose_plan(cfg, table, options)
 
 
+def test_prune_quality_brackets_a_target_every_tried_plan_overshoots(digits_prune, monkeypatch):
+    """On a machine where every plan runs 6 % faster than predicted, the plan searched for 1.5x overshoots; the
+    bracketing search steps the predicted speed-up down to plans not tried, each timed, until one is within 2 % or
+    below the target (then the two around it are interpolated). A cell already at the target adds nothing."""
+    from benchmarks.prune_quality import BRACKET_TIMINGS, at_target, bracketing
+    from benchmarks.prune_speedup import compose
+    from zoo.jobs import plan as planning
+    from zoo.jobs.baseline import load_or_train_baseline
+    from zoo.jobs.measure import build_job_table
+    from zoo.jobs.models import to_container
+    from zoo.jobs.runs import with_inputs
+    from zoo.training import build_loaders
+
+    base, _ = digits_prune
+    cfg = compose([*TINY, "prune.search=dp", f"paths.log_dir={base / 'outputs'}", f"prune.cache_dir={base / 'cache'}"],
+                  base / "bracket")
+    data = build_loaders(cfg.data, seed=cfg.trainer.seed)
+    config = with_inputs(to_container(cfg))
+    baseline, _ = load_or_train_baseline(cfg, data, config)
+    table = build_job_table(cfg, baseline, data)
+    options = planning.build_options(table, planning.importance_of(cfg, config, baseline, table, data)[0])
+    speedup = lambda plan: table.predict({"remove": []}) / table.predict(plan)  # noqa: E731
+    monkeypatch.setattr(planning, "measured_speedup", lambda table, baseline, plan, settings: (10.0,
+                        1.06 * speedup(plan)))
+    plan, result = planning.choose_plan(cfg, table, options)
+    first = planning.Correction(1.5, speedup(plan), 1.06 * speedup(plan), 1.5, plan, result)
+    added = bracketing(cfg, table, options, {}, baseline, [first])
+    assert 1 <= len(added) <= BRACKET_TIMINGS
+    measured = [first.measured, *(c.measured for c in added)]
+    assert measured == sorted(measured, reverse=True) and len({str(sorted(c.plan["remove"])) for c in added}) == len(
+        added) and all(c.plan != plan for c in added)
+    assert all(c.measured == pytest.approx(1.06 * speedup(c.plan)) for c in added)
+    chosen = at_target([{"measured_speedup": m, "plan": i} for i, m in enumerate(measured)], 1.5)
+    assert chosen["at_target"] or len(added) == BRACKET_TIMINGS
+    assert all(m > 1.5 * 1.02 for m in measured[:-1])  # it stopped at the first plan that brackets or lands
+    on_target = planning.Correction(1.5, 1.45, 1.5, 1.5, plan, result)
+    assert bracketing(cfg, table, options, {}, baseline, [on_target]) == []
+
+
 def test_prune_wandb_run_holds_tables_plan_and_results(digits_prune):
     base, _ = digits_prune
     results = json.loads((base / "run" / "results.json").read_text())
