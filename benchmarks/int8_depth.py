@@ -291,7 +291,8 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
         "speed", "quality"), seeds: int = 5, workdir: str | Path | None = None, out: str | Path | None = None,
         budget: Budget | None = None, resume: str | Path | None = None) -> dict[str, Any]:
     """Every model's parts; writes ``int8_depth.json`` after each piece (``int8_depth_quick.json`` with quick).
-    Finished parts whose inputs match are kept from `resume` (a committed result), else from the file it writes."""
+    Finished parts whose inputs match are kept from `resume` (a committed result), else from the file it writes; the
+    other models of that file are carried over as they are."""
     if device not in ("cpu", "auto"):
         return {"suite": "int8_depth", "skipped": f"this benchmark times onnxruntime's INT8 on the CPU; device="
                 f"{device} has none here (TensorRT INT8 on a GPU: prune.runtime=tensorrt prune.quantize=int8)"}
@@ -308,7 +309,9 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
     work.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"suite": "int8_depth", "quick": quick, "protocol": PROTOCOL, "target": target,
                               "env": environment(torch.device("cpu"), torch.float32, 1, 1), "versions": versions(),
-                              "models": {m: dict(stored.get("models", {}).get(m, {})) for m in models}}
+                              "models": {m: dict(parts_of) for m, parts_of in stored.get("models", {}).items()}}
+    for model in models:  # a model not run now keeps its stored parts: a run of one model loses nobody's numbers
+        result["models"].setdefault(model, {})
     start = time.perf_counter()
 
     def save() -> None:

@@ -402,19 +402,22 @@ def test_runtime_diagnosis_times_the_same_network_whole_and_segment_by_segment(t
 
 
 def test_int8_depth_keeps_stored_parts_only_at_the_same_target(tmp_path):
-    """A stored part was planned for its file's target: resumed at another target it is dropped, not reused."""
+    """A stored part was planned for its file's target: resumed at another target it is dropped, not reused. At the
+    same target, the file's other models are carried over untouched by a run of one model."""
     from benchmarks.common import Budget, smoke_model
     from benchmarks.int8_depth import QUICK_TARGET, run
 
     model = smoke_model()
     stored = {"speed": {"fingerprint": "stored", "session": {"speedup": {}}}}
+    other = {"quality": {"fingerprint": "other", "seeds": []}}
     for target, kept in ((QUICK_TARGET, True), (QUICK_TARGET + 0.5, False)):
         source = tmp_path / f"stored_{target}.json"
-        source.write_text(json.dumps({"target": target, "models": {model: stored}}))
+        source.write_text(json.dumps({"target": target, "models": {"other_model": other, model: stored}}))
         result = run(quick=True, models=[model], parts=("speed",), out=tmp_path / "out", resume=source,
                      budget=Budget(0.0, min_start_s=1.0))  # no time to measure: only what is kept is there
         assert (result["models"][model]["speed"] == stored["speed"]) is kept
         assert kept or "skipped" in result["models"][model]["speed"]
+        assert (result["models"].get("other_model") == other) is kept
 
 
 def test_int8_depth_seeds_are_tied_to_the_baseline_weights(tmp_path):
