@@ -51,7 +51,8 @@ SUITES = {
     "prune_search": "DP plans at 1.5x and 2.0x on synthetic inputs, merged, fused and timed beside the unpruned "
                     "network (GPU)",
     "fla": "flash-linear-attention's fused retention kernels vs the PyTorch path (CUDA)",
-    "int8_depth": "depth and INT8 together in onnxruntime on the CPU: float32 and INT8 baselines, the plan of the "
+    "int8_depth": "depth and INT8 together in onnxruntime on the CPU (TensorRT on a GPU: --device cuda): float32 and "
+                  "INT8 baselines, the plan of the "
                   "float32 table in float32 and INT8, the plan of the INT8 table in INT8, side by side; the INT8 "
                   "table's error; digits accuracy over seeds, INT8-table plan against float32-table plan",
     "int8_decode": "RetNet decode with 8-bit weights on the CPU: tokens/s against float32 (retnet_base, "

@@ -1,8 +1,10 @@
-"""Depth and INT8 together on the CPU: do the speed-ups multiply, and does planning on INT8 latencies pay?
+"""Depth and INT8 together: do the speed-ups multiply, and does planning on INT8 latencies pay?
 
-Two parts per CNN family (its reference member; ``--models`` to choose), in onnxruntime on this CPU, batch 1, one
-thread; "INT8" is onnxruntime's static QDQ quantisation (per-channel int8 weights, uint8 activations, min/max
-ranges; :mod:`zoo.quantization`):
+Two parts per CNN family (its reference member; ``--models`` to choose), batch 1. On the CPU (one thread) the
+runtimes are ``onnxruntime`` and ``onnxruntime_int8``: onnxruntime's static QDQ quantisation (per-channel int8
+weights, uint8 activations, min/max ranges; :mod:`zoo.quantization`). On a GPU (``--device cuda``) they are
+``tensorrt`` and ``tensorrt_int8`` (TensorRT's explicit quantisation of the same kind of QDQ file, symmetric; see
+:data:`PLATFORMS`); below, "float32 table" and "INT8 table" are the platform's pair:
 
 **speed** (224 px, random weights): the float32 table (``onnxruntime``) and the INT8 table (``onnxruntime_int8``)
 are built, each table's prediction error is measured on the same random plans (raw and anchored, beside its noise
@@ -32,7 +34,7 @@ recomputes the rest, saying which.
 
     python -m benchmarks run int8_depth --device cpu            # every CNN family (hours on 2 cores)
     python -m benchmarks.int8_depth --models mobilenetv2_100 [--parts speed,quality] [--seeds 5] [--quick]
-        [--resume results/int8_depth_cpu.json] [--workdir DIR]
+        [--resume results/int8_depth_cpu.json] [--workdir DIR] [--device cuda]
     python -m benchmarks.int8_depth --summarise results/int8_depth_cpu.json   # verdicts again, no measuring
 """
 
@@ -56,6 +58,7 @@ from benchmarks.runtime_tables import speed_plan
 from benchmarks.stats import compare, verdicts
 from zoo.files import json_digest
 from zoo.importance import weights_digest
+from zoo.jobs.prune_config import INT8_PAIRS
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, prediction_error, random_plans
 from zoo.latency.device import timing_context
 from zoo.latency.networks import pruned_network, time_interleaved
@@ -69,10 +72,16 @@ COMBINED = {"speed": 3.0, "quality": 2.5}  # depth + INT8 against the float32 ba
 TARGET_MODEL = "mobilenetv2_100"
 MAX_DROP = 1.0  # top-1 points: the INT8 pruned network against the float32 pruned network
 NOISE_FACTOR = 1.5
-FORMS = {"fp32_baseline": ("baseline", "onnxruntime"), "int8_baseline": ("baseline", "onnxruntime_int8"),
-         "fp32_plan_fp32": ("fp32_plan", "onnxruntime"), "fp32_plan_int8": ("fp32_plan", "onnxruntime_int8"),
-         "int8_plan_int8": ("int8_plan", "onnxruntime_int8")}
-TABLES = {"fp32": "onnxruntime", "int8": "onnxruntime_int8"}
+PLATFORMS = {"cpu": "onnxruntime", "cuda": "tensorrt"}  # device type: its prune.runtime (INT8_PAIRS: its two tables)
+FORMS = {"fp32_baseline": ("baseline", "fp32"), "int8_baseline": ("baseline", "int8"),
+         "fp32_plan_fp32": ("fp32_plan", "fp32"), "fp32_plan_int8": ("fp32_plan", "int8"),
+         "int8_plan_int8": ("int8_plan", "int8")}  # form: (network, table kind)
+TABLES = ("fp32", "int8")
+
+
+def runtimes_on(kind: str) -> dict[str, str]:
+    """The float32 and INT8 runtimes of device type `kind` (``prune.quantize=int8``'s pair for its runtime)."""
+    return dict(zip(TABLES, INT8_PAIRS[PLATFORMS[kind]]))
 QUICK_TARGET = 1.3  # --quick: tiny inputs, where a stem and head that cannot be removed cap the speed-up
 QUICK_DATA = ["data.image_size=16", "data.train_samples=200", "trainer.max_epochs=1", "trainer.limit_train_batches=3"]
 QUICK_PRUNE = ["finetune.epochs=1", "prune.calib_batches=1", "prune.target_corrections=1",
@@ -94,13 +103,15 @@ def timing_settings(quick: bool) -> tuple[TableSettings, NetworkTimingSettings]:
 
 # ---------------------------------------------------------------------------------------------- side by side
 def five_way(networks: dict[str, torch.nn.Module], example: torch.Tensor, settings: NetworkTimingSettings,
-             estimator: str) -> dict[str, Any]:
-    """The five forms (:data:`FORMS`) timed in one interleaved session, one thread; speed-ups against float32."""
-    cpu = torch.device("cpu")
-    with timing_context(cpu, torch.float32, 1):
-        calls = [in_runtime(networks[net].eval(), (example,), {}, runtime, cpu, 1, what=form)
-                 for form, (net, runtime) in FORMS.items()]
-    benches = time_interleaved(calls, (example,), {}, cpu, torch.float32, 1, settings)
+             estimator: str, device: str = "cpu") -> dict[str, Any]:
+    """The five forms (:data:`FORMS`) timed in one interleaved session (one CPU thread) in `device`'s runtimes
+    (:data:`PLATFORMS`); speed-ups against float32."""
+    dev = torch.device(device)
+    runtimes, example = runtimes_on(dev.type), example.to(dev)
+    with timing_context(dev, torch.float32, 1):
+        calls = [in_runtime(networks[net].to(dev).eval(), (example,), {}, runtimes[kind], dev, 1, what=form)
+                 for form, (net, kind) in FORMS.items()]
+    benches = time_interleaved(calls, (example,), {}, dev, torch.float32, 1, settings)
     ms = {form: bench.summary()[f"{estimator}_ms"] for form, bench in zip(FORMS, benches)}
     spread = {form: bench.summary()["rel_uncertainty"] for form, bench in zip(FORMS, benches)}
     return {"ms": ms, "rel_uncertainty": spread, "statistic": estimator,
@@ -148,12 +159,12 @@ def removal_worth(tables: dict[str, Any]) -> dict[str, Any]:
     return {"by_kind": by_kind, "largest_falls": falls}
 
 
-def speed_part(model: str, quick: bool, cache_dir: Path) -> dict[str, Any]:
+def speed_part(model: str, quick: bool, cache_dir: Path, device: str = "cpu") -> dict[str, Any]:
     """Tables, their errors, the two plans and the five-way session at :data:`SPEED_SIZE` (random weights)."""
     table_settings, network_settings = timing_settings(quick)
     size = 64 if quick else SPEED_SIZE
-    tables = {name: build_table(model, batch_size=1, input_size=size, device="cpu", cache_dir=str(cache_dir),
-                                settings=table_settings, runtime=runtime) for name, runtime in TABLES.items()}
+    tables = {name: build_table(model, batch_size=1, input_size=size, device=device, cache_dir=str(cache_dir),
+                                settings=table_settings, runtime=runtimes_on(device)[name]) for name in TABLES}
     target = QUICK_TARGET if quick else TARGET
     plans = {name: speed_plan(table, target) for name, table in tables.items()}
     if None in plans.values():
@@ -168,7 +179,7 @@ def speed_part(model: str, quick: bool, cache_dir: Path) -> dict[str, Any]:
     networks = {"baseline": pruned_network(tables["fp32"], {"remove": [], "merge": True}),
                 "fp32_plan": pruned_network(tables["fp32"], plans["fp32"]),
                 "int8_plan": pruned_network(tables["fp32"], plans["int8"])}
-    session = five_way(networks, tables["fp32"].example, network_settings, table_settings.estimator)
+    session = five_way(networks, tables["fp32"].example, network_settings, table_settings.estimator, device)
     return {"model": model, "input_size": size, "target": target, "plans": {n: {"removed": sorted(p["remove"]),
                                                                "predicted_speedup": tables[n].predict(
                                                                    {"remove": []}) / tables[n].predict(p)}
@@ -194,10 +205,12 @@ def quality_overrides(model: str, quick: bool) -> list[str]:
     return [f"model={model}", "data=digits", *(QUICK_DATA if quick else [])]
 
 
-def quality_seed(model: str, seed: int, baseline: Path, quick: bool, workdir: Path) -> dict[str, Any]:
+def quality_seed(model: str, seed: int, baseline: Path, quick: bool, workdir: Path, device: str = "cpu"
+                 ) -> dict[str, Any]:
     """The seed's two prune runs (INT8 table, float32 table) and its five-way session."""
     common = [*quality_overrides(model, quick), *(QUICK_PRUNE if quick else []), f"checkpoint={baseline}",
-              "prune.device=cpu", "prune.batch_size=1", "prune.threads=1", "prune.runtime=onnxruntime",
+              f"prune.device={device}", "prune.batch_size=1", "prune.threads=1",
+              f"prune.runtime={PLATFORMS[device]}",
               "prune.quantize=int8", f"prune.target_speedup={QUICK_TARGET if quick else TARGET}",
               f"trainer.seed={seed}", f"prune.seed={seed}", f"prune.cache_dir={workdir / 'cache'}"]
     runs = {}
@@ -222,7 +235,7 @@ def quality_seed(model: str, seed: int, baseline: Path, quick: bool, workdir: Pa
                 "int8_plan": zoo.fuse(zoo.load(Path(runs["int8"]["dir"]) / "pruned.safetensors").eval())}
     size = 16 if quick else 48
     example = torch.randn(1, 3, size, size)
-    session = five_way(networks, example, network_settings, TableSettings().estimator)
+    session = five_way(networks, example, network_settings, TableSettings().estimator, device)
     return {"seed": seed, "runs": runs, "session": session}
 
 
@@ -256,7 +269,7 @@ def quality_fingerprint(key: dict[str, Any], baseline_weights: str) -> str:
 
 
 def quality_part(model: str, seeds: int, quick: bool, workdir: Path, stored: dict[str, Any] | None,
-                 key: dict[str, Any], save: Any) -> dict[str, Any]:
+                 key: dict[str, Any], save: Any, device: str = "cpu") -> dict[str, Any]:
     """The digits part, resumed seed by seed from `stored` when its fingerprint matches."""
     baseline = train_baseline(model, quick, workdir)
     weights = weights_digest(zoo.load(baseline))
@@ -269,7 +282,7 @@ def quality_part(model: str, seeds: int, quick: bool, workdir: Path, stored: dic
     part = {"fingerprint": fingerprint, "key": key, "baseline_weights": weights, "seeds": done}
     for seed in range(len(done), seeds):
         start = time.perf_counter()
-        part["seeds"].append(quality_seed(model, seed, baseline, quick, workdir))
+        part["seeds"].append(quality_seed(model, seed, baseline, quick, workdir, device))
         print(f"{model} quality: seed {seed} in {time.perf_counter() - start:.0f} s", flush=True)
         save(part)
     part["statistics"] = quality_statistics(part["seeds"])
@@ -277,14 +290,36 @@ def quality_part(model: str, seeds: int, quick: bool, workdir: Path, stored: dic
 
 
 # ----------------------------------------------------------------------------------------------------- run
-def versions() -> dict[str, str]:
+def versions(device: str = "cpu") -> dict[str, str]:
+    """The versions a part's numbers depend on (TensorRT's too on a GPU)."""
     import onnxruntime
 
-    return {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__}
+    found = {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__}
+    if device == "cuda":
+        import tensorrt
+
+        found["tensorrt"] = tensorrt.__version__
+    return found
 
 
-def result_path(quick: bool, out: str | Path | None) -> Path:
-    return results_dir(out) / ("int8_depth_quick.json" if quick else "int8_depth.json")
+def platform_of(device: str) -> tuple[str | None, str | None]:
+    """(the device type to run on, or None; why not): ``auto`` is the GPU where there is one; a GPU needs CUDA and
+    TensorRT with its INT8 quantiser (``tensorrt_int8``)."""
+    from zoo.latency.runtime import INSTALL, tensorrt_int8_backend
+
+    kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device.split(":")[0]
+    if kind not in PLATFORMS:
+        return None, f"device={device}: this benchmark runs on {' or '.join(PLATFORMS)}"
+    if kind == "cuda" and not torch.cuda.is_available():
+        return None, f"device={device}: no CUDA device here (on the CPU: --device cpu)"
+    if kind == "cuda" and tensorrt_int8_backend() is None:
+        return None, f"device={device} times TensorRT INT8, which is missing here: {INSTALL['tensorrt_int8']}"
+    return kind, None
+
+
+def result_path(quick: bool, out: str | Path | None, platform: str = "cpu") -> Path:
+    """``int8_depth[_quick][_cuda].json``: a GPU run never overwrites the CPU's file."""
+    return results_dir(out) / f"int8_depth{'_quick' if quick else ''}{'' if platform == 'cpu' else '_' + platform}.json"
 
 
 def run(quick: bool = False, device: str = "cpu", models: list[str] | None = None, parts: tuple[str, ...] = (
@@ -293,14 +328,17 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
     """Every model's parts; writes ``int8_depth.json`` after each piece (``int8_depth_quick.json`` with quick).
     Finished parts whose inputs match are kept from `resume` (a committed result), else from the file it writes; the
     other models of that file are carried over as they are."""
-    if device not in ("cpu", "auto"):
-        return {"suite": "int8_depth", "skipped": f"this benchmark times onnxruntime's INT8 on the CPU; device="
-                f"{device} has none here (TensorRT INT8 on a GPU: prune.runtime=tensorrt prune.quantize=int8)"}
+    kind, why_not = platform_of(device)
+    if kind is None:
+        return {"suite": "int8_depth", "skipped": why_not}
     models = models or ([smoke_model()] if quick else cnn_models())
     seeds = 1 if quick else seeds
-    path = result_path(quick, out)
+    path = result_path(quick, out, kind)
     source = Path(resume) if resume else path
     stored = json.loads(source.read_text()) if source.is_file() else {}
+    if stored and stored.get("platform", "cpu") != kind:  # another device's numbers: neither kept nor carried
+        print(f"{source}: measured on {stored.get('platform', 'cpu')}, not {kind}: not reused", flush=True)
+        stored = {}
     target = QUICK_TARGET if quick else TARGET
     if stored and stored.get("target") != target:  # every part's plans were chosen for the stored target
         print(f"{source}: measured at target {stored.get('target')}x, not {target}x: recomputed", flush=True)
@@ -308,7 +346,8 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
     work = Path(workdir or Path.home() / ".cache" / "depthzoo" / ("int8_depth_quick" if quick else "int8_depth"))
     work.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"suite": "int8_depth", "quick": quick, "protocol": PROTOCOL, "target": target,
-                              "env": environment(torch.device("cpu"), torch.float32, 1, 1), "versions": versions(),
+                              "platform": kind, "runtimes": runtimes_on(kind),
+                              "env": environment(torch.device(kind), torch.float32, 1, 1), "versions": versions(kind),
                               "models": {m: dict(parts_of) for m, parts_of in stored.get("models", {}).items()}}
     for model in models:  # a model not run now keeps its stored parts: a run of one model loses nobody's numbers
         result["models"].setdefault(model, {})
@@ -322,7 +361,8 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
     for model in models:
         row = result["models"][model]
         for part in parts:
-            key = {"model": model, "part": part, "protocol": PROTOCOL, "quick": quick, **versions(),
+            key = {"model": model, "part": part, "protocol": PROTOCOL, "quick": quick, **versions(kind),
+                   **({"platform": kind} if kind != "cpu" else {}),  # (CPU parts keep their stored fingerprints)
                    **({"seeds_of": seeds} if part == "quality" else {})}
             stored_part = row.get(part) or {}
             if part == "speed" and stored_part.get("fingerprint") == json_digest(key, 20):
@@ -333,7 +373,7 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
                 continue
             try:
                 if part == "speed":
-                    row[part] = {"fingerprint": json_digest(key, 20), **speed_part(model, quick, work / "cache")}
+                    row[part] = {"fingerprint": json_digest(key, 20), **speed_part(model, quick, work / "cache", kind)}
                 else:
                     key = {k: v for k, v in key.items() if k != "seeds_of"}
 
@@ -341,7 +381,7 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
                         result["models"][model]["quality"] = partial
                         save()
 
-                    row[part] = quality_part(model, seeds, quick, work, stored_part, key, keep)
+                    row[part] = quality_part(model, seeds, quick, work, stored_part, key, keep, kind)
             except Exception as error:  # noqa: BLE001 - a family that cannot is recorded, with the reason
                 row[part] = {"error": f"{type(error).__name__}: {str(error)[:1500]}"}
             save()
@@ -356,7 +396,7 @@ def checks(result: dict[str, Any]) -> list[Check]:
     for model, row in result["models"].items():
         speed, quality = row.get("speed") or {}, row.get("quality") or {}
         session = speed.get("session") or {}
-        if model == TARGET_MODEL:
+        if model == TARGET_MODEL and result.get("platform", "cpu") == "cpu":  # the issue's targets are the CPU's
             out.append(Check(f"{model} {speed.get('input_size', SPEED_SIZE)} px: depth {target} + INT8 speed-up",
                              session.get("speedup", {}).get("int8_plan_int8"), ">=", COMBINED["speed"]))
             stats = quality.get("statistics") or {}
@@ -436,7 +476,9 @@ def markdown(result: dict[str, Any]) -> str:
     judged = verdicts_of(result)
     lines += ["", "Targets: " + "; ".join(f"{label}: {'-' if v is None else 'pass' if v else 'FAIL'}"
                                           for label, v in judged.items()),
-              "", f"{result['env']['device']}, onnxruntime {result['versions']['onnxruntime']}, batch 1, one thread, "
+              "", f"{result['env']['device']}, " + ", ".join(f"{name} {version}" for name, version in
+                                                          result["versions"].items() if name != "torch")
+              + f", batch 1{', one thread' if result.get('platform', 'cpu') == 'cpu' else ''}, "
               f"status {result.get('status', '-')}."]
     return "\n".join(lines)
 
@@ -458,11 +500,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resume", default=None, metavar="JSON", help="keep the finished parts of this result "
                         "(e.g. results/int8_depth_cpu.json) where their inputs match")
     parser.add_argument("--summarise", default=None, metavar="JSON", help="judge a stored result again and print it")
+    parser.add_argument("--device", default="cpu", help="cpu (onnxruntime), cuda (TensorRT) or auto")
     args = parser.parse_args(argv)
     if args.summarise:
         print(markdown(judge("int8_depth", json.loads(Path(args.summarise).read_text()))))
         return
-    result = run(args.quick, "cpu", args.models.split(",") if args.models else None, tuple(args.parts.split(",")),
+    result = run(args.quick, args.device, args.models.split(",") if args.models else None, tuple(args.parts.split(",")),
                  args.seeds, args.workdir, args.out, resume=args.resume)
     print(markdown(result))
 

@@ -441,27 +441,59 @@ def test_int8_depth_seeds_are_tied_to_the_baseline_weights(tmp_path):
     assert quality_fingerprint({**key, "protocol": 2}, weights_digest(zoo.load(first))) != stored
 
 
-@pytest.mark.slow
-def test_int8_depth_quick_times_five_forms_side_by_side_and_resumes(tmp_path):
-    """The INT8 + depth suite on the smallest task: five forms timed in one session (speed-ups against the float32
-    baseline), the INT8-table and float32-table plans really planned in those runtimes, verdicts recomputed from
-    the numbers, and a second run keeps what the first measured (same inputs)."""
-    from benchmarks.int8_depth import FORMS, NOISE_FACTOR
+def test_int8_depth_runs_tensorrt_on_a_gpu_and_says_why_it_cannot_here(tmp_path):
+    """On a GPU the two tables are TensorRT's float and INT8 runtimes, the pair prune.py plans on with
+    prune.runtime=tensorrt; a cuda run without CUDA (or TensorRT) is skipped with the reason and writes nothing; its
+    result file is never the CPU's."""
+    import torch
+    from omegaconf import OmegaConf
 
+    from benchmarks.int8_depth import PLATFORMS, platform_of, result_path, run, runtimes_on
+    from zoo.jobs.prune_config import planning_runtime
+
+    assert runtimes_on("cpu") == {"fp32": "onnxruntime", "int8": "onnxruntime_int8"}
+    assert runtimes_on("cuda") == {"fp32": "tensorrt", "int8": "tensorrt_int8"}
+    for kind, runtime in PLATFORMS.items():
+        for planner, int8_table in (("int8", True), ("fp32", False)):
+            prune = OmegaConf.create({"runtime": runtime, "quantize": "int8", "int8_table": int8_table})
+            assert planning_runtime(prune) == runtimes_on(kind)[planner]
+    assert platform_of("mps")[0] is None and "cpu or cuda" in platform_of("mps")[1]
+    assert result_path(False, tmp_path, "cuda").name == "int8_depth_cuda.json" != result_path(False, tmp_path).name
+    if not torch.cuda.is_available():
+        assert platform_of("auto") == ("cpu", None)
+        kind, why = platform_of("cuda")
+        assert kind is None and "no CUDA device" in why
+        result = run(quick=True, device="cuda", out=tmp_path / "out")
+        assert result["skipped"] == why and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_int8_depth_quick_times_five_forms_side_by_side_and_resumes(tmp_path, device):
+    """The INT8 + depth suite on the smallest task: five forms timed in one session (speed-ups against the float32
+    baseline), the INT8-table and float32-table plans really planned in those runtimes (onnxruntime's on the CPU,
+    TensorRT's on a GPU), verdicts recomputed from the numbers, and a second run keeps what the first measured."""
+    from benchmarks.int8_depth import FORMS, NOISE_FACTOR, platform_of, result_path, runtimes_on
+
+    kind, why_not = platform_of(device)
+    if kind is None:
+        pytest.skip(why_not)
     command = [sys.executable, "-m", "benchmarks.int8_depth", "--quick", "--out", str(tmp_path / "out"),
-               "--workdir", str(tmp_path / "work")]
+               "--workdir", str(tmp_path / "work"), "--device", device]
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path), timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((tmp_path / "out" / "int8_depth_quick.json").read_text())
+    path = result_path(True, tmp_path / "out", kind)
+    result = json.loads(path.read_text())
     ((model, row),) = result["models"].items()
     (seed,) = row["quality"]["seeds"]
     for session in (row["speed"]["session"], seed["session"]):
         assert set(session["ms"]) == set(FORMS) and all(ms > 0 for ms in session["ms"].values())
         for form, ms in session["ms"].items():
             assert session["speedup"][form] == pytest.approx(session["ms"]["fp32_baseline"] / ms)
-    for planner, runtime in (("int8", "onnxruntime_int8"), ("fp32", "onnxruntime")):
+    runtimes = runtimes_on(kind)
+    for planner, runtime in runtimes.items():
         run = json.loads((Path(seed["runs"][planner]["dir"]) / "results.json").read_text())
-        assert run["condition"]["runtime"] == runtime and set(run["runtimes"]) == {"onnxruntime", "onnxruntime_int8"}
+        assert run["condition"]["runtime"] == runtime and set(run["runtimes"]) == set(runtimes.values())
         assert run["runtimes"][runtime]["chosen_here"] and 0 <= run["int8"]["pruned"]["metrics"]["val/acc1"] <= 100
     errors = row["speed"]["table_errors"]
     label = f"{model}: INT8 table's anchored mean error within the float32 table's"
@@ -472,7 +504,7 @@ def test_int8_depth_quick_times_five_forms_side_by_side_and_resumes(tmp_path):
     again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path), timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"{model} speed: kept (same inputs)" in again.stdout
-    assert json.loads((tmp_path / "out" / "int8_depth_quick.json").read_text())["models"][model]["quality"]["seeds"] \
+    assert json.loads(path.read_text())["models"][model]["quality"]["seeds"] \
         == row["quality"]["seeds"]  # the seed's runs were not repeated
 
 
