@@ -351,17 +351,21 @@ def cached(family: Family, key: dict[str, Any], compute: Any) -> Any:
 def bracketing(cfg: Any, table: Any, options: list, inputs: dict[str, Any], baseline: torch.nn.Module,
                tried: list[Any]) -> list[Any]:
     """When no plan the measured-target loop tried is within ``TOLERANCE`` of the wanted speed-up and all of them
-    measured on one side of it, the nearest plans on the other side, each timed beside the baseline: the search runs
-    for predicted speed-ups stepped away from the tried plans' (``BRACKET_STEPS``) until it gives a plan not tried,
-    at most ``BRACKET_TIMINGS`` times. A plan's speed-up moves in steps (a block is removed or kept), so scaling the
-    target by the miss can give the same plan every time; the plans below and above the target are interpolated."""
+    measured on one side of it, the nearest plans toward the other side, each timed beside the baseline: the search
+    runs for predicted speed-ups stepped away from the tried plans' (``BRACKET_STEPS``) until it gives a plan
+    predicted beyond all of them on that side (slower when they overshot, faster when they fell short), at most
+    ``BRACKET_TIMINGS`` times. A plan's speed-up moves in steps (a block is removed or kept), so scaling the target
+    by the miss can give the same plan every time; the plans below and above the target are interpolated."""
     from zoo.jobs.plan import Correction, choose_plan, measured_speedup
     from zoo.jobs.prune_config import measure_settings
     from zoo.search import BudgetError
 
     added: list[Any] = []
-    names = {plan_name(c.plan) for c in tried}
     wanted = tried[0].wanted
+
+    def predicted(plan: dict[str, Any]) -> float:
+        return table.predict({"remove": []}) / table.predict(plan)
+
     for _ in range(BRACKET_TIMINGS):
         seen = [*tried, *added]
         if at_target([{"measured_speedup": c.measured, "plan": c.plan} for c in seen], wanted)["at_target"]:
@@ -378,15 +382,13 @@ def bracketing(cfg: Any, table: Any, options: list, inputs: dict[str, Any], base
             except BudgetError:
                 plan = None
                 break
-            if plan_name(plan) not in names:
+            if (predicted(plan) < edge) if above else (predicted(plan) > edge):
                 break
             plan = None
         if plan is None:
             break
-        names.add(plan_name(plan))
         _, measured = measured_speedup(table, baseline, plan, measure_settings(cfg.prune))
-        added.append(Correction(searched_for, table.predict({"remove": []}) / table.predict(plan), measured, wanted,
-                                plan, result))
+        added.append(Correction(searched_for, predicted(plan), measured, wanted, plan, result))
     return added
 
 
@@ -448,7 +450,8 @@ def run_family(name: str, overrides: list[str], seeds: list[int], root: Path, ru
         for seed in seeds:
             for rule in rules:
                 key = {**family.key, "rule": rule, "settings": RULES[rule], "seed": seed, "target": target,
-                       "tolerance": TOLERANCE, "code": code_digest(*SEARCH_CODE)}
+                       "tolerance": TOLERANCE, "bracket": [BRACKET_STEPS, BRACKET_TIMINGS],
+                       "code": code_digest(*SEARCH_CODE)}
                 try:
                     found = cached(family, {**key, "what": "search"}, lambda r=rule, t=target, s=seed:
                                    family.search(r, t, s))

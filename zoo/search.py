@@ -154,7 +154,8 @@ def _unchanged_index(seg: Sequence[Choice]) -> int:
 
 
 def fastest_plan(options: Sequence[Sequence[Choice]]) -> SearchResult:
-    """The fastest plan the options allow: each segment's fastest variant (among equals, the least damage)."""
+    """The fastest plan the options allow: each segment's fastest variant (among equals, the least damage). Its
+    ``damage`` is the sum of the variants' own damages (the additive score), whatever search was asked for."""
     picks = tuple(min(range(len(seg)), key=lambda i: (seg[i].latency, seg[i].damage)) for seg in options)
     latency, damage = _totals(options, picks)
     return SearchResult(picks, latency, damage, "fastest")
