@@ -61,12 +61,14 @@ SUITES = {
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 
 
-def update_docs(name: str, body: str, command: str, path: Path = DOCS) -> None:
-    """Replace (or append) the suite's marked section of docs/benchmarks.md."""
+def update_docs(name: str, body: str, command: str, path: Path = DOCS, platform: str = "cpu") -> None:
+    """Replace (or append) the suite's marked section of docs/benchmarks.md (a suite that records its platform gets
+    one section per platform besides the CPU's: ``int8_depth_cuda``)."""
     text = path.read_text() if path.is_file() else "# Benchmarks\n"
-    section = (f"<!-- suite:{name} -->\n### {name}\n\n{SUITES[name]}. Command: `{command}` "
-               f"({time.strftime('%Y-%m-%d')}).\n\n{body}\n<!-- /suite:{name} -->")
-    pattern = re.compile(rf"<!-- suite:{name} -->.*?<!-- /suite:{name} -->", re.S)
+    marker = name if platform == "cpu" else f"{name}_{platform}"
+    section = (f"<!-- suite:{marker} -->\n### {marker}\n\n{SUITES[name]}. Command: `{command}` "
+               f"({time.strftime('%Y-%m-%d')}).\n\n{body}\n<!-- /suite:{marker} -->")
+    pattern = re.compile(rf"<!-- suite:{marker} -->.*?<!-- /suite:{marker} -->", re.S)
     text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
     path.write_text(text)
 
@@ -99,7 +101,8 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             body = suite_module(name).markdown(section["result"])
             print(f"## {name} ({section['seconds']:.0f} s, {section['status']})\n{body}\n")
             if not (args.quick or args.no_docs or set_name):
-                update_docs(name, body, f"python -m benchmarks run {name} --device {args.device}")
+                update_docs(name, body, f"python -m benchmarks run {name} --device {args.device}",
+                            platform=section["result"].get("platform", "cpu"))
     print(digest(report))
     print(f"report: {report['path']}")
     return exit_code(statuses(report).values())

@@ -164,7 +164,8 @@ def speed_part(model: str, quick: bool, cache_dir: Path, device: str = "cpu") ->
     table_settings, network_settings = timing_settings(quick)
     size = 64 if quick else SPEED_SIZE
     tables = {name: build_table(model, batch_size=1, input_size=size, device=device, cache_dir=str(cache_dir),
-                                settings=table_settings, runtime=runtimes_on(device)[name]) for name in TABLES}
+                                settings=table_settings, runtime=runtimes_on(torch.device(device).type)[name])
+              for name in TABLES}
     target = QUICK_TARGET if quick else TARGET
     plans = {name: speed_plan(table, target) for name, table in tables.items()}
     if None in plans.values():
@@ -210,7 +211,7 @@ def quality_seed(model: str, seed: int, baseline: Path, quick: bool, workdir: Pa
     """The seed's two prune runs (INT8 table, float32 table) and its five-way session."""
     common = [*quality_overrides(model, quick), *(QUICK_PRUNE if quick else []), f"checkpoint={baseline}",
               f"prune.device={device}", "prune.batch_size=1", "prune.threads=1",
-              f"prune.runtime={PLATFORMS[device]}",
+              f"prune.runtime={PLATFORMS[torch.device(device).type]}",
               "prune.quantize=int8", f"prune.target_speedup={QUICK_TARGET if quick else TARGET}",
               f"trainer.seed={seed}", f"prune.seed={seed}", f"prune.cache_dir={workdir / 'cache'}"]
     runs = {}
@@ -290,31 +291,39 @@ def quality_part(model: str, seeds: int, quick: bool, workdir: Path, stored: dic
 
 
 # ----------------------------------------------------------------------------------------------------- run
-def versions(device: str = "cpu") -> dict[str, str]:
-    """The versions a part's numbers depend on (TensorRT's too on a GPU)."""
+def versions(kind: str = "cpu") -> dict[str, str]:
+    """The versions a part's numbers depend on (on a GPU also the two TensorRT runtimes')."""
     import onnxruntime
 
-    found = {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__}
-    if device == "cuda":
-        import tensorrt
+    from zoo.latency.runtime import runtime_version
 
-        found["tensorrt"] = tensorrt.__version__
+    found = {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__}
+    if kind != "cpu":
+        found.update({f"{table}_runtime": runtime_version(runtime) for table, runtime in runtimes_on(kind).items()})
     return found
 
 
 def platform_of(device: str) -> tuple[str | None, str | None]:
-    """(the device type to run on, or None; why not): ``auto`` is the GPU where there is one; a GPU needs CUDA and
-    TensorRT with its INT8 quantiser (``tensorrt_int8``)."""
-    from zoo.latency.runtime import INSTALL, tensorrt_int8_backend
+    """(the device to run on, or None; why not): ``auto`` is the GPU where CUDA and both of its runtimes are there,
+    else the CPU; a device is refused, with the reason, when its float32 or INT8 runtime cannot run here."""
+    from zoo.latency.runtime import RuntimeFailure, check_runtime
 
-    kind = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device.split(":")[0]
-    if kind not in PLATFORMS:
+    if device == "auto":
+        return platform_of("cuda") if platform_of("cuda")[0] else platform_of("cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in PLATFORMS:
         return None, f"device={device}: this benchmark runs on {' or '.join(PLATFORMS)}"
-    if kind == "cuda" and not torch.cuda.is_available():
+    if dev.type == "cuda" and not torch.cuda.is_available():
         return None, f"device={device}: no CUDA device here (on the CPU: --device cpu)"
-    if kind == "cuda" and tensorrt_int8_backend() is None:
-        return None, f"device={device} times TensorRT INT8, which is missing here: {INSTALL['tensorrt_int8']}"
-    return kind, None
+    try:
+        for runtime in runtimes_on(dev.type).values():
+            check_runtime(runtime, dev)
+    except RuntimeFailure as failure:
+        return None, f"device={device}: {failure}"
+    return str(dev), None
 
 
 def result_path(quick: bool, out: str | Path | None, platform: str = "cpu") -> Path:
@@ -325,12 +334,14 @@ def result_path(quick: bool, out: str | Path | None, platform: str = "cpu") -> P
 def run(quick: bool = False, device: str = "cpu", models: list[str] | None = None, parts: tuple[str, ...] = (
         "speed", "quality"), seeds: int = 5, workdir: str | Path | None = None, out: str | Path | None = None,
         budget: Budget | None = None, resume: str | Path | None = None) -> dict[str, Any]:
-    """Every model's parts; writes ``int8_depth.json`` after each piece (``int8_depth_quick.json`` with quick).
+    """Every model's parts; writes ``int8_depth.json`` after each piece (:func:`result_path`: ``_quick`` with quick,
+    ``_cuda`` on a GPU).
     Finished parts whose inputs match are kept from `resume` (a committed result), else from the file it writes; the
     other models of that file are carried over as they are."""
-    kind, why_not = platform_of(device)
-    if kind is None:
+    device, why_not = platform_of(device)
+    if device is None:
         return {"suite": "int8_depth", "skipped": why_not}
+    kind = torch.device(device).type
     models = models or ([smoke_model()] if quick else cnn_models())
     seeds = 1 if quick else seeds
     path = result_path(quick, out, kind)
@@ -347,10 +358,13 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
     work.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"suite": "int8_depth", "quick": quick, "protocol": PROTOCOL, "target": target,
                               "platform": kind, "runtimes": runtimes_on(kind),
-                              "env": environment(torch.device(kind), torch.float32, 1, 1), "versions": versions(kind),
+                              "env": environment(torch.device(device), torch.float32, 1, 1), "versions": versions(kind),
                               "models": {m: dict(parts_of) for m, parts_of in stored.get("models", {}).items()}}
     for model in models:  # a model not run now keeps its stored parts: a run of one model loses nobody's numbers
         result["models"].setdefault(model, {})
+    if stored.get("versions") and stored["versions"] != result["versions"]:  # carried parts say what measured them
+        for model in set(result["models"]) - set(models):
+            result["models"][model].setdefault("versions", stored.get("versions"))
     start = time.perf_counter()
 
     def save() -> None:
@@ -373,7 +387,8 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
                 continue
             try:
                 if part == "speed":
-                    row[part] = {"fingerprint": json_digest(key, 20), **speed_part(model, quick, work / "cache", kind)}
+                    measured = speed_part(model, quick, work / "cache", device)
+                    row[part] = {"fingerprint": json_digest(key, 20), **measured}
                 else:
                     key = {k: v for k, v in key.items() if k != "seeds_of"}
 
@@ -381,7 +396,7 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
                         result["models"][model]["quality"] = partial
                         save()
 
-                    row[part] = quality_part(model, seeds, quick, work, stored_part, key, keep, kind)
+                    row[part] = quality_part(model, seeds, quick, work, stored_part, key, keep, device)
             except Exception as error:  # noqa: BLE001 - a family that cannot is recorded, with the reason
                 row[part] = {"error": f"{type(error).__name__}: {str(error)[:1500]}"}
             save()
@@ -478,6 +493,8 @@ def markdown(result: dict[str, Any]) -> str:
                                           for label, v in judged.items()),
               "", f"{result['env']['device']}, " + ", ".join(f"{name} {version}" for name, version in
                                                           result["versions"].items() if name != "torch")
+              + "".join(f" ({model}: {row['versions']})" for model, row in result["models"].items()
+                        if row.get("versions"))
               + f", batch 1{', one thread' if result.get('platform', 'cpu') == 'cpu' else ''}, "
               f"status {result.get('status', '-')}."]
     return "\n".join(lines)

@@ -196,6 +196,10 @@ def test_docs_sections_are_replaced_in_place(tmp_path):
     text = docs.read_text()
     assert text.count("<!-- suite:zoo_vs_timm -->") == 1 and "| 2 |" in text and "| 1 |" not in text
     assert text.startswith("# Benchmarks\n\nintro")
+    update_docs("int8_depth", "| cpu |", "python -m benchmarks run int8_depth", docs)
+    update_docs("int8_depth", "| gpu |", "python -m benchmarks run int8_depth --device cuda", docs, platform="cuda")
+    text = docs.read_text()  # a GPU run has its own section: the CPU's stays
+    assert "| cpu |" in text and "<!-- suite:int8_depth_cuda -->\n### int8_depth_cuda" in text and "| gpu |" in text
 
 
 def test_runtime_tables_verdicts_are_raw_and_anchored_errors_against_their_limits(tmp_path):
@@ -403,7 +407,8 @@ def test_runtime_diagnosis_times_the_same_network_whole_and_segment_by_segment(t
 
 def test_int8_depth_keeps_stored_parts_only_at_the_same_target(tmp_path):
     """A stored part was planned for its file's target: resumed at another target it is dropped, not reused. At the
-    same target, the file's other models are carried over untouched by a run of one model."""
+    same target, the file's other models are carried over untouched by a run of one model (with the versions that
+    measured them, when not this run's); another platform's file is not reused at all."""
     from benchmarks.common import Budget, smoke_model
     from benchmarks.int8_depth import QUICK_TARGET, run
 
@@ -418,6 +423,16 @@ def test_int8_depth_keeps_stored_parts_only_at_the_same_target(tmp_path):
         assert (result["models"][model]["speed"] == stored["speed"]) is kept
         assert kept or "skipped" in result["models"][model]["speed"]
         assert (result["models"].get("other_model") == other) is kept
+    older = {"torch": "1.0", "onnxruntime": "1.0"}  # a file of other versions: what it carries says which
+    source.write_text(json.dumps({"target": QUICK_TARGET, "versions": older, "models": {"other_model": other}}))
+    result = run(quick=True, models=[model], parts=("speed",), out=tmp_path / "out", resume=source,
+                 budget=Budget(0.0, min_start_s=1.0))
+    assert result["models"]["other_model"] == {**other, "versions": older}
+    source.write_text(json.dumps({"target": QUICK_TARGET, "platform": "cuda", "models": {model: stored,
+                                                                                     "other_model": other}}))
+    result = run(quick=True, models=[model], parts=("speed",), out=tmp_path / "out", resume=source,
+                 budget=Budget(0.0, min_start_s=1.0))  # a GPU's numbers are neither kept nor carried on the CPU
+    assert "other_model" not in result["models"] and "skipped" in result["models"][model]["speed"]
 
 
 def test_int8_depth_seeds_are_tied_to_the_baseline_weights(tmp_path):
