@@ -309,7 +309,8 @@ def platform_of(device: str) -> tuple[str | None, str | None]:
     from zoo.latency.runtime import RuntimeFailure, check_runtime
 
     if device == "auto":
-        return platform_of("cuda") if platform_of("cuda")[0] else platform_of("cpu")
+        gpu = platform_of("cuda")
+        return gpu if gpu[0] else platform_of("cpu")
     try:
         dev = torch.device(device)
     except RuntimeError:
@@ -375,7 +376,7 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
     for model in models:
         row = result["models"][model]
         for part in parts:
-            key = {"model": model, "part": part, "protocol": PROTOCOL, "quick": quick, **versions(kind),
+            key = {"model": model, "part": part, "protocol": PROTOCOL, "quick": quick, **result["versions"],
                    **({"platform": kind} if kind != "cpu" else {}),  # (CPU parts keep their stored fingerprints)
                    **({"seeds_of": seeds} if part == "quality" else {})}
             stored_part = row.get(part) or {}

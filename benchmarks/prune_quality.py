@@ -356,15 +356,12 @@ def bracketing(cfg: Any, table: Any, options: list, inputs: dict[str, Any], base
     predicted beyond all of them on that side (slower when they overshot, faster when they fell short), at most
     ``BRACKET_TIMINGS`` times. A plan's speed-up moves in steps (a block is removed or kept), so scaling the target
     by the miss can give the same plan every time; the plans below and above the target are interpolated."""
-    from zoo.jobs.plan import Correction, choose_plan, measured_speedup
+    from zoo.jobs.plan import Correction, choose_plan, measured_speedup, predicted_speedup
     from zoo.jobs.prune_config import measure_settings
     from zoo.search import BudgetError
 
     added: list[Any] = []
     wanted = tried[0].wanted
-
-    def predicted(plan: dict[str, Any]) -> float:
-        return table.predict({"remove": []}) / table.predict(plan)
 
     for _ in range(BRACKET_TIMINGS):
         seen = [*tried, *added]
@@ -382,13 +379,13 @@ def bracketing(cfg: Any, table: Any, options: list, inputs: dict[str, Any], base
             except BudgetError:
                 plan = None
                 break
-            if (predicted(plan) < edge) if above else (predicted(plan) > edge):
+            if (predicted_speedup(table, plan) < edge) if above else (predicted_speedup(table, plan) > edge):
                 break
             plan = None
         if plan is None:
             break
         _, measured = measured_speedup(table, baseline, plan, measure_settings(cfg.prune))
-        added.append(Correction(searched_for, predicted(plan), measured, wanted, plan, result))
+        added.append(Correction(searched_for, predicted_speedup(table, plan), measured, wanted, plan, result))
     return added
 
 

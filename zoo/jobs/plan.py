@@ -227,6 +227,11 @@ class Correction:
                 "miss": round(self.miss, 5), "removed": len(self.plan["remove"])}
 
 
+def predicted_speedup(table: Any, plan: dict[str, Any]) -> float:
+    """The table's predicted speed-up of `plan` (the unpruned network's predicted latency over the plan's)."""
+    return table.predict({"remove": []}) / table.predict(plan)
+
+
 def measured_speedup(table: Any, baseline: nn.Module, plan: dict[str, Any], settings: Any) -> tuple[float, float]:
     """(baseline ms, baseline / pruned) of `plan` applied one shot, timed beside the baseline (deploy forms)."""
     pruned = surgery.apply_plan(baseline, plan, inplace=False).eval()
@@ -245,13 +250,12 @@ def corrected_plan(cfg: Any, table: Any, options: list[list[Choice]], model_inpu
     The table predicts speed-ups within a few per cent (docs/latency.md); this loop removes that error from the
     result, at the cost of one timing per plan tried (weights do not change latency, so plans are timed unpruned)."""
     settings = measure_settings(cfg.prune)
-    searched_for = table.predict({"remove": []}) / table.predict(plan)
+    searched_for = predicted_speedup(table, plan)
     tried: list[Correction] = []
     while True:
         base_ms, measured = measured_speedup(table, baseline, plan, settings)
         wanted = cfg.prune.target_speedup if not cfg.prune.target_latency_ms else base_ms / cfg.prune.target_latency_ms
-        tried.append(Correction(searched_for, table.predict({"remove": []}) / table.predict(plan), measured, wanted,
-                                plan, result))
+        tried.append(Correction(searched_for, predicted_speedup(table, plan), measured, wanted, plan, result))
         _log.info("plan for %.3fx predicted: %.3fx measured (wanted %.3fx, %+.1f %%)", searched_for,
                   measured, wanted, 100 * tried[-1].miss)
         if abs(tried[-1].miss) <= cfg.prune.target_tolerance / 2 or len(tried) > cfg.prune.target_corrections:
