@@ -95,6 +95,7 @@ TUNED: dict[str, tuple[str, list[str]]] = {  # family: (its task's name, the ove
 RULES: dict[str, dict[str, str]] = {  # rule: the prune.* settings that make it
     "interaction": {"search": "interaction", "importance": "loss", "recovery_steps": "20"},
     "interaction_one_shot": {"search": "interaction", "importance": "loss", "recovery_steps": "0"},
+    "interaction_tempered": {"search": "interaction", "importance": "tempered", "recovery_steps": "0"},
     "dp_loss": {"search": "dp", "importance": "loss"}, "greedy": {"search": "greedy", "importance": "loss"},
     "random": {"search": "random", "importance": "loss"}, "sleb": {"search": "sleb", "importance": "loss"},
     "block_influence": {"search": "dp", "importance": "block_influence"},
@@ -102,7 +103,8 @@ RULES: dict[str, dict[str, str]] = {  # rule: the prune.* settings that make it
     "kbest": {"search": "kbest", "importance": "loss"}, "local": {"search": "local", "importance": "loss"},
 }
 TEST_RULES = ("interaction_one_shot", "dp_loss", "greedy", "random", "sleb", "block_influence", "angular", "reverse")
-SELECT_RULES = ("interaction", "interaction_one_shot", "kbest", "local", "dp_loss", "greedy", "sleb")
+SELECT_RULES = ("interaction", "interaction_one_shot", "interaction_tempered", "kbest", "local", "dp_loss", "greedy",
+                "sleb")
 DEV_SEEDS = (100, 101, 102)
 SHORT_EPOCHS = 1
 TOLERANCE = 0.02          # a plan is at the target when its measured speed-up is within 2 % of it
@@ -260,14 +262,13 @@ class Family:
 
     def plan_score(self, seed: int, plan: dict[str, Any]) -> float:
         """The default rule's score of `plan` with this seed's calibration batches: the real calibration loss of
-        the whole plan applied (what ``interaction`` minimises)."""
-        from zoo.importance import PlanLoss
-        from zoo.jobs.plan import calibration_batches
+        the whole plan applied (what ``interaction`` minimises), as the default's importance takes it."""
+        from zoo.jobs.plan import calibration_batches, plan_loss
 
         if seed not in self.scorers:
-            cfg, data = self.seeded(seed, "interaction", TARGETS[0])
-            self.scorers[seed] = PlanLoss(self.baseline, self.table.segments,
-                                          calibration_batches(data, cfg.prune.calib_batches))
+            cfg, data = self.seeded(seed, default_rule(), TARGETS[0])
+            self.scorers[seed] = plan_loss(cfg, self.baseline, self.table,
+                                           calibration_batches(data, cfg.prune.calib_batches))
         return self.scorers[seed](plan["remove"])
 
     def surrogate(self, seed: int, plan: dict[str, Any]) -> float:

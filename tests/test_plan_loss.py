@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,14 +17,15 @@ from .helpers import example_batch, small_model
 FAMILIES = zoo.list_families()
 
 
+@pytest.mark.parametrize("tempered", [False, True], ids=["loss", "tempered"])
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
-def test_plan_loss_equals_the_applied_plan_and_replays_shared_prefixes(family):
+def test_plan_loss_equals_the_applied_plan_and_replays_shared_prefixes(family, tempered):
     torch.manual_seed(0)
     options = {} if family.task == "language_model" else {"num_classes": 10}
     model = small_model(family, **options).eval()
     segs = surgery.segments(model)
     batches = [example_batch(family, 3), example_batch(family, 3)]
-    score = PlanLoss(model, segs, batches)
+    score = PlanLoss(model, segs, batches, tempered=tempered)
     rng = random.Random(0)
     for _ in range(2):
         center = [rng.choice(seg.variants()) for seg in segs]
@@ -31,14 +33,65 @@ def test_plan_loss_equals_the_applied_plan_and_replays_shared_prefixes(family):
             for variant in rng.sample(segs[s].variants(), min(2, len(segs[s].variants()))):
                 removed = sorted(set().union(*center[:s], variant, *center[s + 1:]))
                 expected = calibration_loss(surgery.apply_plan(model, {"remove": removed, "merge": True},
-                                                               inplace=False), batches)
+                                                               inplace=False), batches, tempered)
                 assert score(removed) == pytest.approx(expected, rel=1e-6, abs=1e-7), removed
     assert score.replayed > score.evaluations // 2  # most neighbours started at their change
-    assert score([]) == pytest.approx(calibration_loss(model, batches), rel=1e-6)
+    assert score([]) == pytest.approx(calibration_loss(model, batches, tempered), rel=1e-6)
     plain = PlanLoss(model, segs, batches, replay_mb=0)  # nothing kept: every plan a full forward
     plain(sorted(segs[-1].variants()[-1]))
     plain(sorted(segs[0].variants()[-1]))
     assert plain.replayed == 0 and plain.anchor is None
+
+
+class Scaled(torch.nn.Module):
+    """Fixed logits times a factor: a network whose removal only rescales its output."""
+
+    def __init__(self, logits: torch.Tensor, factor: float):
+        super().__init__()
+        self.logits, self.factor = logits, factor
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.logits[inputs] * self.factor
+
+
+def test_tempered_loss_is_the_loss_at_the_best_temperature_whatever_the_logit_scale():
+    """Against the continuous optimum over the temperature (scipy), within the grid's resolution; the same for the
+    logits scaled by a grid step's power (the scale a removal changes), where the plain loss grows many-fold."""
+    from scipy.optimize import minimize_scalar
+
+    from zoo.importance import TEMPERATURES, task_loss
+
+    torch.manual_seed(0)
+    logits = torch.randn(64, 10) * 3
+    targets = torch.where(torch.rand(64) < 0.6, logits.argmax(1), torch.randint(0, 10, (64,)))  # some wrong
+    batches = [(torch.arange(32), targets[:32]), (torch.arange(32, 64), targets[32:])]
+    best = minimize_scalar(lambda log_t: task_loss(logits / float(np.exp(log_t)), targets).item(),
+                           bounds=(-3, 5), method="bounded")
+    tempered = calibration_loss(Scaled(logits, 1.0), batches, tempered=True)
+    assert best.fun <= tempered <= best.fun * 1.01
+    assert TEMPERATURES[0] < float(np.exp(best.x)) < TEMPERATURES[-1]
+    plain = calibration_loss(Scaled(logits, 1.0), batches)
+    assert plain == pytest.approx(task_loss(logits, targets).item(), rel=1e-6) and tempered < plain
+    scaled = Scaled(logits, 2.0 ** 3)  # 12 grid steps: the same minimum, shifted along the grid
+    assert calibration_loss(scaled, batches, tempered=True) == pytest.approx(tempered, rel=1e-5)
+    assert calibration_loss(scaled, batches) > 3 * plain
+
+
+def test_tempered_damages_are_tempered_loss_increases():
+    """score_variants('tempered') is each variant's tempered loss less the baseline's; a MobileNetV2 activation
+    removal scores at its best temperature too."""
+    from zoo.importance import score_variants
+
+    torch.manual_seed(0)
+    model = zoo.create_model("mobilenetv2_035", num_classes=10).eval()
+    segs = surgery.segments(model)[:3]
+    batches = [(torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,)))]
+    damages = score_variants(model, segs, batches, score="tempered")
+    base = calibration_loss(model, batches, tempered=True)
+    for seg_damages in damages:
+        for removed, damage in seg_damages.items():
+            applied = surgery.apply_plan(model, {"remove": sorted(removed), "merge": True}, inplace=False)
+            assert damage == pytest.approx(calibration_loss(applied, batches, tempered=True) - base, abs=1e-6)
 
 
 def test_plan_loss_names_a_unit_outside_every_segment():

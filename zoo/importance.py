@@ -3,6 +3,8 @@
 Scores (``damage``: how much a variant hurts when applied alone; the search minimises its sum):
 
 * ``loss`` (default): increase of the calibration loss;
+* ``tempered``: increase of the calibration loss at its best temperature (:class:`LossTally`), blind to
+  the scale of the logits, which a removal often changes and fine-tuning restores in a few steps;
 * ``similarity``: label-free, ``1 - cosine similarity`` of the network's outputs before and after;
 * ``finetune``: as published (Kim et al., LayerMerge), the calibration loss after a few fine-tuning steps
   with the variant applied; expensive, off by default;
@@ -39,7 +41,9 @@ from .surgery import Segment, apply_plan
 
 _log = logging.getLogger(__name__)
 Batch = tuple[torch.Tensor, torch.Tensor]
-SCORES = ("loss", "similarity", "finetune", "block_influence")
+SCORES = ("loss", "tempered", "similarity", "finetune", "block_influence")
+LOSS_SCORES = ("loss", "tempered")  # scores that are a calibration loss (``tempered``: at its best temperature)
+TEMPERATURES = tuple(2.0 ** (i / 4) for i in range(-16, 33))  # 1/16 .. 256 in steps of 2^(1/4)
 
 
 def task_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -49,15 +53,35 @@ def task_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float(), targets)
 
 
+class LossTally:
+    """The mean task loss over batches (each weighted by its number of samples); with `tempered`, the least over
+    :data:`TEMPERATURES` of the mean loss of ``logits / T``: temperature scaling (Guo et al., 2017), one scalar per
+    network fitted on these batches. A removal that scales the logits (an activation linearised in a MobileNetV2
+    block) scores as the ranking it keeps, which is what a short fine-tune, rescaling first, recovers."""
+
+    def __init__(self, tempered: bool = False):
+        self.temperatures = TEMPERATURES if tempered else (1.0,)
+        self.totals = [0.0] * len(self.temperatures)
+        self.count = 0
+
+    def add(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        for i, temperature in enumerate(self.temperatures):
+            scaled = logits if temperature == 1.0 else logits.float() / temperature
+            self.totals[i] += task_loss(scaled, targets).item() * len(targets)
+        self.count += len(targets)
+
+    def value(self) -> float:
+        return min(self.totals) / max(self.count, 1)
+
+
 @torch.no_grad()
-def calibration_loss(model: nn.Module, batches: Sequence[Batch]) -> float:
-    """Mean task loss of `model` (eval mode) over the calibration batches."""
+def calibration_loss(model: nn.Module, batches: Sequence[Batch], tempered: bool = False) -> float:
+    """Mean task loss of `model` (eval mode) over the calibration batches (`tempered`: see :class:`LossTally`)."""
     model.eval()
-    total, count = 0.0, 0
+    tally = LossTally(tempered)
     for inputs, targets in batches:
-        total += task_loss(model(inputs), targets).item() * len(inputs)
-        count += len(inputs)
-    return total / max(count, 1)
+        tally.add(model(inputs), targets)
+    return tally.value()
 
 
 @torch.no_grad()
@@ -141,13 +165,15 @@ class PlanLoss:
     that first differs from the anchor at segment ``f`` replays the outputs of segments ``0 .. f-1`` instead of
     computing them. A search that scores the neighbours of one plan (each with one segment changed) therefore
     scores them from the last segment back: the first is a full forward, every other one starts at its change.
+    With `tempered`, each plan's loss is at its best temperature (:class:`LossTally`).
     """
 
     def __init__(self, model: nn.Module, segments: Sequence[Segment], batches: Sequence[Batch], merge: bool = True,
-                 replay_mb: float = 1024.0):
+                 replay_mb: float = 1024.0, tempered: bool = False):
         from .surgery import build_segment
 
         self.model, self.segments, self.batches, self.merge = model, list(segments), list(batches), merge
+        self.tempered = tempered
         self.work = copy.deepcopy(model).eval()
         self.installed = [frozenset()] * len(self.segments)
         self.built: dict[tuple[int, frozenset[str]], nn.Module] = {
@@ -196,7 +222,7 @@ class PlanLoss:
         handles = [self.work.get_submodule(seg.name).register_forward_hook(
             lambda mod, args, out, i=i: outputs[i].append(clone_tree(out))) for i, seg in enumerate(self.segments)]
         try:
-            loss = calibration_loss(self.work, self.batches)
+            loss = calibration_loss(self.work, self.batches, self.tempered)
         finally:
             for handle in handles:
                 handle.remove()
@@ -217,17 +243,16 @@ class PlanLoss:
         for i, replay in replays.items():
             self.work.set_submodule(self.segments[i].name, replay)
         self.work.eval()
-        total, count = 0.0, 0
+        tally = LossTally(self.tempered)
         try:
             for b, (inputs, targets) in enumerate(self.batches):
                 for i, replay in replays.items():
                     replay.output = clone_tree(outputs[i][b])
-                total += task_loss(self.work(inputs), targets).item() * len(inputs)
-                count += len(inputs)
+                tally.add(self.work(inputs), targets)
         finally:
             for i in replays:
                 self.work.set_submodule(self.segments[i].name, self._module(i, self.installed[i]))
-        return total / max(count, 1)
+        return tally.value()
 
 
 class PlanRecovery:
@@ -290,7 +315,8 @@ def score_variants(
         units = sorted({name for seg in segments for removed in seg.variants() for name in removed})  # removable
         influence = block_influence(model, units, batches)
         return [{removed: sum(influence[u] for u in removed) for removed in seg.variants()} for seg in segments]
-    base_loss = calibration_loss(model, batches)
+    tempered = score == "tempered"
+    base_loss = calibration_loss(model, batches, tempered)
     reference = _outputs(model, batches) if score == "similarity" else None
     total = sum(len(seg.variants()) - 1 for seg in segments)
     done = 0
@@ -301,8 +327,8 @@ def score_variants(
             if not removed:
                 continue
             variant = _variant_model(model, removed, merge=score != "finetune")
-            if score == "loss":
-                damages[removed] = calibration_loss(variant, batches) - base_loss
+            if score in LOSS_SCORES:
+                damages[removed] = calibration_loss(variant, batches, tempered) - base_loss
             elif score == "similarity":
                 damages[removed] = _similarity_damage(reference, variant, batches)
             else:

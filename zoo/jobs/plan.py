@@ -127,6 +127,13 @@ def budget_for(cfg: Any, table: Any) -> tuple[float, float]:
     return target, target - table.fixed_cost()
 
 
+def plan_loss(cfg: Any, baseline: nn.Module, table: Any, batches: list) -> PlanLoss:
+    """The real calibration loss of whole plans a search scores with: at its best temperature when
+    ``prune.importance=tempered`` (the damages and the plans then measure the same thing)."""
+    return PlanLoss(baseline, table.segments, batches, merge=cfg.prune.merge,
+                    tempered=cfg.prune.importance == "tempered")
+
+
 def model_search_inputs(cfg: Any, baseline: nn.Module, table: Any, data: Any, options: list[list[Choice]]
                         ) -> dict[str, Any]:
     """What the configured search scores with besides the table's damages, on the importance calibration batches:
@@ -145,7 +152,7 @@ def model_search_inputs(cfg: Any, baseline: nn.Module, table: Any, data: Any, op
     batches = calibration_batches(data, 2 * count if recovering else count)
     batches, train_batches = batches[:count], batches[count:]
     if "loss_of" in needs:
-        inputs["loss_of"] = PlanLoss(baseline, table.segments, batches, merge=cfg.prune.merge)
+        inputs["loss_of"] = plan_loss(cfg, baseline, table, batches)
     if "recovered_of" in needs:
         if recovering and not train_batches:
             _log.warning("prune.recovery_steps=%d needs training batches after the %d calibration batches, and the "
