@@ -56,6 +56,7 @@ def summarise(family: dict[str, Any]) -> list[dict[str, Any]]:
                 row = {"family": family["family"], "target": target, "rule": rule, "stage": stage,
                        "seeds": len(done), "failed": len(failed),
                        "off_target": sum(not c["at_target"] for c in done),
+                       "faster": sum(bool(c.get("faster")) for c in done),
                        "interpolated": sum(c["interpolated"] for c in done)}
                 for key in dict.fromkeys((metric, "ppl" if metric == "loss" else "acc1", "agreement", "kl")):
                     row[f"{key}_mean"], row[f"{key}_sd"] = mean_sd([c[stage][key] for c in done])
@@ -71,16 +72,20 @@ def comparison(family: dict[str, Any], rule: str, reference: str, target: float,
     """`rule` against `reference`, paired by seed (positive: `rule` is better), at cells of both at the target."""
     metric = family["metric"]
     sign = 1.0 if higher_is_better(metric) else -1.0
-    by_seed = {r: {c["seed"]: c[stage] for c in family["cells"] if c["rule"] == r and c["target"] == target
-                   and "used" in c and c["at_target"]} for r in (rule, reference)}
-    seeds = sorted(set(by_seed[rule]) & set(by_seed[reference]))
+    cells = {r: {c["seed"]: c for c in family["cells"] if c["rule"] == r and c["target"] == target
+                 and "used" in c and c["at_target"]} for r in (rule, reference)}
+    seeds = sorted(set(cells[rule]) & set(cells[reference]))
     if len(seeds) < 2:
         return None
-    diffs = [sign * (by_seed[rule][s][metric] - by_seed[reference][s][metric]) for s in seeds]
-    samples = [sign * (np.asarray(by_seed[rule][s]["samples"]) - np.asarray(by_seed[reference][s]["samples"]))
+    diffs = [sign * (cells[rule][s][stage][metric] - cells[reference][s][stage][metric]) for s in seeds]
+    samples = [sign * (np.asarray(cells[rule][s][stage]["samples"]) - np.asarray(cells[reference][s][stage]["samples"]))
                for s in seeds]
+
+    def span(r: str) -> float:  # how far from the target the plans a rule's cells use lie, on average
+        return statistics.fmean(max(abs(u["speedup"] / target - 1.0) for u in cells[r][s]["used"]) for s in seeds)
+
     return {"rule": rule, "reference": reference, "target": target, "stage": stage, "seeds": seeds,
-            **stats.compare(diffs, samples)}
+            **stats.compare(diffs, samples), "span": span(rule), "reference_span": span(reference)}
 
 
 def spearman(xs: list[float], ys: list[float]) -> float | None:
@@ -93,19 +98,26 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
 
 
 def scorer_check(family: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per target, over every plan of every rule and seed: the Spearman correlation of the default's plan score
-    (real calibration loss) and of the previous default's additive surrogate against the real one-shot validation
-    loss."""
+    """Per target, over every plan of every rule and seed, Spearman correlations: the default's plan score (real
+    calibration loss of the whole plan) against the same loss on the validation split (``plan_score_spearman``, the
+    target: at its best temperature when the default's importance is ``tempered``), against the plain one-shot
+    validation loss and against the tested metric after the short fine-tune (signed so that positive means the
+    score predicts it); the previous default's additive surrogate against the plain one-shot validation loss."""
+    sign = 1.0 if higher_is_better(family["metric"]) else -1.0
     out = []
     for target in sorted({c["target"] for c in family["cells"]}):
         used = {(c["seed"], u["name"]): u for c in family["cells"] if c["target"] == target and "used" in c
                 for u in c["used"]}
         if not used:
             continue
-        real = [u["one_shot_loss"] for u in used.values()]
-        score = spearman([u["plan_score"] for u in used.values()], real)
+        plain = [u["one_shot_loss"] for u in used.values()]
+        scores = [u["plan_score"] for u in used.values()]
+        score = spearman(scores, [u.get("one_shot_scored_loss", u["one_shot_loss"]) for u in used.values()])
+        short = [-sign * u["short_metric"] for u in used.values() if "short_metric" in u]
         out.append({"target": target, "plans": len(used), "plan_score_spearman": score,
-                    "surrogate_spearman": spearman([u["surrogate"] for u in used.values()], real),
+                    "plain_loss_spearman": spearman(scores, plain),
+                    "short_spearman": spearman(scores, short) if len(short) == len(scores) else None,
+                    "surrogate_spearman": spearman([u["surrogate"] for u in used.values()], plain),
                     "passed": score is not None and score >= SPEARMAN_TARGET})
     return out
 
@@ -267,22 +279,28 @@ def markdown(result: dict[str, Any]) -> str:
                   "removed": fmt(r["removed_mean"], 1), "search s": fmt(r["search_s_mean"], 1),
                   "seeds": f"{r['seeds']}" + (f" ({r['failed']} failed)" if r["failed"] else "")
                   + (f", {r['off_target']} off target" if r["off_target"] else "")
+                  + (f", {r['faster']} faster than the target" if r.get("faster") else "")
                   + (f", {r['interpolated']} interpolated" if r["interpolated"] else "")}
                  for r in family["rows"]]
         parts.append(markdown_table(table, ["target", "rule", "stage", shown, "agreement %", "measured speed-up",
                                             "one session", "removed", "search s", "seeds"]))
         comp = [{"vs": c["reference"], "target": c["target"], "stage": c["stage"],
                  "diff (default - rule)": fmt(c["mean"], 3 if metric == "loss" else 2), "test": c["test"],
-                 "p": f"{c['p']:.2g}", "p (Holm)": f"{c['p_holm']:.2g}", "verdict": c["verdict"]}
+                 "p": f"{c['p']:.2g}", "p (Holm)": f"{c['p_holm']:.2g}", "verdict": c["verdict"],
+                 "plans from target % (default / rule)":
+                     f"{fmt(100 * c['span'], 1)} / {fmt(100 * c['reference_span'], 1)}" if "span" in c else ""}
                 for c in v["comparisons"]]
         sign = "points of top-1" if metric == "acc1" else "nats per token of validation loss, lower-is-better flipped"
         parts.append(f"\nThe default (`{v['default']}`) against every rule, paired by seed ({sign}; Holm over "
                      f"{len(comp)} comparisons): never significantly worse **{v['never_worse']}**.\n")
         parts.append(markdown_table(comp, ["vs", "target", "stage", "diff (default - rule)", "test", "p", "p (Holm)",
-                                           "verdict"]))
-        parts.append("\nPlan scorer (Spearman over every plan against its one-shot validation loss):\n")
+                                           "verdict", "plans from target % (default / rule)"]))
+        parts.append("\nPlan scorer (Spearman over every plan: the plan score against the same loss on the validation "
+                     "split, against the plain one-shot validation loss, against the metric after the short "
+                     "fine-tune; the previous default's surrogate against the plain loss):\n")
         parts.append(markdown_table([{k: fmt(x) for k, x in s.items()} for s in v["scorer"]],
-                                    ["target", "plans", "plan_score_spearman", "surrogate_spearman", "passed"]))
+                                    ["target", "plans", "plan_score_spearman", "plain_loss_spearman",
+                                     "short_spearman", "surrogate_spearman", "passed"]))
     if result.get("overall"):
         o = result["overall"]
         parts.append(f"\nOverall: never worse {o['never_worse']}; better than random in {o['better_than_random']} of "

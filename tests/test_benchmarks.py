@@ -274,7 +274,8 @@ def quality_family(task: str, values: dict[str, list[float]], baseline: float, s
     cells = [{"rule": r, "target": 2.0, "seed": s, "at_target": True, "interpolated": False, "speedup": 2.0,
               "session_speedup": 2.0,
               "removed": 3.0, "search_s": 0.1, "used": [{"name": f"{r}{s}", "weight": 1.0, "plan_score": v,
-                                                       "surrogate": -v, "one_shot_loss": v}],
+                                                       "speedup": 2.0 + s / 100, "surrogate": -v, "one_shot_loss": -v,
+                                                       "one_shot_scored_loss": v, "short_metric": v}],
               **{stage: {metric: v, "loss": v, "ppl": 2.0, "acc1": v, "agreement": 90.0, "kl": 0.1,
                          "samples": [v] * samples} for stage in ("one_shot", "short")}}
              for r, seeds in values.items() for s, v in enumerate(seeds)]
@@ -307,7 +308,8 @@ def test_paired_statistics_against_hand_computed_values():
 
 def test_prune_quality_at_target_and_interpolation_by_hand():
     """A plan within 2 % is used alone; else the closest plans below and above the target, weighted linearly in
-    measured speed-up (1.44 and 1.54 around 1.5: 0.4 and 0.6), per sample too; else the closest, off target."""
+    measured speed-up (1.44 and 1.54 around 1.5: 0.4 and 0.6), per sample too; else the closest, off target, except
+    the default's slowest plan when all of them are faster than the target."""
     import numpy as np
 
     from benchmarks.prune_quality import at_target, combine
@@ -321,6 +323,12 @@ def test_prune_quality_at_target_and_interpolation_by_hand():
     assert [u["plan"] for u in near["used"]] == ["d"] and not near["interpolated"]
     short = at_target([{"measured_speedup": 1.3, "plan": "a"}, {"measured_speedup": 1.4, "plan": "b"}], 1.5)
     assert not short["at_target"] and [u["plan"] for u in short["used"]] == ["b"]
+    slower = [{"measured_speedup": 1.3, "plan": "a"}, {"measured_speedup": 1.4, "plan": "b"}]
+    assert not at_target(slower, 1.5, faster_counts=True)["at_target"]  # a default slower than the target: off it
+    over = [{"measured_speedup": 1.62, "plan": "a"}, {"measured_speedup": 1.59, "plan": "b"}]
+    assert not at_target(over, 1.5)["at_target"]
+    faster = at_target(over, 1.5, faster_counts=True)  # the default's, faster than asked: counted, handicapped
+    assert faster["at_target"] and faster["faster"] and [u["plan"] for u in faster["used"]] == ["b"]
     stage = {"a": {"short": {"acc1": 50.0, "loss": 1.0, "agreement": 60.0, "kl": 0.5, "correct": "0101"}},
              "b": {"short": {"acc1": 75.0, "loss": 0.5, "agreement": 80.0, "kl": 0.3, "correct": "1101"}}}
     used = [{"name": "a", "weight": 0.4}, {"name": "b", "weight": 0.6}]
@@ -346,10 +354,14 @@ def test_prune_quality_verdicts_against_hand_computed_values():
     assert by["dp_loss", "short"]["test"] == "paired_t"  # 10..14 points: spread over seeds, so a t test
     assert v["by_reference"]["random"]["summary"] == "better" and v["never_worse"]
     assert v["comparisons"][0]["family_size"] == 6 and v["random_one_shot_cost"] == pytest.approx(52.2)
-    assert v["scorer"][0]["plans"] == 20 and v["scorer"][0]["plan_score_spearman"] == pytest.approx(1.0)
+    assert by["random", "short"]["span"] == pytest.approx(0.01)  # seeds 0-4 at 2.00-2.04x: 0-2 % from 2.0x
+    scorer = v["scorer"][0]  # against the scored loss (+1), the plain loss (-1), top-1 after fine-tuning (-1)
+    assert scorer["plans"] == 20 and scorer["plan_score_spearman"] == pytest.approx(1.0) and scorer["passed"]
+    assert scorer["plain_loss_spearman"] == pytest.approx(-1.0) and scorer["short_spearman"] == pytest.approx(-1.0)
     lm = with_statistics(quality_family("lm", {"interaction": [1.0, 1.1, 1.2, 1.0], "random": [1.6, 1.8, 1.7, 1.5]},
                                         baseline=0.9), "interaction")
     diff = next(c for c in lm["verdicts"]["comparisons"] if c["stage"] == "one_shot")
+    assert lm["verdicts"]["scorer"][0]["short_spearman"] == pytest.approx(1.0)  # a loss: higher is worse on both
     assert diff["mean"] == pytest.approx(0.575) and diff["verdict"] == "better"  # lower loss is better
     result = overall({"families": [family, lm]})
     assert result["never_worse"] and result["better_than_random"] == 2 and result["better_than_greedy"] == 0
@@ -376,7 +388,10 @@ def test_prune_quality_quick_computes_its_verdicts(tmp_path):
         assert cell["speedup"] > 0 and all(u["name"] in family["plans"] for u in cell["used"])
         assert sum(u["weight"] for u in cell["used"]) == pytest.approx(1.0) and cell["tried"]
         closest = min(abs(t["measured_speedup"] / cell["target"] - 1) for t in cell["tried"])
-        assert cell["at_target"] == (closest <= 0.02 or cell["interpolated"])
+        faster = cell["rule"] == result["default"] and all(t["measured_speedup"] > cell["target"]
+                                                           for t in cell["tried"])
+        assert cell["at_target"] == (closest <= 0.02 or cell["interpolated"] or faster)
+        assert cell.get("faster", False) == (faster and closest > 0.02)
     v = family["verdicts"]
     assert len(v["comparisons"]) == v["comparisons"][0]["family_size"] and v["scorer"][0]["plans"] >= 2
     assert (tmp_path / "out" / "prune_quality.png").is_file()

@@ -55,8 +55,9 @@ class Scaled(torch.nn.Module):
 
 
 def test_tempered_loss_is_the_loss_at_the_best_temperature_whatever_the_logit_scale():
-    """Against the continuous optimum over the temperature (scipy), within the grid's resolution; the same for the
-    logits scaled by a grid step's power (the scale a removal changes), where the plain loss grows many-fold."""
+    """A classifier's: against the continuous optimum over the temperature (scipy), within the grid's resolution; the
+    same for the logits scaled by a grid step's power (the scale a removal changes), where the plain loss grows
+    many-fold. A language model's is its plain loss (its metric)."""
     from scipy.optimize import minimize_scalar
 
     from zoo.importance import TEMPERATURES, task_loss
@@ -75,6 +76,10 @@ def test_tempered_loss_is_the_loss_at_the_best_temperature_whatever_the_logit_sc
     scaled = Scaled(logits, 2.0 ** 3)  # 12 grid steps: the same minimum, shifted along the grid
     assert calibration_loss(scaled, batches, tempered=True) == pytest.approx(tempered, rel=1e-5)
     assert calibration_loss(scaled, batches) > 3 * plain
+    language_model = Scaled(torch.randn(10, 10) * 3, 1.0)  # [B, T] tokens to [B, T, V] logits: scored plainly
+    text = [(torch.randint(0, 10, (2, 5)), torch.randint(0, 10, (2, 5)))]
+    assert calibration_loss(language_model, text, tempered=True) == pytest.approx(
+        calibration_loss(language_model, text), rel=1e-6)
 
 
 def test_tempered_damages_are_tempered_loss_increases():

@@ -4,7 +4,8 @@ Scores (``damage``: how much a variant hurts when applied alone; the search mini
 
 * ``loss`` (default): increase of the calibration loss;
 * ``tempered``: increase of the calibration loss at its best temperature (:class:`LossTally`), blind to
-  the scale of the logits, which a removal often changes and fine-tuning restores in a few steps;
+  the scale of a classifier's logits, which a removal often changes and fine-tuning restores in a few steps (a
+  language model's loss is its metric, so it is scored plainly);
 * ``similarity``: label-free, ``1 - cosine similarity`` of the network's outputs before and after;
 * ``finetune``: as published (Kim et al., LayerMerge), the calibration loss after a few fine-tuning steps
   with the variant applied; expensive, off by default;
@@ -54,10 +55,12 @@ def task_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 class LossTally:
-    """The mean task loss over batches (each weighted by its number of samples); with `tempered`, the least over
-    :data:`TEMPERATURES` of the mean loss of ``logits / T``: temperature scaling (Guo et al., 2017), one scalar per
-    network fitted on these batches. A removal that scales the logits (an activation linearised in a MobileNetV2
-    block) scores as the ranking it keeps, which is what a short fine-tune, rescaling first, recovers."""
+    """The mean task loss over batches (each weighted by its number of samples); with `tempered`, for a classifier,
+    the least over :data:`TEMPERATURES` of the mean loss of ``logits / T``: temperature scaling (Guo et al., 2017),
+    one scalar per network fitted on these batches. Top-1 does not see the logits' scale, so a removal that scales
+    them (an activation linearised in a MobileNetV2 block) scores by the ranking it keeps, which a short fine-tune,
+    rescaling first, recovers. A language model's logits ``[B, T, V]`` are scored plainly: its metric is the loss,
+    scale included."""
 
     def __init__(self, tempered: bool = False):
         self.temperatures = TEMPERATURES if tempered else (1.0,)
@@ -65,9 +68,12 @@ class LossTally:
         self.count = 0
 
     def add(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
-        for i, temperature in enumerate(self.temperatures):
-            scaled = logits if temperature == 1.0 else logits.float() / temperature
-            self.totals[i] += task_loss(scaled, targets).item() * len(targets)
+        if len(self.temperatures) == 1 or logits.ndim == 3:
+            losses = [task_loss(logits, targets).item()] * len(self.temperatures)
+        else:
+            losses = [task_loss(logits.float() / temperature, targets).item() for temperature in self.temperatures]
+        for i, loss in enumerate(losses):
+            self.totals[i] += loss * len(targets)
         self.count += len(targets)
 
     def value(self) -> float:
