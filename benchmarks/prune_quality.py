@@ -104,7 +104,8 @@ RULES: dict[str, dict[str, str]] = {  # rule: the prune.* settings that make it
     "angular": {"search": "angular", "importance": "loss"}, "reverse": {"search": "reverse", "importance": "loss"},
     "kbest": {"search": "kbest", "importance": "loss"}, "local": {"search": "local", "importance": "loss"},
 }
-TEST_RULES = ("interaction_one_shot", "dp_loss", "greedy", "random", "sleb", "block_influence", "angular", "reverse")
+TEST_RULES = ("interaction_tempered", "interaction_one_shot", "dp_loss", "greedy", "random", "sleb", "block_influence",
+              "angular", "reverse")
 SELECT_RULES = ("interaction", "interaction_one_shot", "interaction_tempered", "kbest", "local", "dp_loss", "greedy",
                 "sleb")
 DEV_SEEDS = (100, 101, 102)

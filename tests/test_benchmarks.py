@@ -373,16 +373,19 @@ def test_prune_quality_quick_computes_its_verdicts(tmp_path):
     """The suite end to end on the smallest task: every rule and stage has its numbers, the plans were measured at
     the target (or marked off it), the verdicts follow them, and a second run takes its finished cells from the
     work directory (tied to their inputs)."""
+    from benchmarks.prune_quality import RULES, default_rule
+
+    default = default_rule()  # the rule whose settings conf/prune.yaml has
+    assert RULES[default]["search"] == "interaction" and RULES[default]["recovery_steps"] == "0"
+    rules = [default, "dp_loss", "random", "sleb"]
     command = [sys.executable, "-m", "benchmarks.prune_quality", "--quick", "--seeds", "2", "--rules",
-               "interaction_one_shot,dp_loss,random,sleb",
-               "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "work")]
+               ",".join(rules), "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "work")]
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "out" / "prune_quality.json").read_text())
     (family,) = result["families"]
     done = [c for c in family["cells"] if "used" in c]
-    assert {c["rule"] for c in done} == {"interaction_one_shot", "dp_loss", "random", "sleb"}
-    assert result["default"] == "interaction_one_shot"  # conf/prune.yaml's search, recovery_steps=0
+    assert {c["rule"] for c in done} == set(rules) and result["default"] == default
     for cell in done:
         assert {"one_shot", "short"} <= set(cell) and 0 <= cell["short"]["agreement"] <= 100
         assert cell["speedup"] > 0 and all(u["name"] in family["plans"] for u in cell["used"])

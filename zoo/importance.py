@@ -2,8 +2,8 @@
 
 Scores (``damage``: how much a variant hurts when applied alone; the search minimises its sum):
 
-* ``loss`` (default): increase of the calibration loss;
-* ``tempered``: increase of the calibration loss at its best temperature (:class:`LossTally`), blind to
+* ``loss``: increase of the calibration loss;
+* ``tempered`` (default): increase of the calibration loss at its best temperature (:class:`LossTally`), blind to
   the scale of a classifier's logits, which a removal often changes and fine-tuning restores in a few steps (a
   language model's loss is its metric, so it is scored plainly);
 * ``similarity``: label-free, ``1 - cosine similarity`` of the network's outputs before and after;

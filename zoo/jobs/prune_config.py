@@ -27,7 +27,7 @@ class PruneSettings:
     channels_last: bool = False
     threads: int | None = None
     merge: bool = True
-    importance: str = "loss"
+    importance: str = "tempered"
     calib_batches: int = 4
     search: str = "interaction"
     bins: int = 1000
