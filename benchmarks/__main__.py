@@ -40,10 +40,10 @@ SUITES = {
     "runtime_tables": "latency tables built in each deploy runtime (eager, torch.compile, onnxruntime, TensorRT): "
                       "prediction error, and the chosen plans' speed-ups across runtimes",
     "prune_quality": "pruning quality at the measured target (plans within 2 %, or interpolated between two that "
-                     "bracket it; cells that reach neither are off target and left out of the tests): the default "
-                     "search against random, greedy, SLEB, Block Influence, the "
-                     "angular run, reverse order and the previous default, 5 seeds, one-shot / short fine-tune, "
-                     "paired tests with Holm's correction",
+                     "bracket it; the default's cells whose plans all measured faster count, as a handicap; other "
+                     "cells that reach neither are off target and left out of the tests): the default search against "
+                     "random, greedy, SLEB, Block Influence, the angular run, reverse order, the previous defaults, "
+                     "5 or more seeds, one-shot / short fine-tune, paired tests with Holm's correction",
     "prune_cost": "the whole default prune.py, cold: today's default search and measured-target loop against the "
                   "previous default, in turns",
     "measurement": "timing modes on one network (eager, CUDA graph, bf16, channels_last): events vs wall clock, "

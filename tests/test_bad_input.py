@@ -191,7 +191,7 @@ PRUNE_CASES = [
     (["prune.device=cuda:7"], "Device 'cuda:7' is not available"),
     (["prune.device=tpux"], "Unknown device 'tpux'. Allowed devices are 'auto', 'cpu', 'cuda' and 'cuda:N'."),
     (["prune.search=annealing"], "prune.search='annealing'; allowed: interaction, dp, kbest, local, greedy, random"),
-    (["prune.importance=taylor"], "prune.importance='taylor'; allowed: loss, similarity, finetune"),
+    (["prune.importance=taylor"], "prune.importance='taylor'; allowed: loss, tempered, similarity, finetune"),
     (["prune.workload=decode"], "needs a recurrent language model"),
     (["prune.export=tflite"], "prune.export='tflite'; allowed: null, onnx, torch_export, hf"),
     (["prune.export=hf"], "prune.export=hf writes a Hugging Face model folder; mobilenetv2_050 has no such form"),
