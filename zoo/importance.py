@@ -68,6 +68,7 @@ class LossTally:
         self.count = 0
 
     def add(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        """Count one batch's loss at every temperature."""
         if len(self.temperatures) == 1 or logits.ndim == 3:
             losses = [task_loss(logits, targets).item()] * len(self.temperatures)
         else:
@@ -77,6 +78,7 @@ class LossTally:
         self.count += len(targets)
 
     def value(self) -> float:
+        """The mean loss so far, at the best temperature."""
         return min(self.totals) / max(self.count, 1)
 
 
