@@ -196,6 +196,7 @@ class Family:
         self.loaders: dict[int, Any] = {}
         self.scorers: dict[int, Any] = {}
         self.scored: dict[str, float] = {}
+        self.default = default_rule()  # the rule whose score plan_score and scored_loss take
         self.surrogates: dict[int, Any] = {}
         self.cfg = self.compose(seed=None)
         self.config = self._plain(self.cfg)
@@ -270,7 +271,7 @@ class Family:
         from zoo.jobs.plan import calibration_batches, plan_loss
 
         if seed not in self.scorers:
-            cfg, data = self.seeded(seed, default_rule(), TARGETS[0])
+            cfg, data = self.seeded(seed, self.default, TARGETS[0])
             self.scorers[seed] = plan_loss(cfg, self.baseline, self.table,
                                            calibration_batches(data, cfg.prune.calib_batches))
         return self.scorers[seed](plan["remove"])
@@ -283,7 +284,7 @@ class Family:
 
         name = plan_name(plan)
         if name not in self.scored:
-            tempered = RULES[default_rule()]["importance"] == "tempered"
+            tempered = RULES[self.default]["importance"] == "tempered"
             batches = [batch for i, batch in enumerate(self.data.val) if self.limit is None or i < self.limit]
             self.scored[name] = calibration_loss(surgery.apply_plan(self.baseline, plan, inplace=False), batches,
                                                  tempered)
@@ -417,12 +418,11 @@ def at_target(tried: list[dict[str, Any]], wanted: float, tolerance: float = TOL
     its search gave no slower plan (bracketing asked), so the comparison handicaps the default, never the rule it is
     compared with."""
     closest = min(tried, key=lambda c: abs(c["measured_speedup"] / wanted - 1.0))
-    if abs(closest["measured_speedup"] / wanted - 1.0) <= tolerance:
-        return {"used": [{"plan": closest["plan"], "weight": 1.0, "speedup": closest["measured_speedup"]}],
-                "at_target": True, "interpolated": False}
-    if faster_counts and all(c["measured_speedup"] > wanted for c in tried):
-        return {"used": [{"plan": closest["plan"], "weight": 1.0, "speedup": closest["measured_speedup"]}],
-                "at_target": True, "interpolated": False, "faster": True}
+    within = abs(closest["measured_speedup"] / wanted - 1.0) <= tolerance
+    if within or (faster_counts and all(c["measured_speedup"] > wanted for c in tried)):
+        alone = {"used": [{"plan": closest["plan"], "weight": 1.0, "speedup": closest["measured_speedup"]}],
+                 "at_target": True, "interpolated": False}
+        return alone if within else {**alone, "faster": True}
     below = [c for c in tried if c["measured_speedup"] < wanted]
     above = [c for c in tried if c["measured_speedup"] > wanted]
     if below and above:
@@ -468,7 +468,6 @@ def run_family(name: str, overrides: list[str], seeds: list[int], root: Path, ru
     """Every cell of one family: plans at the measured target, their quality, the final side-by-side timing."""
     family = Family(name, overrides, root)
     metric = metric_name(family.data.task)
-    default = default_rule()
     cells, plans = [], {}
     for target in targets:
         for seed in seeds:
@@ -482,7 +481,7 @@ def run_family(name: str, overrides: list[str], seeds: list[int], root: Path, ru
                 except Exception as exc:  # noqa: BLE001 - a rule that cannot reach the target is a result
                     cells.append({"rule": rule, "target": target, "seed": seed, "error": f"{exc}"[:300]})
                     continue
-                chosen = at_target(found["tried"], target, faster_counts=rule == default)
+                chosen = at_target(found["tried"], target, faster_counts=rule == family.default)
                 for used in chosen["used"]:
                     plans[plan_name(used["plan"])] = used["plan"]
                 cells.append({"rule": rule, "target": target, "seed": seed, **chosen,
