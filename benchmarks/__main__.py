@@ -1,5 +1,6 @@
 """``python -m benchmarks run [suite ...] [--set gpu_check] [--quick] [--device D] [--budget-s S] [--out DIR]``,
-``python -m benchmarks judge REPORT.json``, ``python -m benchmarks list``: the one benchmark runner.
+``python -m benchmarks judge REPORT.json``, ``python -m benchmarks merge REPORT.json ... --out MERGED.json``,
+``python -m benchmarks list``: the one benchmark runner.
 
 Each suite writes ``benchmarks/results/<suite>.json`` (or under ``--out`` / ``$OUT``) and the run writes a report of
 every suite's status, verdicts and result (``<set>.json``, or ``run.json``; :mod:`benchmarks.report`). Unless
@@ -9,7 +10,9 @@ every suite's status, verdicts and result (``<set>.json``, or ``run.json``; :mod
 ``run`` with no suite names runs the GPU check (``--set gpu_check``) on CUDA and every suite elsewhere; suites named
 with ``--set`` run alone in the set's configuration. The GPU check stops starting new work after ``--budget-s``
 (default 360 s: under 8 minutes in all on an H200); what it did not start is recorded as skipped. ``--device cpu
---quick`` is its dry run at tiny sizes (part of the tests).
+--quick`` is its dry run at tiny sizes (part of the tests). ``merge`` makes one report of a set run over several
+calls (short device leases): each suite from the one call that ran it; calls on different machines or versions, or a
+suite run twice, are refused.
 
 Statuses: passed (every target measured and met), failed, error (the suite raised), skipped, incomplete (a target not
 measured). Exit status: 0 every suite passed, 1 one failed or raised, 3 nothing failed but work was skipped or
@@ -26,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import exit_code
-from benchmarks.report import DEFAULT_BUDGET_S, SETS, digest, judge_file, run_suites, statuses
+from benchmarks.report import DEFAULT_BUDGET_S, SETS, digest, judge_file, merge_files, run_suites, statuses
 
 SUITES = {
     "zoo_vs_timm": "eval latency of zoo vs timm models (same weights), eager and fused",
@@ -43,7 +46,8 @@ SUITES = {
                      "bracket it; the default's cells whose plans all measured faster count, as a handicap; other "
                      "cells that reach neither are off target and left out of the tests): the default search against "
                      "random, greedy, SLEB, Block Influence, the angular run, reverse order, the previous defaults, "
-                     "5 or more seeds, one-shot / short fine-tune, paired tests with Holm's correction",
+                     "5 or more seeds, one-shot / short fine-tune, paired tests with Holm's correction; a "
+                     "sensitivity analysis without the interpolations across gaps wider than 10 %",
     "prune_cost": "the whole default prune.py, cold: today's default search and measured-target loop against the "
                   "previous default, in turns",
     "measurement": "timing modes on one network (eager, CUDA graph, bf16, channels_last): events vs wall clock, "
@@ -126,7 +130,22 @@ def main(argv: list[str] | None = None) -> int:
     judge_cmd.add_argument("report", help="a run report (<set>.json, run.json, gpu_check.json) or a suite's result")
     judge_cmd.add_argument("--suite", default=None, help="the suite of a result file that does not name it")
     judge_cmd.add_argument("--out", default=None, help="write the judged report here")
+    merge_cmd = sub.add_parser("merge", help="one report from the reports of several calls (a set run over several "
+                               "short device leases), judged")
+    merge_cmd.add_argument("reports", nargs="+", help="run reports, in the order they were run")
+    merge_cmd.add_argument("--set", choices=list(SETS), default=None, help="the set they make up (default: the "
+                           "first report's)")
+    merge_cmd.add_argument("--out", required=True, help="where the merged report is written")
     args = parser.parse_args(argv)
+    if args.command == "merge":
+        try:
+            report, code = merge_files(args.reports, args.set, args.out)
+        except (ValueError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(digest(report))
+        print(f"report: {args.out}")
+        return code
     if args.command == "list":
         member = {name: [s for s, names in SETS.items() if name in names] for name in SUITES}
         for name, text in SUITES.items():

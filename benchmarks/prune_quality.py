@@ -35,7 +35,8 @@ with the best mean rank over families, targets and stages is reported as the cho
 Each cell is stored in the work directory under a key of everything that determines it (family config, baseline
 weights, rule, seed, target, protocol), so an interrupted run continues and a changed input is recomputed.
 
-    python -m benchmarks.prune_quality [--quick] [--families a,b] [--seeds 5] [--workdir DIR] [--device cpu]
+    python -m benchmarks.prune_quality [--quick] [--families a,b] [--seeds 5] [--first-seed 0] [--workdir DIR]
+        [--device cpu]
     python -m benchmarks.prune_quality --select [--families a,b] [--workdir DIR]
     python -m benchmarks.prune_quality --summarise RESULT.json [--out DIR]   # statistics, verdicts, plot again
 """
@@ -636,10 +637,26 @@ def default_names(quick: bool) -> list[str]:
     return [smoke_model()] if quick else list(tasks())
 
 
+def seed_problem(first_seed: int, seeds: int) -> str | None:
+    """Why the tested seeds `first_seed`, ..., `first_seed + seeds - 1` are not allowed (None: they are)."""
+    shared = sorted(set(range(first_seed, first_seed + seeds)) & set(DEV_SEEDS))
+    if first_seed < 0 or shared:
+        return (f"--first-seed {first_seed} with {seeds} seeds is not allowed: "
+                + (f"seeds {shared} are the selection's development seeds" if shared else "a negative seed")
+                + f"; allowed: 0 or more, with none of {list(DEV_SEEDS)}")
+    return None
+
+
 def run(quick: bool = False, device: str = "auto", out: str | None = None, families: list[str] | None = None,
-        seeds: int | None = None, workdir: str | None = None, rules: list[str] | None = None) -> dict[str, Any]:
-    """Every family's cells, statistics and verdicts (5 seeds; 2 with `quick`), written to ``prune_quality.json``."""
+        seeds: int | None = None, workdir: str | None = None, rules: list[str] | None = None, first_seed: int = 0
+        ) -> dict[str, Any]:
+    """Every family's cells, statistics and verdicts (5 seeds from `first_seed`; 2 with `quick`), written to
+    ``prune_quality.json``. A later `first_seed` gives fresh seeds: a confirmatory run of a protocol declared after
+    an earlier run's seeds were seen."""
     seeds = seeds or (2 if quick else 5)
+    problem = seed_problem(first_seed, seeds)
+    if problem:
+        raise ValueError(problem)
     names = families or default_names(quick)
     default = default_rule()
     rules = rules or list(TEST_RULES)
@@ -649,11 +666,12 @@ def run(quick: bool = False, device: str = "auto", out: str | None = None, famil
     targets = TARGETS[:1] if quick else TARGETS
     root = Path(workdir or tempfile.mkdtemp(prefix="prune_quality-"))
     start = time.perf_counter()
-    result: dict[str, Any] = {"suite": "prune_quality", "quick": quick, "seeds": seeds, "default": default,
+    result: dict[str, Any] = {"suite": "prune_quality", "quick": quick, "seeds": seeds, "first_seed": first_seed,
+                              "default": default,
                               "tolerance": TOLERANCE, "workdir": str(root), "families": []}
     for name in names:
         overrides = [*overrides_of(name), *(QUICK if quick else []), f"prune.device={device}"]
-        family = run_family(name, overrides, list(range(seeds)), root, rules, targets,
+        family = run_family(name, overrides, list(range(first_seed, first_seed + seeds)), root, rules, targets,
                             QUICK_MEASURE if quick else MEASURE)
         result["families"].append(with_statistics(family, default))
         result["overall"] = overall(result)
@@ -675,6 +693,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"family's: {', '.join(tasks())}) or family names")
     parser.add_argument("--rules", default=None, help=f"comma-separated, of {', '.join(RULES)}")
     parser.add_argument("--seeds", type=int, default=None, help="default 5 (2 with --quick)")
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first_seed, first_seed + 1, ...: fresh "
+                        "seeds for a confirmatory run (never the development seeds)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--workdir", default=None, help="baselines, caches and finished cells (default: a temp dir)")
     parser.add_argument("--summarise", default=None, metavar="JSON",
@@ -699,8 +719,11 @@ def main(argv: list[str] | None = None) -> None:
         write_result("prune_quality_selection", result, args.out)
         print(markdown(result))
         return
+    problem = seed_problem(args.first_seed, args.seeds or (2 if args.quick else 5))
+    if problem:
+        parser.error(problem)
     print(markdown(run(args.quick, args.device, args.out, split(args.families), args.seeds, args.workdir,
-                       split(args.rules))))
+                       split(args.rules), args.first_seed)))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@ cells, nothing measured (``python -m benchmarks.prune_quality --summarise RESULT
 
 Statistics (:mod:`benchmarks.stats`): the default against every other rule, paired by seed at each target and stage, t
 test (or a paired bootstrap over the validation samples when the seeds do not vary), Holm-corrected over the family's
-comparisons: better, worse or tie. The plan scorer's Spearman correlation against the real one-shot validation loss
+comparisons: better, worse or tie. A sensitivity analysis (``span_sensitivity``, declared after the 2026-12-04 run,
+so never a verdict) repeats them without the cells interpolated between plans more than ``SPAN`` (10 %) from the
+target: a line across a gap in a rule's plans is not a network near the target. The plan scorer's Spearman
+correlation against the real one-shot validation loss
 is reported over every plan. The suite's targets (:func:`checks`): never significantly worse than any rule in every
 family, better than random in every family, better than greedy and than the previous default (``dp_loss``) in at
 least three, the scorer's Spearman at 2.0x at least 0.8 in every family.
@@ -26,6 +29,7 @@ TARGETS = (1.5, 2.0)
 STAGES = ("one_shot", "short")
 CEILING_ACC, SEPARATION_POINTS, SEPARATION_PPL = 97.0, 5.0, 0.20
 SPEARMAN_TARGET = 0.8
+SPAN = 0.10  # the sensitivity analysis: interpolations only between plans that measured within 10 % of the target
 
 
 def metric_name(task: str) -> str:
@@ -38,6 +42,23 @@ def higher_is_better(metric: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ statistics
+def span_of(cell: dict[str, Any], target: float) -> float:
+    """How far from the target the farthest plan a cell uses measured (relative)."""
+    return max(abs(u["speedup"] / target - 1.0) for u in cell["used"])
+
+
+def beyond_span(cell: dict[str, Any], target: float, span: float = SPAN) -> bool:
+    """An interpolation between plans more than `span` from the target: a line across a gap in the rule's plans
+    (whole-layer rules on a 4-layer model, say) rather than a network near the target."""
+    return bool(cell.get("interpolated")) and span_of(cell, target) > span
+
+
+def counts(cell: dict[str, Any], span: float | None = None) -> bool:
+    """Whether a cell enters the comparisons: evaluated and at the target (with `span`, the sensitivity analysis:
+    not interpolated across a gap wider than it)."""
+    return "used" in cell and cell["at_target"] and not (span is not None and beyond_span(cell, cell["target"], span))
+
+
 def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
     if not values:
         return None, None
@@ -56,6 +77,7 @@ def summarise(family: dict[str, Any]) -> list[dict[str, Any]]:
                 row = {"family": family["family"], "target": target, "rule": rule, "stage": stage,
                        "seeds": len(done), "failed": len(failed),
                        "off_target": sum(not c["at_target"] for c in done),
+                       "beyond_span": sum(c["at_target"] and beyond_span(c, target) for c in done),
                        "faster": sum(bool(c.get("faster")) for c in done),
                        "interpolated": sum(c["interpolated"] for c in done)}
                 for key in dict.fromkeys((metric, "ppl" if metric == "loss" else "acc1", "agreement", "kl")):
@@ -68,12 +90,14 @@ def summarise(family: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def comparison(family: dict[str, Any], rule: str, reference: str, target: float, stage: str) -> dict[str, Any] | None:
-    """`rule` against `reference`, paired by seed (positive: `rule` is better), at cells of both at the target."""
+def comparison(family: dict[str, Any], rule: str, reference: str, target: float, stage: str,
+               span: float | None = None) -> dict[str, Any] | None:
+    """`rule` against `reference`, paired by seed (positive: `rule` is better), at cells of both that count at the
+    target (:func:`counts`)."""
     metric = family["metric"]
     sign = 1.0 if higher_is_better(metric) else -1.0
-    cells = {r: {c["seed"]: c for c in family["cells"] if c["rule"] == r and c["target"] == target
-                 and "used" in c and c["at_target"]} for r in (rule, reference)}
+    cells = {r: {c["seed"]: c for c in family["cells"] if c["rule"] == r and c["target"] == target and counts(c, span)}
+             for r in (rule, reference)}
     seeds = sorted(set(cells[rule]) & set(cells[reference]))
     if len(seeds) < 2:
         return None
@@ -82,7 +106,7 @@ def comparison(family: dict[str, Any], rule: str, reference: str, target: float,
                for s in seeds]
 
     def span(r: str) -> float:  # how far from the target the plans a rule's cells use lie, on average
-        return statistics.fmean(max(abs(u["speedup"] / target - 1.0) for u in cells[r][s]["used"]) for s in seeds)
+        return statistics.fmean(span_of(cells[r][s], target) for s in seeds)
 
     return {"rule": rule, "reference": reference, "target": target, "stage": stage, "seeds": seeds,
             **stats.compare(diffs, samples), "span": span(rule), "reference_span": span(reference)}
@@ -131,24 +155,28 @@ def summary_of(words: list[str]) -> str:
     return "partly better" if "better" in words else "tie"
 
 
-def family_verdicts(family: dict[str, Any], default: str) -> dict[str, Any]:
-    """The default against every other rule (Holm over the family), and the issue's targets, computed."""
+def family_verdicts(family: dict[str, Any], default: str, span: float | None = None) -> dict[str, Any]:
+    """The default against every other rule (Holm over the family), and the issue's targets, computed; with `span`,
+    the sensitivity analysis (interpolations across wider gaps left out)."""
     targets = sorted({c["target"] for c in family["cells"]})
     others = [r for r in dict.fromkeys(c["rule"] for c in family["cells"]) if r != default]
-    raw = [p for target in targets for stage in STAGES for rule in others
-           if (p := comparison(family, default, rule, target, stage))]
-    judged = stats.verdicts(raw)
+    pairs = [(rule, target, stage, comparison(family, default, rule, target, stage, span))
+             for target in targets for stage in STAGES for rule in others]
+    judged = stats.verdicts([p for *_, p in pairs if p])
+    not_compared = [{"rule": rule, "target": target, "stage": stage} for rule, target, stage, p in pairs if p is None]
     by_reference: dict[str, dict[str, Any]] = {}
     for rule in others:
         mine = [j for j in judged if j["reference"] == rule]
         words = [j["verdict"] for j in mine]
         by_reference[rule] = {
             "comparisons": len(mine), "better": words.count("better"), "worse": words.count("worse"),
-            "tie": words.count("tie"), "summary": summary_of(words)}
+            "tie": words.count("tie"), "summary": summary_of(words),
+            "not_compared": sum(n["rule"] == rule for n in not_compared)}
     metric, base = family["metric"], family["baseline"]
     random_one_shot = [c["one_shot"][metric] for c in family["cells"] if c["rule"] == "random"
                        and c["target"] == max(targets) and "used" in c]
-    out: dict[str, Any] = {"default": default, "comparisons": judged, "by_reference": by_reference,
+    out: dict[str, Any] = {"default": default, "comparisons": judged, "not_compared": not_compared,
+                           "by_reference": by_reference,
                            "never_worse": not any(j["verdict"] == "worse" for j in judged),
                            "scorer": scorer_check(family)}
     if random_one_shot and family["task"] == "classification":
@@ -165,6 +193,11 @@ def family_verdicts(family: dict[str, Any], default: str) -> dict[str, Any]:
 def with_statistics(family: dict[str, Any], default: str) -> dict[str, Any]:
     family["rows"] = summarise(family)
     family["verdicts"] = family_verdicts(family, default)
+    within = family_verdicts(family, default, SPAN)
+    family["span_sensitivity"] = {"span": SPAN, "never_worse": within["never_worse"],
+                                  "not_compared": within["not_compared"],
+                                  "by_reference": {rule: v["summary"] for rule, v in within["by_reference"].items()},
+                                  "worse": [c for c in within["comparisons"] if c["verdict"] == "worse"]}
     return family
 
 
@@ -181,6 +214,8 @@ def overall(result: dict[str, Any]) -> dict[str, Any]:
     scorer = {f["family"]: next((s["plan_score_spearman"] for s in f["verdicts"]["scorer"] if s["target"] == top),
                                 None) for f in families}
     out = {"families": len(families), "never_worse_families": sum(f["verdicts"]["never_worse"] for f in families),
+           "never_worse_families_within_span": sum(f.get("span_sensitivity", {}).get("never_worse", False)
+                                                   for f in families),
            "never_worse": all(f["verdicts"]["never_worse"] for f in families),
            "better_than_random": count("random", strict=False), "better_than_random_everywhere":
                count("random", strict=True),
@@ -261,6 +296,11 @@ def fmt(value: Any, digits: int = 2) -> str:
     return "" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def listed(pairs: list[dict[str, Any]]) -> str:
+    """`rule at 1.5x stage, ...` for a list of (rule, target, stage) records."""
+    return ", ".join(f"{n['rule']} at {n['target']}x {n['stage']}" for n in pairs)
+
+
 def markdown(result: dict[str, Any]) -> str:
     if result.get("suite") == "prune_quality_selection":
         return markdown_selection(result)
@@ -280,7 +320,8 @@ def markdown(result: dict[str, Any]) -> str:
                   "seeds": f"{r['seeds']}" + (f" ({r['failed']} failed)" if r["failed"] else "")
                   + (f", {r['off_target']} off target" if r["off_target"] else "")
                   + (f", {r['faster']} faster than the target" if r.get("faster") else "")
-                  + (f", {r['interpolated']} interpolated" if r["interpolated"] else "")}
+                  + (f", {r['interpolated']} interpolated" if r["interpolated"] else "")
+                  + (f" ({r['beyond_span']} across a gap > {100 * SPAN:.0f} %)" if r.get("beyond_span") else "")}
                  for r in family["rows"]]
         parts.append(markdown_table(table, ["target", "rule", "stage", shown, "agreement %", "measured speed-up",
                                             "one session", "removed", "search s", "seeds"]))
@@ -295,6 +336,16 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{len(comp)} comparisons): never significantly worse **{v['never_worse']}**.\n")
         parts.append(markdown_table(comp, ["vs", "target", "stage", "diff (default - rule)", "test", "p", "p (Holm)",
                                            "verdict", "plans from target % (default / rule)"]))
+        if v.get("not_compared"):
+            parts.append(f"\nNot compared (fewer than 2 seeds where both count at the target): "
+                         f"{listed(v['not_compared'])}.")
+        if family.get("span_sensitivity"):
+            sens = family["span_sensitivity"]
+            worse = ", ".join(f"{c['reference']} at {c['target']}x {c['stage']}" for c in sens["worse"]) or "none"
+            parts.append(f"\nSensitivity (not a verdict): without the cells interpolated between plans more than "
+                         f"{100 * sens['span']:.0f} % from the target, never significantly worse "
+                         f"**{sens['never_worse']}** (worse: {worse}; not compared: "
+                         f"{listed(sens['not_compared']) or 'none'}).")
         parts.append("\nPlan scorer (Spearman over every plan: the plan score against the same loss on the validation "
                      "split, against the plain one-shot validation loss, against the metric after the short "
                      "fine-tune; the previous default's surrogate against the plain loss):\n")
@@ -303,8 +354,10 @@ def markdown(result: dict[str, Any]) -> str:
                                      "short_spearman", "surrogate_spearman", "passed"]))
     if result.get("overall"):
         o = result["overall"]
-        parts.append(f"\nOverall: never worse {o['never_worse']}; better than random in {o['better_than_random']} of "
-                     f"{o['families']} families; better than greedy in {o['better_than_greedy']}, than the previous "
+        parts.append(f"\nOverall: never worse {o['never_worse']} (families never worse in the sensitivity analysis: "
+                     f"{o.get('never_worse_families_within_span', '-')} of {o['families']}); better than random in "
+                     f"{o['better_than_random']} of {o['families']} families; better than greedy in "
+                     f"{o['better_than_greedy']}, than the previous "
                      f"default (dp_loss) in {o['better_than_dp_loss']}; scorer Spearman at 2.0x "
                      f"{ {k: fmt(x) for k, x in o['scorer_spearman_at_2x'].items()} }; **passed: {o['passed']}**.")
     return "\n\n".join(parts)

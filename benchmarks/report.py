@@ -100,6 +100,62 @@ def statuses(report: dict[str, Any]) -> dict[str, str]:
     return {name: section["status"] for name, section in report["suites"].items()}
 
 
+# ------------------------------------------------------------------------------------------------------ merging
+SAME_MACHINE = ("device", "torch", "cuda")  # a merged report's calls must agree on these environment keys
+
+
+def ran(section: dict[str, Any]) -> bool:
+    """Whether a report's section holds a run of its suite (a result or an error), not a skip."""
+    return "result" in section or "error" in section
+
+
+def merge_reports(reports: list[tuple[str, dict[str, Any]]], set_name: str | None = None) -> dict[str, Any]:
+    """One report from the reports of several calls (``(name, report)`` in call order), as when a set is run over
+    several short device leases: each suite's section is the one call that ran it; a suite no call ran keeps the last
+    call's skip. Refused (ValueError): calls on different machines or versions (``SAME_MACHINE``), or a suite run by
+    more than one call (which run counts would be a choice made after seeing both)."""
+    if not reports:
+        raise ValueError("no reports to merge")
+    reports = [(name, from_gpu_check(r) if "steps" in r and "suites" not in r else r) for name, r in reports]
+    first_name, first = reports[0]
+    for name, report in reports[1:]:
+        for key in SAME_MACHINE:
+            mine, theirs = first.get("environment", {}).get(key), report.get("environment", {}).get(key)
+            if mine != theirs:
+                raise ValueError(f"{name} ran with {key}={theirs!r} but {first_name} with {mine!r}; only reports of "
+                                 f"one machine and one version ({', '.join(SAME_MACHINE)}) are merged")
+    set_name = set_name or next((r.get("set") for _, r in reports if r.get("set")), None)
+    if set_name is not None and set_name not in SETS:
+        raise ValueError(f"unknown set {set_name!r}; allowed: {', '.join(SETS)}")
+    requested = list(SETS[set_name]) if set_name else list(dict.fromkeys(
+        n for _, r in reports for n in (r.get("requested") or r["suites"])))
+    suites: dict[str, Any] = {}
+    for suite in requested:
+        runs = [name for name, r in reports if ran(r["suites"].get(suite, {}))]
+        if len(runs) > 1:
+            raise ValueError(f"suite {suite} ran in more than one report ({', '.join(runs)}); merge one run of it")
+        sections = [(name, r["suites"][suite]) for name, r in reports if suite in r["suites"]]
+        chosen = next(((n, s) for n, s in sections if ran(s)), sections[-1] if sections else None)
+        suites[suite] = ({**chosen[1], "from": chosen[0]} if chosen else
+                         {"skipped": "in none of the merged reports", "seconds": None})
+    calls = [{"report": name, "set": r.get("set"), "budget_s": r.get("budget_s"),
+              "ran": [n for n, s in r["suites"].items() if ran(s)]} for name, r in reports]
+    return judge_report({"set": set_name, "requested": requested, "device": first.get("device"),
+                         "quick": any(r.get("quick") for _, r in reports), "budget_s": None,
+                         "environment": first.get("environment", {}), "merged_from": calls, "suites": suites})
+
+
+def merge_files(paths: list[str], set_name: str | None, out: str | Path) -> tuple[dict[str, Any], int]:
+    """``python -m benchmarks merge``: :func:`merge_reports` of stored reports, written to `out`; the report and
+    its exit status."""
+    report = merge_reports([(str(p), json.loads(Path(p).read_text())) for p in paths], set_name)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(out).with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=2, default=str))
+    tmp.replace(out)
+    return report, exit_code(statuses(report).values())
+
+
 # -------------------------------------------------------------------------------- reports of benchmarks/gpu_check.py
 GPU_CHECK_STEPS = {"measurement": "measurement", "lut": "latency_table", "prune_search": "prune_search",
                    "retnet_decode": "retnet_decode", "fla": "fla", "train_memory": "train_memory"}

@@ -179,6 +179,49 @@ def test_the_stored_h200_report_is_judged_again_with_todays_targets(tmp_path):
     assert "python -m benchmarks judge results/gpu_check_h200.json" in docs and "latency_table: failed" in docs
 
 
+def split_merged(report: dict) -> list[tuple[str, dict]]:
+    """The calls a merged report was made of, each with the suites it ran (and a skip for the others)."""
+    calls = []
+    for call in report["merged_from"]:
+        suites = {n: ({k: v for k, v in s.items() if k != "from"} if s.get("from") == call["report"] and
+                      n in call["ran"] else {"skipped": "time budget", "seconds": 0.0})
+                  for n, s in report["suites"].items()}
+        calls.append((call["report"], {"set": call["set"], "requested": list(suites), "device": report["device"],
+                                       "environment": dict(report["environment"]), "suites": suites}))
+    return calls
+
+
+def test_a_set_run_over_several_calls_merges_into_one_judged_report(tmp_path):
+    """results/gpu_check_h200_2026-12-04.json was merged from three short device calls: split into its calls again,
+    it merges back to the same suites and statuses; calls of another version, or a suite run twice, are refused."""
+    from benchmarks.report import merge_reports, statuses
+
+    stored = json.loads((ROOT / "results" / "gpu_check_h200_2026-12-04.json").read_text())
+    assert [c["ran"] for c in stored["merged_from"]] == [["measurement", "latency_table"],
+                                                         ["prune_search", "retnet_decode"], ["fla", "train_memory"]]
+    calls = split_merged(stored)
+    merged = merge_reports(calls)
+    assert statuses(merged) == statuses(stored) == {
+        "measurement": "passed", "latency_table": "failed", "prune_search": "passed", "retnet_decode": "passed",
+        "fla": "passed", "train_memory": "failed", "runtime_tables": "skipped"}
+    assert merged["suites"]["prune_search"]["from"] == "call2.json"
+    assert merged["suites"]["prune_search"]["result"] == stored["suites"]["prune_search"]["result"]
+    twice = [calls[0], (calls[1][0], {**calls[1][1], "suites": {**calls[1][1]["suites"],
+                                                                "measurement": calls[0][1]["suites"]["measurement"]}})]
+    with pytest.raises(ValueError, match="measurement ran in more than one report"):
+        merge_reports(twice)
+    other = (calls[2][0], {**calls[2][1], "environment": {**calls[2][1]["environment"], "torch": "2.14.1"}})
+    with pytest.raises(ValueError, match="torch='2.14.1'"):
+        merge_reports([calls[0], other])
+    paths = []
+    for name, report in [calls[0], other]:
+        paths.append(str(tmp_path / name))
+        Path(paths[-1]).write_text(json.dumps(report))
+    proc = run_benchmarks(tmp_path, "merge", *paths, "--out", str(tmp_path / "merged.json"), timeout=300)
+    assert proc.returncode == 2 and "only reports of one machine and one version" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "merged.json").exists()
+
+
 def test_gpu_check_skips_work_past_its_time_budget(tmp_path):
     proc = run_benchmarks(tmp_path, "run", "--set", "gpu_check", "--device", "cpu", "--quick", "--budget-s", "-1",
                           "--out", str(tmp_path), timeout=300)
@@ -366,6 +409,58 @@ def test_prune_quality_verdicts_against_hand_computed_values():
     result = overall({"families": [family, lm]})
     assert result["never_worse"] and result["better_than_random"] == 2 and result["better_than_greedy"] == 0
     assert result["passed"] is False
+
+
+def test_prune_quality_sensitivity_leaves_out_interpolations_across_a_gap():
+    """The verdicts compare every cell at the target; the sensitivity analysis leaves out the cells interpolated
+    between plans more than SPAN (10 %) from it: a rule whose plans bracket 2.0x at 1.79x and 2.05x (10.5 % and
+    2.5 % away) beats the default in the verdicts but is not compared in the sensitivity analysis (listed), where the
+    same line from 1.82x still counts there."""
+    from benchmarks.prune_quality_report import SPAN, counts, markdown, overall, with_statistics
+
+    assert SPAN == pytest.approx(0.10)
+    values = {"interaction": [90.0, 91.0, 92.0, 93.0, 94.0], "block_influence": [95.0, 96.0, 97.0, 98.0, 99.0]}
+
+    def gapped(low: float) -> dict:
+        family = quality_family("classification", values, baseline=95.0)
+        family["condition"] = {"device_name": "cpu", "batch_size": 1}
+        family["baseline"]["epochs"] = 1
+        for cell in family["cells"]:
+            if cell["rule"] == "block_influence":  # a line across plans at `low` and 2.05x, as whole-layer rules give
+                cell["interpolated"] = True
+                cell["used"] = [{**cell["used"][0], "speedup": low, "weight": 0.2},
+                                {**cell["used"][0], "speedup": 2.05, "weight": 0.8}]
+        return with_statistics(family, "interaction")
+
+    wide = gapped(1.79)
+    assert all(counts(c) for c in wide["cells"]) and not wide["verdicts"]["never_worse"]  # the verdicts: all cells
+    assert {c["verdict"] for c in wide["verdicts"]["comparisons"]} == {"worse"}
+    assert not any(counts(c, SPAN) for c in wide["cells"] if c["rule"] == "block_influence")
+    sens = wide["span_sensitivity"]
+    assert sens["never_worse"] and sens["worse"] == [] and sens["by_reference"] == {"block_influence": "tie"}
+    assert sens["not_compared"] == [{"rule": "block_influence", "target": 2.0, "stage": s}
+                                    for s in ("one_shot", "short")]
+    assert next(r for r in wide["rows"] if r["rule"] == "block_influence")["beyond_span"] == 5
+    result = {"families": [wide]}
+    result["overall"] = overall(result)
+    assert result["overall"]["never_worse_families"] == 0 and result["overall"]["never_worse_families_within_span"] == 1
+    assert "Sensitivity (not a verdict)" in markdown(result) and "block_influence at 2.0x short" in markdown(result)
+    near = gapped(1.82)  # 9 % below: counts in the sensitivity analysis too
+    assert all(counts(c, SPAN) for c in near["cells"]) and not near["span_sensitivity"]["never_worse"]
+
+
+def test_prune_quality_refuses_development_seeds(tmp_path):
+    """--first-seed gives fresh seeds for a confirmatory run; seeds the selection used are refused (exit 2, the
+    reason and what is allowed), before anything runs."""
+    from benchmarks.prune_quality import DEV_SEEDS, seed_problem
+
+    assert seed_problem(6, 6) is None and seed_problem(0, 5) is None
+    assert "development seeds" in seed_problem(DEV_SEEDS[0] - 2, 5)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.prune_quality", "--first-seed", str(DEV_SEEDS[1]),
+                           "--seeds", "2", "--workdir", str(tmp_path / "w")], capture_output=True, text=True,
+                          cwd=ROOT, env=env_for(tmp_path), timeout=300)
+    assert proc.returncode == 2 and f"seeds [{DEV_SEEDS[1]}, {DEV_SEEDS[2]}]" in proc.stderr, proc.stderr[-2000:]
+    assert "allowed: 0 or more" in proc.stderr and not (tmp_path / "w").exists()
 
 
 @pytest.mark.slow
