@@ -69,6 +69,9 @@ def test_suites_iterate_the_registry_not_lists():
     assert [n for n in tasks if n != "plainresnet8"] == ["resnetv2_50x1_bit_w0.5", "mobilenetv2_050", "retnet_tiny4",
                                                          "tresnet_m_w0.125"]
     assert tasks["mobilenetv2_050"][:2] == ["model=mobilenetv2_050", "data=digits"]
+    finer = prune_quality.overrides_of("retnet_tiny8")  # a named variant: the RetNet task with 8 layers
+    assert [o for o in finer if o not in tasks["retnet_tiny4"]] == ["++model.overrides.depth=8"]
+    assert len(finer) == len(tasks["retnet_tiny4"])
     stored = json.loads((ROOT / "results" / "prune_quality_cpu.json").read_text())
     for family in stored["families"]:  # the committed cells' keys: the same overrides, in the same order
         assert family["overrides"][:-1] == tasks[family["family"]]
@@ -447,6 +450,25 @@ def test_prune_quality_sensitivity_leaves_out_interpolations_across_a_gap():
     assert "Sensitivity (not a verdict)" in markdown(result) and "block_influence at 2.0x short" in markdown(result)
     near = gapped(1.82)  # 9 % below: counts in the sensitivity analysis too
     assert all(counts(c, SPAN) for c in near["cells"]) and not near["span_sensitivity"]["never_worse"]
+
+
+def test_prune_quality_code_digest_ignores_prose_only(tmp_path, monkeypatch):
+    """Cells are keyed by the digest of the code they ran: an edit of docstrings or comments keeps it (the cells
+    stay valid), an edit of the code changes it."""
+    import importlib
+
+    from benchmarks.prune_quality import code_digest
+
+    source = '''"""A module."""\n\ndef damage(x):\n    """Twice x."""\n    return 2 * x  # doubled\n'''
+    variants = {"same": source, "prose": source.replace("Twice x.", "x, doubled: the damage.").replace(
+        "# doubled", "# times two").replace("A module.", "Another module."), "code": source.replace("2 * x", "3 * x")}
+    monkeypatch.syspath_prepend(str(tmp_path))
+    digests = {}
+    for name, text in variants.items():
+        (tmp_path / f"digest_{name}.py").write_text(text)
+        importlib.invalidate_caches()
+        digests[name] = code_digest(f"digest_{name}")
+    assert digests["same"] == digests["prose"] != digests["code"]
 
 
 def test_prune_quality_refuses_development_seeds(tmp_path):
