@@ -75,6 +75,8 @@ def test_suites_iterate_the_registry_not_lists():
     stored = json.loads((ROOT / "results" / "prune_quality_cpu.json").read_text())
     for family in stored["families"]:  # the committed cells' keys: the same overrides, in the same order
         assert family["overrides"][:-1] == tasks[family["family"]]
+    (retnet8,) = json.loads((ROOT / "results" / "prune_quality_retnet8_cpu.json").read_text())["families"]
+    assert retnet8["family"] == "retnet_tiny8" and retnet8["overrides"][:-1] == finer
 
 
 def test_gpu_check_dry_run_on_cpu_and_its_report_judged_again(tmp_path):
