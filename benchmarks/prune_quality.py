@@ -657,10 +657,10 @@ def default_names(quick: bool) -> list[str]:
 def seed_problem(first_seed: int, seeds: int) -> str | None:
     """Why the tested seeds `first_seed`, ..., `first_seed + seeds - 1` are not allowed (None: they are)."""
     shared = sorted(set(range(first_seed, first_seed + seeds)) & set(DEV_SEEDS))
-    if first_seed < 0 or shared:
+    if first_seed < 0 or seeds < 1 or shared:
         return (f"--first-seed {first_seed} with {seeds} seeds is not allowed: "
-                + (f"seeds {shared} are the selection's development seeds" if shared else "a negative seed")
-                + f"; allowed: 0 or more, with none of {list(DEV_SEEDS)}")
+                + (f"seeds {shared} are the selection's development seeds" if shared else "a negative seed or count")
+                + f"; allowed: a first seed of 0 or more, 1 or more seeds, none of {list(DEV_SEEDS)}")
     return None
 
 

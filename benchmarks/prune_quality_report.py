@@ -50,7 +50,7 @@ def span_of(cell: dict[str, Any], target: float) -> float:
 def beyond_span(cell: dict[str, Any], target: float, span: float = SPAN) -> bool:
     """An interpolation between plans more than `span` from the target: a line across a gap in the rule's plans
     (whole-layer rules on a 4-layer model, say) rather than a network near the target."""
-    return bool(cell.get("interpolated")) and span_of(cell, target) > span
+    return bool(cell.get("interpolated")) and span_of(cell, target) > span + 1e-9  # 2.2x is 10 % from 2.0x
 
 
 def counts(cell: dict[str, Any], span: float | None = None) -> bool:
@@ -194,7 +194,8 @@ def with_statistics(family: dict[str, Any], default: str) -> dict[str, Any]:
     family["rows"] = summarise(family)
     family["verdicts"] = family_verdicts(family, default)
     within = family_verdicts(family, default, SPAN)
-    family["span_sensitivity"] = {"span": SPAN, "never_worse": within["never_worse"],
+    family["span_sensitivity"] = {"span": SPAN, "compared": len(within["comparisons"]),
+                                  "never_worse": within["never_worse"] if within["comparisons"] else None,
                                   "not_compared": within["not_compared"],
                                   "by_reference": {rule: v["summary"] for rule, v in within["by_reference"].items()},
                                   "worse": [c for c in within["comparisons"] if c["verdict"] == "worse"]}
@@ -214,7 +215,7 @@ def overall(result: dict[str, Any]) -> dict[str, Any]:
     scorer = {f["family"]: next((s["plan_score_spearman"] for s in f["verdicts"]["scorer"] if s["target"] == top),
                                 None) for f in families}
     out = {"families": len(families), "never_worse_families": sum(f["verdicts"]["never_worse"] for f in families),
-           "never_worse_families_within_span": sum(f.get("span_sensitivity", {}).get("never_worse", False)
+           "never_worse_families_within_span": sum(f.get("span_sensitivity", {}).get("never_worse") is True
                                                    for f in families),
            "never_worse": all(f["verdicts"]["never_worse"] for f in families),
            "better_than_random": count("random", strict=False), "better_than_random_everywhere":
@@ -342,9 +343,10 @@ def markdown(result: dict[str, Any]) -> str:
         if family.get("span_sensitivity"):
             sens = family["span_sensitivity"]
             worse = ", ".join(f"{c['reference']} at {c['target']}x {c['stage']}" for c in sens["worse"]) or "none"
+            tested = "not tested: nothing compared" if sens["never_worse"] is None else sens["never_worse"]
             parts.append(f"\nSensitivity (not a verdict): without the cells interpolated between plans more than "
                          f"{100 * sens['span']:.0f} % from the target, never significantly worse "
-                         f"**{sens['never_worse']}** (worse: {worse}; not compared: "
+                         f"**{tested}** (worse: {worse}; not compared: "
                          f"{listed(sens['not_compared']) or 'none'}).")
         parts.append("\nPlan scorer (Spearman over every plan: the plan score against the same loss on the validation "
                      "split, against the plain one-shot validation loss, against the metric after the short "

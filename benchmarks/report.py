@@ -17,6 +17,7 @@ through :func:`from_gpu_check`.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import logging
@@ -101,32 +102,61 @@ def statuses(report: dict[str, Any]) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------------ merging
-SAME_MACHINE = ("device", "torch", "cuda")  # a merged report's calls must agree on these environment keys
+SAME_MACHINE = ("device", "torch", "cuda", "python", "timm", "fla")  # the calls of one merged report agree on these
 
 
 def ran(section: dict[str, Any]) -> bool:
-    """Whether a report's section holds a run of its suite (a result or an error), not a skip."""
-    return "result" in section or "error" in section
+    """Whether a report's section holds a run of its suite (a result or an error); a skip, also one the suite's
+    result states itself (a missing package, say), is not a run."""
+    return "error" in section or ("result" in section and "skipped" not in (section["result"] or {}))
 
 
-def merge_reports(reports: list[tuple[str, dict[str, Any]]], set_name: str | None = None) -> dict[str, Any]:
-    """One report from the reports of several calls (``(name, report)`` in call order), as when a set is run over
-    several short device leases: each suite's section is the one call that ran it; a suite no call ran keeps the last
-    call's skip. Refused (ValueError): calls on different machines or versions (``SAME_MACHINE``), or a suite run by
-    more than one call (which run counts would be a choice made after seeing both)."""
+def checked(name: str, report: Any) -> dict[str, Any]:
+    """A copy of `report` in today's form, or ValueError saying what is wrong with it."""
+    if not isinstance(report, dict):
+        raise ValueError(f"{name} is not a run report: it must be a JSON object with 'suites'")
+    if "steps" in report and "suites" not in report:
+        report = from_gpu_check(report)
+    suites = report.get("suites")
+    if not isinstance(suites, dict) or not all(isinstance(s, dict) for s in suites.values()):
+        raise ValueError(f"{name} is not a run report: 'suites' must map each suite's name to its section")
+    for suite in suites:
+        try:
+            suite_module(suite)
+        except ImportError:
+            raise ValueError(f"{name} names an unknown suite {suite!r}") from None
+    return copy.deepcopy(report)
+
+
+def merge_reports(reports: list[tuple[str, Any]], set_name: str | None = None) -> dict[str, Any]:
+    """One report from the reports of several calls (``(name, report)`` in call order), as when suites are run over
+    several short device leases: each suite's section is the one call that ran it (``from``, and ``as``: the set it
+    ran as, whose configuration it used); a suite no call ran keeps the last call's skip. The merged report is a
+    set's only when every call ran as that set. Refused (ValueError): calls on different machines or versions
+    (``SAME_MACHINE``), quick beside full runs, ``set_name`` where a call did not run as it, a suite run by more than
+    one call (which run counts would be a choice made after seeing both)."""
     if not reports:
         raise ValueError("no reports to merge")
-    reports = [(name, from_gpu_check(r) if "steps" in r and "suites" not in r else r) for name, r in reports]
+    reports = [(name, checked(name, r)) for name, r in reports]
     first_name, first = reports[0]
     for name, report in reports[1:]:
         for key in SAME_MACHINE:
             mine, theirs = first.get("environment", {}).get(key), report.get("environment", {}).get(key)
             if mine != theirs:
                 raise ValueError(f"{name} ran with {key}={theirs!r} but {first_name} with {mine!r}; only reports of "
-                                 f"one machine and one version ({', '.join(SAME_MACHINE)}) are merged")
-    set_name = set_name or next((r.get("set") for _, r in reports if r.get("set")), None)
-    if set_name is not None and set_name not in SETS:
-        raise ValueError(f"unknown set {set_name!r}; allowed: {', '.join(SETS)}")
+                                 f"one machine and one version of its libraries ({', '.join(SAME_MACHINE)}) are merged")
+    if len({bool(r.get("quick")) for _, r in reports}) > 1:
+        raise ValueError("quick and full runs are not merged: their suites ran in different configurations")
+    sets = {r.get("set") for _, r in reports}
+    if set_name is not None:
+        if set_name not in SETS:
+            raise ValueError(f"unknown set {set_name!r}; allowed: {', '.join(SETS)}")
+        outside = [name for name, r in reports if r.get("set") != set_name]
+        if outside:
+            raise ValueError(f"{', '.join(outside)} did not run as the set {set_name} (its suites ran in their own "
+                             "configuration); merge without --set")
+    elif len(sets) == 1:
+        set_name = sets.pop()
     requested = list(SETS[set_name]) if set_name else list(dict.fromkeys(
         n for _, r in reports for n in (r.get("requested") or r["suites"])))
     suites: dict[str, Any] = {}
@@ -134,21 +164,28 @@ def merge_reports(reports: list[tuple[str, dict[str, Any]]], set_name: str | Non
         runs = [name for name, r in reports if ran(r["suites"].get(suite, {}))]
         if len(runs) > 1:
             raise ValueError(f"suite {suite} ran in more than one report ({', '.join(runs)}); merge one run of it")
-        sections = [(name, r["suites"][suite]) for name, r in reports if suite in r["suites"]]
-        chosen = next(((n, s) for n, s in sections if ran(s)), sections[-1] if sections else None)
-        suites[suite] = ({**chosen[1], "from": chosen[0]} if chosen else
+        sections = [(name, r) for name, r in reports if suite in r["suites"]]
+        name, report = next(((n, r) for n, r in sections if ran(r["suites"][suite])),
+                            sections[-1] if sections else (None, None))
+        suites[suite] = ({**report["suites"][suite], "from": name, "as": report.get("set")} if report else
                          {"skipped": "in none of the merged reports", "seconds": None})
     calls = [{"report": name, "set": r.get("set"), "budget_s": r.get("budget_s"),
               "ran": [n for n, s in r["suites"].items() if ran(s)]} for name, r in reports]
     return judge_report({"set": set_name, "requested": requested, "device": first.get("device"),
-                         "quick": any(r.get("quick") for _, r in reports), "budget_s": None,
+                         "quick": bool(first.get("quick")), "budget_s": None,
                          "environment": first.get("environment", {}), "merged_from": calls, "suites": suites})
 
 
 def merge_files(paths: list[str], set_name: str | None, out: str | Path) -> tuple[dict[str, Any], int]:
     """``python -m benchmarks merge``: :func:`merge_reports` of stored reports, written to `out`; the report and
     its exit status."""
-    report = merge_reports([(str(p), json.loads(Path(p).read_text())) for p in paths], set_name)
+    reports = []
+    for path in paths:
+        try:
+            reports.append((str(path), json.loads(Path(path).read_text())))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not JSON ({exc})") from None
+    report = merge_reports(reports, set_name)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(out).with_suffix(".tmp")
     tmp.write_text(json.dumps(report, indent=2, default=str))

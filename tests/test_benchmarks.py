@@ -197,11 +197,13 @@ def split_merged(report: dict) -> list[tuple[str, dict]]:
 
 
 def test_a_set_run_over_several_calls_merges_into_one_judged_report(tmp_path):
-    """results/gpu_check_h200_2026-12-04.json was merged from three short device calls: split into its calls again,
-    it merges back to the same suites and statuses; calls of another version, or a suite run twice, are refused."""
-    from benchmarks.report import merge_reports, statuses
+    """results/h200_suites_2026-12-04.json was merged from three short device calls (the first as the set gpu_check,
+    the others by name): split into its calls again, it merges back to the same suites and statuses, labelled with no
+    set because not every call ran as one; --set where a call did not, calls of another version, quick beside full
+    runs, a suite run twice and a report that is not one are refused (exit 2, nothing written)."""
+    from benchmarks.report import merge_reports, ran, statuses
 
-    stored = json.loads((ROOT / "results" / "gpu_check_h200_2026-12-04.json").read_text())
+    stored = json.loads((ROOT / "results" / "h200_suites_2026-12-04.json").read_text())
     assert [c["ran"] for c in stored["merged_from"]] == [["measurement", "latency_table"],
                                                          ["prune_search", "retnet_decode"], ["fla", "train_memory"]]
     calls = split_merged(stored)
@@ -209,22 +211,33 @@ def test_a_set_run_over_several_calls_merges_into_one_judged_report(tmp_path):
     assert statuses(merged) == statuses(stored) == {
         "measurement": "passed", "latency_table": "failed", "prune_search": "passed", "retnet_decode": "passed",
         "fla": "passed", "train_memory": "failed", "runtime_tables": "skipped"}
+    assert merged["set"] is None and stored["set"] is None  # calls 2 and 3 ran their suites outside the set
+    assert (merged["suites"]["measurement"]["as"], merged["suites"]["prune_search"]["as"]) == ("gpu_check", None)
     assert merged["suites"]["prune_search"]["from"] == "call2.json"
     assert merged["suites"]["prune_search"]["result"] == stored["suites"]["prune_search"]["result"]
+    with pytest.raises(ValueError, match="call2.json, call3.json did not run as the set gpu_check"):
+        merge_reports(calls, "gpu_check")
     twice = [calls[0], (calls[1][0], {**calls[1][1], "suites": {**calls[1][1]["suites"],
                                                                 "measurement": calls[0][1]["suites"]["measurement"]}})]
     with pytest.raises(ValueError, match="measurement ran in more than one report"):
         merge_reports(twice)
+    itself = {"result": {"skipped": "flash-linear-attention is not installed"}, "seconds": 0.1}
+    assert not ran(itself) and ran({"error": "boom"})  # a suite that skipped itself did not run
+    quick = (calls[2][0], {**calls[2][1], "quick": True})
+    with pytest.raises(ValueError, match="quick and full runs are not merged"):
+        merge_reports([calls[0], quick])
     other = (calls[2][0], {**calls[2][1], "environment": {**calls[2][1]["environment"], "torch": "2.14.1"}})
     with pytest.raises(ValueError, match="torch='2.14.1'"):
         merge_reports([calls[0], other])
-    paths = []
-    for name, report in [calls[0], other]:
-        paths.append(str(tmp_path / name))
-        Path(paths[-1]).write_text(json.dumps(report))
-    proc = run_benchmarks(tmp_path, "merge", *paths, "--out", str(tmp_path / "merged.json"), timeout=300)
-    assert proc.returncode == 2 and "only reports of one machine and one version" in proc.stderr, proc.stderr[-2000:]
-    assert not (tmp_path / "merged.json").exists()
+    for name, bad in {"other": [calls[0][1], other[1]], "not_a_report": [{"set": None}]}.items():
+        paths = []
+        for i, report in enumerate(bad):
+            paths.append(str(tmp_path / f"{name}{i}.json"))
+            Path(paths[-1]).write_text(json.dumps(report))
+        proc = run_benchmarks(tmp_path, "merge", *paths, "--out", str(tmp_path / "merged.json"), timeout=300)
+        assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr[-2000:]
+        assert not (tmp_path / "merged.json").exists()
+    assert "one version of its libraries" in proc.stderr or "not a run report" in proc.stderr
 
 
 def test_gpu_check_skips_work_past_its_time_budget(tmp_path):
@@ -442,16 +455,19 @@ def test_prune_quality_sensitivity_leaves_out_interpolations_across_a_gap():
     assert {c["verdict"] for c in wide["verdicts"]["comparisons"]} == {"worse"}
     assert not any(counts(c, SPAN) for c in wide["cells"] if c["rule"] == "block_influence")
     sens = wide["span_sensitivity"]
-    assert sens["never_worse"] and sens["worse"] == [] and sens["by_reference"] == {"block_influence": "tie"}
+    assert sens["compared"] == 0 and sens["never_worse"] is None  # nothing compared: not tested, never "not worse"
+    assert sens["worse"] == []
     assert sens["not_compared"] == [{"rule": "block_influence", "target": 2.0, "stage": s}
                                     for s in ("one_shot", "short")]
     assert next(r for r in wide["rows"] if r["rule"] == "block_influence")["beyond_span"] == 5
     result = {"families": [wide]}
     result["overall"] = overall(result)
-    assert result["overall"]["never_worse_families"] == 0 and result["overall"]["never_worse_families_within_span"] == 1
-    assert "Sensitivity (not a verdict)" in markdown(result) and "block_influence at 2.0x short" in markdown(result)
+    assert result["overall"]["never_worse_families"] == 0 and result["overall"]["never_worse_families_within_span"] == 0
+    assert "not tested: nothing compared" in markdown(result) and "block_influence at 2.0x short" in markdown(result)
     near = gapped(1.82)  # 9 % below: counts in the sensitivity analysis too
-    assert all(counts(c, SPAN) for c in near["cells"]) and not near["span_sensitivity"]["never_worse"]
+    assert all(counts(c, SPAN) for c in near["cells"]) and near["span_sensitivity"]["never_worse"] is False
+    edge = gapped(1.8)  # exactly 10 % away (1.8 / 2.0 - 1 is -0.0999... or -0.1000...1 in floating point): counts
+    assert all(counts(c, SPAN) for c in edge["cells"])
 
 
 def test_prune_quality_code_digest_ignores_prose_only(tmp_path, monkeypatch):
@@ -478,13 +494,13 @@ def test_prune_quality_refuses_development_seeds(tmp_path):
     reason and what is allowed), before anything runs."""
     from benchmarks.prune_quality import DEV_SEEDS, seed_problem
 
-    assert seed_problem(6, 6) is None and seed_problem(0, 5) is None
+    assert seed_problem(6, 6) is None and seed_problem(0, 5) is None and "count" in seed_problem(0, -3)
     assert "development seeds" in seed_problem(DEV_SEEDS[0] - 2, 5)
     proc = subprocess.run([sys.executable, "-m", "benchmarks.prune_quality", "--first-seed", str(DEV_SEEDS[1]),
                            "--seeds", "2", "--workdir", str(tmp_path / "w")], capture_output=True, text=True,
                           cwd=ROOT, env=env_for(tmp_path), timeout=300)
     assert proc.returncode == 2 and f"seeds [{DEV_SEEDS[1]}, {DEV_SEEDS[2]}]" in proc.stderr, proc.stderr[-2000:]
-    assert "allowed: 0 or more" in proc.stderr and not (tmp_path / "w").exists()
+    assert "allowed: a first seed of 0 or more" in proc.stderr and not (tmp_path / "w").exists()
 
 
 @pytest.mark.slow
