@@ -105,11 +105,11 @@ def comparison(family: dict[str, Any], rule: str, reference: str, target: float,
     samples = [sign * (np.asarray(cells[rule][s][stage]["samples"]) - np.asarray(cells[reference][s][stage]["samples"]))
                for s in seeds]
 
-    def span(r: str) -> float:  # how far from the target the plans a rule's cells use lie, on average
+    def mean_span(r: str) -> float:  # how far from the target the plans a rule's cells use lie, on average
         return statistics.fmean(span_of(cells[r][s], target) for s in seeds)
 
     return {"rule": rule, "reference": reference, "target": target, "stage": stage, "seeds": seeds,
-            **stats.compare(diffs, samples), "span": span(rule), "reference_span": span(reference)}
+            **stats.compare(diffs, samples), "span": mean_span(rule), "reference_span": mean_span(reference)}
 
 
 def spearman(xs: list[float], ys: list[float]) -> float | None:
@@ -155,9 +155,10 @@ def summary_of(words: list[str]) -> str:
     return "partly better" if "better" in words else "tie"
 
 
-def family_verdicts(family: dict[str, Any], default: str, span: float | None = None) -> dict[str, Any]:
-    """The default against every other rule (Holm over the family), and the issue's targets, computed; with `span`,
-    the sensitivity analysis (interpolations across wider gaps left out)."""
+def compared(family: dict[str, Any], default: str, span: float | None = None) -> dict[str, Any]:
+    """The default against every other rule, Holm-corrected over the family: the judged comparisons, those that
+    could not be made, each rule's summary and ``never_worse``; with `span`, the sensitivity analysis
+    (interpolations across wider gaps left out)."""
     targets = sorted({c["target"] for c in family["cells"]})
     others = [r for r in dict.fromkeys(c["rule"] for c in family["cells"]) if r != default]
     pairs = [(rule, target, stage, comparison(family, default, rule, target, stage, span))
@@ -172,13 +173,17 @@ def family_verdicts(family: dict[str, Any], default: str, span: float | None = N
             "comparisons": len(mine), "better": words.count("better"), "worse": words.count("worse"),
             "tie": words.count("tie"), "summary": summary_of(words),
             "not_compared": sum(n["rule"] == rule for n in not_compared)}
+    return {"comparisons": judged, "not_compared": not_compared, "by_reference": by_reference,
+            "never_worse": not any(j["verdict"] == "worse" for j in judged)}
+
+
+def family_verdicts(family: dict[str, Any], default: str) -> dict[str, Any]:
+    """The default against every other rule (:func:`compared`), and the issue's targets, computed."""
+    targets = sorted({c["target"] for c in family["cells"]})
     metric, base = family["metric"], family["baseline"]
     random_one_shot = [c["one_shot"][metric] for c in family["cells"] if c["rule"] == "random"
                        and c["target"] == max(targets) and "used" in c]
-    out: dict[str, Any] = {"default": default, "comparisons": judged, "not_compared": not_compared,
-                           "by_reference": by_reference,
-                           "never_worse": not any(j["verdict"] == "worse" for j in judged),
-                           "scorer": scorer_check(family)}
+    out: dict[str, Any] = {"default": default, **compared(family, default), "scorer": scorer_check(family)}
     if random_one_shot and family["task"] == "classification":
         out["baseline_below_ceiling"] = base["acc1"] <= CEILING_ACC
         out["random_one_shot_cost"] = base["acc1"] - statistics.fmean(random_one_shot)
@@ -193,7 +198,7 @@ def family_verdicts(family: dict[str, Any], default: str, span: float | None = N
 def with_statistics(family: dict[str, Any], default: str) -> dict[str, Any]:
     family["rows"] = summarise(family)
     family["verdicts"] = family_verdicts(family, default)
-    within = family_verdicts(family, default, SPAN)
+    within = compared(family, default, SPAN)
     family["span_sensitivity"] = {"span": SPAN, "compared": len(within["comparisons"]),
                                   "never_worse": within["never_worse"] if within["comparisons"] else None,
                                   "not_compared": within["not_compared"],
@@ -297,9 +302,9 @@ def fmt(value: Any, digits: int = 2) -> str:
     return "" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def listed(pairs: list[dict[str, Any]]) -> str:
-    """`rule at 1.5x stage, ...` for a list of (rule, target, stage) records."""
-    return ", ".join(f"{n['rule']} at {n['target']}x {n['stage']}" for n in pairs)
+def listed(pairs: list[dict[str, Any]], key: str = "rule") -> str:
+    """`rule at 1.5x stage, ...` for a list of records with `key` (the rule), target and stage."""
+    return ", ".join(f"{n[key]} at {n['target']}x {n['stage']}" for n in pairs)
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -342,7 +347,7 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{listed(v['not_compared'])}.")
         if family.get("span_sensitivity"):
             sens = family["span_sensitivity"]
-            worse = ", ".join(f"{c['reference']} at {c['target']}x {c['stage']}" for c in sens["worse"]) or "none"
+            worse = listed(sens["worse"], "reference") or "none"
             tested = "not tested: nothing compared" if sens["never_worse"] is None else sens["never_worse"]
             parts.append(f"\nSensitivity (not a verdict): without the cells interpolated between plans more than "
                          f"{100 * sens['span']:.0f} % from the target, never significantly worse "

@@ -185,11 +185,10 @@ def merge_files(paths: list[str], set_name: str | None, out: str | Path) -> tupl
             reports.append((str(path), json.loads(Path(path).read_text())))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path} is not JSON ({exc})") from None
+    from zoo.files import write_json
+
     report = merge_reports(reports, set_name)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(out).with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=2, default=str))
-    tmp.replace(out)
+    write_json(out, report)
     return report, exit_code(statuses(report).values())
 
 
