@@ -11,7 +11,6 @@ the same computation with the current targets.
 from __future__ import annotations
 
 import importlib
-import json
 import operator
 import os
 import platform
@@ -23,6 +22,7 @@ from typing import Any, NamedTuple
 import torch
 
 import zoo
+from zoo.files import write_json
 from zoo.latency import NetworkTimingSettings, resolve_device, resolve_dtype
 from zoo.latency.device import device_name
 from zoo.latency.networks import time_interleaved
@@ -204,9 +204,7 @@ def interleaved(callables: Mapping[str, Any], args: Sequence[Any], device: str |
 
 def write_result(name: str, payload: dict[str, Any], out: str | Path | None = None) -> Path:
     """Write one suite's JSON result and return its path."""
-    path = results_dir(out) / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=2, default=str))
-    return path
+    return write_json(results_dir(out) / f"{name}.json", payload)  # atomically: a reader never sees half a result
 
 
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -36,7 +36,8 @@ Each cell is stored in the work directory under a key of everything that determi
 weights, rule, seed, target, protocol), so an interrupted run continues and a changed input is recomputed.
 
     python -m benchmarks.prune_quality [--quick] [--families a,b] [--seeds 5] [--first-seed 0] [--workdir DIR]
-        [--device cpu]
+        [--device cpu] [--resume RESULT.json]   # --resume: keep the stored families whose inputs match
+    python -m benchmarks.prune_quality --confirmatory --device cpu --workdir DIR [--resume RESULT.json]
     python -m benchmarks.prune_quality --select [--families a,b] [--workdir DIR]
     python -m benchmarks.prune_quality --summarise RESULT.json [--out DIR]   # statistics, verdicts, plot again
 """
@@ -115,6 +116,10 @@ TEST_RULES = ("interaction_tempered", "interaction_one_shot", "dp_loss", "greedy
 SELECT_RULES = ("interaction", "interaction_one_shot", "interaction_tempered", "kbest", "local", "dp_loss", "greedy",
                 "sleb")
 DEV_SEEDS = (100, 101, 102)
+# The confirmatory run (``--confirmatory``), declared 2026-12-04 before it ran (docs/benchmarks.md, "The confirmatory
+# run"): the four issue families, RetNet as its 8-layer task, on seeds no earlier run or selection has seen
+CONFIRMATORY: dict[str, Any] = {"families": ["mobilenetv2_050", "resnetv2_50x1_bit_w0.5", "tresnet_m_w0.125",
+                                             "retnet_tiny8"], "first_seed": 6, "seeds": 10}
 SHORT_EPOCHS = 1
 TOLERANCE = 0.02          # a plan is at the target when its measured speed-up is within 2 % of it
 CORRECTIONS = 4           # searches again for a corrected target, at most
@@ -664,16 +669,53 @@ def seed_problem(first_seed: int, seeds: int) -> str | None:
     return None
 
 
+def family_inputs(name: str, overrides: list[str], seeds: list[int], rules: list[str], targets: tuple[float, ...],
+                  measure: dict[str, Any], default: str) -> dict[str, Any]:
+    """Everything that determines a family's finished result except the machine (which the result records as its
+    ``condition``): the task, seeds, rules, targets, the protocol's settings and the digest of the code that computes
+    the cells. A stored family is resumed only when these match."""
+    return json.loads(json.dumps({
+        "family": name, "overrides": overrides, "seeds": seeds, "rules": rules, "targets": list(targets),
+        "default": default, "protocol": PROTOCOL, "tolerance": TOLERANCE, "corrections": CORRECTIONS,
+        "bracket": [BRACKET_STEPS, BRACKET_TIMINGS], "common": COMMON, "measure": measure,
+        "short_epochs": SHORT_EPOCHS, "code": code_digest(*SEARCH_CODE, *QUALITY_CODE, "benchmarks.prune_quality")}))
+
+
+def finished_families(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The families of a stored ``prune_quality`` result, by name (raises ValueError, with what is allowed, when the
+    file is not one)."""
+    try:
+        stored = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--resume {path}: not a readable JSON file ({type(exc).__name__}: {exc}); allowed: a "
+                         "prune_quality.json this suite wrote") from None
+    suite = stored.get("suite") if isinstance(stored, dict) else None
+    if suite != "prune_quality" or not isinstance(stored.get("families"), list):
+        raise ValueError(f"--resume {path}: not a prune_quality result (its suite: {suite!r}); allowed: a "
+                         "prune_quality.json this suite wrote")
+    return {f["family"]: f for f in stored["families"] if isinstance(f, dict) and "family" in f}
+
+
+def differing(stored: dict[str, Any] | None, wanted: dict[str, Any]) -> list[str]:
+    """The inputs in which a stored family differs from the wanted ones (all of them when it has none recorded)."""
+    if stored is None:
+        return sorted(wanted)
+    return sorted(k for k in {*stored, *wanted} if stored.get(k) != wanted.get(k))
+
+
 def run(quick: bool = False, device: str = "auto", out: str | None = None, families: list[str] | None = None,
-        seeds: int | None = None, workdir: str | None = None, rules: list[str] | None = None, first_seed: int = 0
-        ) -> dict[str, Any]:
+        seeds: int | None = None, workdir: str | None = None, rules: list[str] | None = None, first_seed: int = 0,
+        resume: str | None = None) -> dict[str, Any]:
     """Every family's cells, statistics and verdicts (5 seeds from `first_seed`; 2 with `quick`), written to
-    ``prune_quality.json``. A later `first_seed` gives fresh seeds: a confirmatory run of a protocol declared after
-    an earlier run's seeds were seen."""
+    ``prune_quality.json`` after each family. A later `first_seed` gives fresh seeds: a confirmatory run of a protocol
+    declared after an earlier run's seeds were seen. `resume`: a stored result whose families are kept when their
+    inputs (:func:`family_inputs`) match, and recomputed, saying why, when they do not: a run longer than a session
+    continues from the result it committed."""
     seeds = seeds or (2 if quick else 5)
     problem = seed_problem(first_seed, seeds)
     if problem:
         raise ValueError(problem)
+    finished = finished_families(resume) if resume else {}
     names = families or default_names(quick)
     default = default_rule()
     rules = rules or list(TEST_RULES)
@@ -681,15 +723,29 @@ def run(quick: bool = False, device: str = "auto", out: str | None = None, famil
         rules = [default, *rules]
     # quick: the lower target, which whole-segment rules (sleb) reach on the tiny task whatever its 3-round table
     targets = TARGETS[:1] if quick else TARGETS
+    measure = QUICK_MEASURE if quick else MEASURE
     root = Path(workdir or tempfile.mkdtemp(prefix="prune_quality-"))
     start = time.perf_counter()
     result: dict[str, Any] = {"suite": "prune_quality", "quick": quick, "seeds": seeds, "first_seed": first_seed,
-                              "default": default,
-                              "tolerance": TOLERANCE, "workdir": str(root), "families": []}
+                              "default": default, "tolerance": TOLERANCE, "workdir": str(root), "families": [],
+                              "resumed_from": str(resume) if resume else None, "resumed": [], "recomputed": {}}
     for name in names:
         overrides = [*overrides_of(name), *(QUICK if quick else []), f"prune.device={device}"]
-        family = run_family(name, overrides, list(range(first_seed, first_seed + seeds)), root, rules, targets,
-                            QUICK_MEASURE if quick else MEASURE)
+        tested = list(range(first_seed, first_seed + seeds))
+        inputs = family_inputs(name, overrides, tested, rules, targets, measure, default)
+        stored = finished.get(name)
+        if stored is not None and not differing(stored.get("inputs"), inputs):
+            print(f"{name}: kept from {resume} (its inputs match)", flush=True)
+            family = stored
+            result["resumed"].append(name)
+        else:
+            if stored is not None:
+                changed = differing(stored.get("inputs"), inputs)
+                print(f"{name}: recomputed; the stored one differs in {', '.join(changed)}", flush=True)
+                result["recomputed"][name] = changed
+            begun = time.perf_counter()
+            family = {**run_family(name, overrides, tested, root, rules, targets, measure), "inputs": inputs}
+            family["seconds"] = round(time.perf_counter() - begun, 1)
         result["families"].append(with_statistics(family, default))
         result["overall"] = overall(result)
         result["seconds"] = round(time.perf_counter() - start, 1)
@@ -712,8 +768,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=None, help="default 5 (2 with --quick)")
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first_seed, first_seed + 1, ...: fresh "
                         "seeds for a confirmatory run (never the development seeds)")
+    parser.add_argument("--confirmatory", action="store_true", help="the run declared in advance (CONFIRMATORY)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--workdir", default=None, help="baselines, caches and finished cells (default: a temp dir)")
+    parser.add_argument("--resume", default=None, metavar="JSON", help="a stored prune_quality result: its families "
+                        "whose inputs match are kept, the others recomputed")
     parser.add_argument("--summarise", default=None, metavar="JSON",
                         help="recompute the statistics and plot of a stored result (nothing is run or measured)")
     args = parser.parse_args(argv)
@@ -736,11 +795,21 @@ def main(argv: list[str] | None = None) -> None:
         write_result("prune_quality_selection", result, args.out)
         print(markdown(result))
         return
+    if args.confirmatory:
+        if args.families or args.seeds or args.first_seed or args.quick or args.rules:
+            parser.error("--confirmatory runs the declared families, seeds and rules (CONFIRMATORY: "
+                         f"{CONFIRMATORY}); allowed beside it: --device, --workdir, --out, --resume")
+        args.families = ",".join(CONFIRMATORY["families"])
+        args.first_seed, args.seeds = CONFIRMATORY["first_seed"], CONFIRMATORY["seeds"]
     problem = seed_problem(args.first_seed, args.seeds or (2 if args.quick else 5))
     if problem:
         parser.error(problem)
+    try:
+        finished_families(args.resume) if args.resume else None
+    except ValueError as exc:
+        parser.error(str(exc))
     print(markdown(run(args.quick, args.device, args.out, split(args.families), args.seeds, args.workdir,
-                       split(args.rules), args.first_seed)))
+                       split(args.rules), args.first_seed, args.resume)))
 
 
 if __name__ == "__main__":

@@ -79,6 +79,26 @@ def test_suites_iterate_the_registry_not_lists():
     assert retnet8["family"] == "retnet_tiny8" and retnet8["overrides"][:-1] == finer
 
 
+def test_confirmatory_result_is_the_declared_run():
+    """The committed confirmatory result (complete or in part) is the run declared in ``CONFIRMATORY`` before it
+    ran: its families in the declared order, its seeds, the suite's rules and today's default."""
+    from benchmarks.prune_quality import CONFIRMATORY, TEST_RULES, default_rule, overrides_of
+
+    path = ROOT / "results" / "prune_quality_confirmatory_cpu.json"
+    if not path.is_file():
+        pytest.skip("the confirmatory run has not committed a family yet")
+    stored = json.loads(path.read_text())
+    names = [f["family"] for f in stored["families"]]
+    assert names == CONFIRMATORY["families"][:len(names)] and names
+    assert (stored["first_seed"], stored["seeds"]) == (CONFIRMATORY["first_seed"], CONFIRMATORY["seeds"])
+    assert stored["default"] == default_rule() and not stored["quick"]
+    seeds = list(range(CONFIRMATORY["first_seed"], CONFIRMATORY["first_seed"] + CONFIRMATORY["seeds"]))
+    for family in stored["families"]:
+        assert family["inputs"]["seeds"] == seeds and family["inputs"]["rules"] == list(TEST_RULES)
+        assert family["overrides"][:-1] == overrides_of(family["family"])
+        assert sorted({c["seed"] for c in family["cells"]}) == seeds
+
+
 def test_gpu_check_dry_run_on_cpu_and_its_report_judged_again(tmp_path):
     """The GPU check is ``python -m benchmarks run --set gpu_check``; its CPU dry run (tiny sizes) records every
     suite's status from its verdicts, and ``python -m benchmarks judge`` on the report it wrote gives the same."""
@@ -503,11 +523,35 @@ def test_prune_quality_refuses_development_seeds(tmp_path):
     assert "allowed: a first seed of 0 or more" in proc.stderr and not (tmp_path / "w").exists()
 
 
+def test_prune_quality_resume_refuses_what_is_not_its_result(tmp_path):
+    """--resume takes only a prune_quality result: anything else is refused before any work, with exit 2 and what is
+    allowed; a stored family is kept only when every input matches (:func:`differing` names those that do not)."""
+    from benchmarks.prune_quality import differing
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"suite": "latency_table", "families": []}))
+    for path in (other, tmp_path / "missing.json"):
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.prune_quality", "--resume", str(path), "--workdir",
+                               str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path),
+                              timeout=300)
+        assert proc.returncode == 2 and f"--resume {path}" in proc.stderr, proc.stderr[-2000:]
+        assert "allowed: a prune_quality.json" in proc.stderr and not (tmp_path / "w").exists()
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.prune_quality", "--confirmatory", "--seeds", "3",
+                           "--workdir", str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT,
+                          env=env_for(tmp_path), timeout=300)
+    assert proc.returncode == 2 and "--confirmatory runs the declared" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "w").exists()
+    wanted = {"seeds": [6, 7], "code": "a", "rules": ["x"]}
+    assert differing(dict(wanted), wanted) == [] and differing(None, wanted) == ["code", "rules", "seeds"]
+    assert differing({**wanted, "seeds": [6], "extra": 1}, wanted) == ["extra", "seeds"]
+
+
 @pytest.mark.slow
 def test_prune_quality_quick_computes_its_verdicts(tmp_path):
     """The suite end to end on the smallest task: every rule and stage has its numbers, the plans were measured at
-    the target (or marked off it), the verdicts follow them, and a second run takes its finished cells from the
-    work directory (tied to their inputs)."""
+    the target (or marked off it), the verdicts follow them, a second run takes its finished cells from the work
+    directory (tied to their inputs), and a run resumed from the stored result keeps its family only while the
+    family's inputs match."""
     from benchmarks.prune_quality import RULES, default_rule
 
     default = default_rule()  # the rule whose settings conf/prune.yaml has
@@ -538,6 +582,26 @@ def test_prune_quality_quick_computes_its_verdicts(tmp_path):
     again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path), timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "work" / "cells").glob("*.json"))] == stamps
+    # resumed from the stored result in a fresh work directory: the family is kept, nothing is computed
+    stored = tmp_path / "out" / "prune_quality.json"
+    fresh = [*command[:command.index("--out")], "--out", str(tmp_path / "kept"), "--workdir", str(tmp_path / "fresh"),
+             "--resume", str(stored)]
+    kept = subprocess.run(fresh, capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path), timeout=900)
+    assert kept.returncode == 0, kept.stderr[-3000:]
+    resumed = json.loads((tmp_path / "kept" / "prune_quality.json").read_text())
+    assert resumed["resumed"] == [family["family"]] and not (tmp_path / "fresh" / "cells").exists()
+    assert resumed["families"][0]["cells"] == json.loads(stored.read_text())["families"][0]["cells"]
+    # a stored family computed by other code is recomputed, and the result says in what it differed
+    changed = json.loads(stored.read_text())
+    changed["families"][0]["inputs"]["code"] = "other"
+    stored.write_text(json.dumps(changed))
+    redone = subprocess.run([*fresh[:fresh.index("--workdir")], "--workdir", str(tmp_path / "work"), "--resume",
+                             str(stored)], capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path),
+                            timeout=900)
+    assert redone.returncode == 0, redone.stderr[-3000:]
+    again_result = json.loads((tmp_path / "kept" / "prune_quality.json").read_text())
+    assert again_result["recomputed"] == {family["family"]: ["code"]} and again_result["resumed"] == []
+    assert again_result["families"][0]["inputs"]["code"] != "other"
 
 
 @pytest.mark.slow
