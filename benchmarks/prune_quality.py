@@ -37,7 +37,8 @@ weights, rule, seed, target, protocol), so an interrupted run continues and a ch
 
     python -m benchmarks.prune_quality [--quick] [--families a,b] [--seeds 5] [--first-seed 0] [--workdir DIR]
         [--device cpu] [--resume RESULT.json]   # --resume: keep the stored families whose inputs match
-    python -m benchmarks.prune_quality --confirmatory --device cpu --workdir DIR [--resume RESULT.json]
+    python -m benchmarks.prune_quality --confirmatory --workdir DIR --out results \
+        --resume results/prune_quality_confirmatory_cpu.json   # the declared run; resumes its committed families
     python -m benchmarks.prune_quality --select [--families a,b] [--workdir DIR]
     python -m benchmarks.prune_quality --summarise RESULT.json [--out DIR]   # statistics, verdicts, plot again
 """
@@ -119,7 +120,8 @@ DEV_SEEDS = (100, 101, 102)
 # The confirmatory run (``--confirmatory``), declared 2026-12-04 before it ran (docs/benchmarks.md, "The confirmatory
 # run"): the four issue families, RetNet as its 8-layer task, on seeds no earlier run or selection has seen
 CONFIRMATORY: dict[str, Any] = {"families": ["mobilenetv2_050", "resnetv2_50x1_bit_w0.5", "tresnet_m_w0.125",
-                                             "retnet_tiny8"], "first_seed": 6, "seeds": 10}
+                                             "retnet_tiny8"], "first_seed": 6, "seeds": 10, "device": "cpu",
+                                "default": "interaction_tempered", "name": "prune_quality_confirmatory_cpu"}
 SHORT_EPOCHS = 1
 TOLERANCE = 0.02          # a plan is at the target when its measured speed-up is within 2 % of it
 CORRECTIONS = 4           # searches again for a corrected target, at most
@@ -340,21 +342,41 @@ def code_digest(*modules: str) -> str:
     """A digest of the code of `modules` (dotted names): a cell computed by other code is not reused. The code is
     each module's syntax tree without docstrings (comments are not in it), so an edit of the prose alone keeps the
     cells."""
-    import ast
     import hashlib
     import importlib
     import inspect
 
     digest = hashlib.sha256()
     for name in modules:
-        tree = ast.parse(inspect.getsource(importlib.import_module(name)))
-        for node in ast.walk(tree):
-            body = getattr(node, "body", None)
-            if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                    and isinstance(body[0].value.value, str)):
-                node.body = body[1:] or [ast.Pass()]
-        digest.update(ast.dump(tree).encode())
+        digest.update(syntax_of(inspect.getsource(importlib.import_module(name))).encode())
+    return digest.hexdigest()[:16]
+
+
+def syntax_of(source: str) -> str:
+    """The syntax tree of Python `source` without its docstrings, dumped: what :func:`code_digest` hashes."""
+    import ast
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def files_digest(*paths: Path) -> str:
+    """A digest of the code of every Python file under `paths` (folders or files), each by its path relative to the
+    project and its syntax tree without docstrings, read from disk (modules needing optional extras included)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    project = Path(__file__).resolve().parents[1]
+    for path in paths:
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(f"{file.resolve().relative_to(project)}\n".encode())
+            digest.update(syntax_of(file.read_text()).encode())
     return digest.hexdigest()[:16]
 
 
@@ -669,16 +691,35 @@ def seed_problem(first_seed: int, seeds: int) -> str | None:
     return None
 
 
+def family_code() -> str:
+    """The digest of the code that computes a family's cells: the whole ``zoo`` package and the benchmark modules the
+    suite runs (a resumed family was computed by the same code)."""
+    import zoo
+
+    here = Path(__file__).resolve().parent
+    return files_digest(Path(zoo.__file__).resolve().parent, here / "prune_quality.py", here / "common.py",
+                        here / "prune_speedup.py")
+
+
 def family_inputs(name: str, overrides: list[str], seeds: list[int], rules: list[str], targets: tuple[float, ...],
-                  measure: dict[str, Any], default: str) -> dict[str, Any]:
-    """Everything that determines a family's finished result except the machine (which the result records as its
-    ``condition``): the task, seeds, rules, targets, the protocol's settings and the digest of the code that computes
-    the cells. A stored family is resumed only when these match."""
+                  measure: dict[str, Any], default: str, device: str) -> dict[str, Any]:
+    """Everything that determines a family's finished result but the machine's model (which the result records as
+    its ``condition``): the task and its composed config, the device kind, seeds, rules, targets, the protocol's
+    settings, the versions of torch and Python and the digest of the code (:func:`family_code`). A stored family is
+    resumed only when these match."""
+    import platform
+
+    from zoo.jobs.runs import fingerprint
+    from zoo.latency import resolve_device
+
+    config = Family._plain(compose([*overrides, *COMMON], Path(tempfile.gettempdir()) / "prune_quality_inputs"))
     return json.loads(json.dumps({
-        "family": name, "overrides": overrides, "seeds": seeds, "rules": rules, "targets": list(targets),
-        "default": default, "protocol": PROTOCOL, "tolerance": TOLERANCE, "corrections": CORRECTIONS,
-        "bracket": [BRACKET_STEPS, BRACKET_TIMINGS], "common": COMMON, "measure": measure,
-        "short_epochs": SHORT_EPOCHS, "code": code_digest(*SEARCH_CODE, *QUALITY_CODE, "benchmarks.prune_quality")}))
+        "family": name, "overrides": overrides, "config": fingerprint(config),
+        "device": resolve_device(device, warn_fallback=False).type, "seeds": seeds, "rules": rules,
+        "targets": list(targets), "default": default, "protocol": PROTOCOL, "tolerance": TOLERANCE,
+        "corrections": CORRECTIONS, "bracket": [BRACKET_STEPS, BRACKET_TIMINGS], "common": COMMON, "measure": measure,
+        "short_epochs": SHORT_EPOCHS, "torch": torch.__version__, "python": platform.python_version(),
+        "code": family_code()}))
 
 
 def finished_families(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -705,12 +746,12 @@ def differing(stored: dict[str, Any] | None, wanted: dict[str, Any]) -> list[str
 
 def run(quick: bool = False, device: str = "auto", out: str | None = None, families: list[str] | None = None,
         seeds: int | None = None, workdir: str | None = None, rules: list[str] | None = None, first_seed: int = 0,
-        resume: str | None = None) -> dict[str, Any]:
+        resume: str | None = None, name: str = "prune_quality") -> dict[str, Any]:
     """Every family's cells, statistics and verdicts (5 seeds from `first_seed`; 2 with `quick`), written to
-    ``prune_quality.json`` after each family. A later `first_seed` gives fresh seeds: a confirmatory run of a protocol
+    ``<name>.json`` after each family. A later `first_seed` gives fresh seeds: a confirmatory run of a protocol
     declared after an earlier run's seeds were seen. `resume`: a stored result whose families are kept when their
     inputs (:func:`family_inputs`) match, and recomputed, saying why, when they do not: a run longer than a session
-    continues from the result it committed."""
+    continues from the result it committed. Every write holds the kept families, so an interrupted run loses none."""
     seeds = seeds or (2 if quick else 5)
     problem = seed_problem(first_seed, seeds)
     if problem:
@@ -724,36 +765,45 @@ def run(quick: bool = False, device: str = "auto", out: str | None = None, famil
     # quick: the lower target, which whole-segment rules (sleb) reach on the tiny task whatever its 3-round table
     targets = TARGETS[:1] if quick else TARGETS
     measure = QUICK_MEASURE if quick else MEASURE
+    tested = list(range(first_seed, first_seed + seeds))
     root = Path(workdir or tempfile.mkdtemp(prefix="prune_quality-"))
     start = time.perf_counter()
     result: dict[str, Any] = {"suite": "prune_quality", "quick": quick, "seeds": seeds, "first_seed": first_seed,
-                              "default": default, "tolerance": TOLERANCE, "workdir": str(root), "families": [],
-                              "resumed_from": str(resume) if resume else None, "resumed": [], "recomputed": {}}
-    for name in names:
-        overrides = [*overrides_of(name), *(QUICK if quick else []), f"prune.device={device}"]
-        tested = list(range(first_seed, first_seed + seeds))
-        inputs = family_inputs(name, overrides, tested, rules, targets, measure, default)
-        stored = finished.get(name)
-        if stored is not None and not differing(stored.get("inputs"), inputs):
-            print(f"{name}: kept from {resume} (its inputs match)", flush=True)
-            family = stored
-            result["resumed"].append(name)
-        else:
-            if stored is not None:
-                changed = differing(stored.get("inputs"), inputs)
-                print(f"{name}: recomputed; the stored one differs in {', '.join(changed)}", flush=True)
-                result["recomputed"][name] = changed
-            begun = time.perf_counter()
-            family = {**run_family(name, overrides, tested, root, rules, targets, measure), "inputs": inputs}
-            family["seconds"] = round(time.perf_counter() - begun, 1)
-        result["families"].append(with_statistics(family, default))
+                              "default": default, "tolerance": TOLERANCE, "workdir": str(root), "requested": names,
+                              "families": [], "resumed_from": str(resume) if resume else None, "resumed": [],
+                              "recomputed": {}, "left_out": sorted(set(finished) - set(names))}
+    if result["left_out"]:
+        print(f"not requested, left out of this result: {', '.join(result['left_out'])}", flush=True)
+    overrides = {n: [*overrides_of(n), *(QUICK if quick else []), f"prune.device={device}"] for n in names}
+    inputs = {n: family_inputs(n, overrides[n], tested, rules, targets, measure, default, device) for n in names}
+    done: dict[str, dict[str, Any]] = {}
+    for n in names:
+        changed = differing(finished[n].get("inputs"), inputs[n]) if n in finished else None
+        if changed == []:
+            print(f"{n}: kept from {resume} (its inputs match)", flush=True)
+            done[n] = with_statistics(finished[n], default)
+            result["resumed"].append(n)
+        elif changed:
+            print(f"{n}: recomputed; the stored one differs in {', '.join(changed)}", flush=True)
+            result["recomputed"][n] = changed
+    for n in names:
+        if n in done:
+            continue
+        begun = time.perf_counter()
+        family = {**run_family(n, overrides[n], tested, root, rules, targets, measure), "inputs": inputs[n]}
+        family["seconds"] = round(time.perf_counter() - begun, 1)
+        done[n] = with_statistics(family, default)
+        result["families"] = [done[k] for k in names if k in done]
         result["overall"] = overall(result)
         result["seconds"] = round(time.perf_counter() - start, 1)
-        write_result("prune_quality", result, out)  # after every family: a long run keeps what it finished
-    figure = plot(result, results_dir(out) / "prune_quality.png")
+        write_result(name, result, out)  # after every family: a long run keeps what it finished
+    result["families"] = [done[k] for k in names]
+    result["overall"] = overall(result)
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    figure = plot(result, results_dir(out) / f"{name}.png")
     result["plot"] = str(figure) if figure else None
     judge("prune_quality", result)
-    write_result("prune_quality", result, out)
+    write_result(name, result, out)
     return result
 
 
@@ -761,13 +811,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--select", action="store_true", help="choose among candidate searches on development data")
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--device", default=None, help="default auto: CUDA when there is one")
     parser.add_argument("--families", default=None, help="comma-separated task names (default: every declared "
                         f"family's: {', '.join(tasks())}) or family names")
     parser.add_argument("--rules", default=None, help=f"comma-separated, of {', '.join(RULES)}")
     parser.add_argument("--seeds", type=int, default=None, help="default 5 (2 with --quick)")
-    parser.add_argument("--first-seed", type=int, default=0, help="seeds first_seed, first_seed + 1, ...: fresh "
-                        "seeds for a confirmatory run (never the development seeds)")
+    parser.add_argument("--first-seed", type=int, default=None, help="seeds first_seed, first_seed + 1, ... "
+                        "(default 0): fresh seeds for a confirmatory run (never the development seeds)")
     parser.add_argument("--confirmatory", action="store_true", help="the run declared in advance (CONFIRMATORY)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--workdir", default=None, help="baselines, caches and finished cells (default: a temp dir)")
@@ -783,6 +833,14 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [r for r in split(args.rules) or [] if r not in RULES]
     if unknown:
         parser.error(f"unknown rule(s) {', '.join(unknown)}; choose from {', '.join(RULES)}")
+    name = "prune_quality"
+    if args.confirmatory:
+        problem = confirmatory_problem(args)
+        if problem:
+            parser.error(problem)
+        args.families = ",".join(CONFIRMATORY["families"])
+        args.first_seed, args.seeds, args.device = (CONFIRMATORY[k] for k in ("first_seed", "seeds", "device"))
+        name = CONFIRMATORY["name"]
     if args.summarise:
         print(markdown(summarise_again(args.summarise, args.out)))
         return
@@ -795,21 +853,34 @@ def main(argv: list[str] | None = None) -> None:
         write_result("prune_quality_selection", result, args.out)
         print(markdown(result))
         return
-    if args.confirmatory:
-        if args.families or args.seeds or args.first_seed or args.quick or args.rules:
-            parser.error("--confirmatory runs the declared families, seeds and rules (CONFIRMATORY: "
-                         f"{CONFIRMATORY}); allowed beside it: --device, --workdir, --out, --resume")
-        args.families = ",".join(CONFIRMATORY["families"])
-        args.first_seed, args.seeds = CONFIRMATORY["first_seed"], CONFIRMATORY["seeds"]
-    problem = seed_problem(args.first_seed, args.seeds or (2 if args.quick else 5))
+    first_seed = args.first_seed or 0
+    problem = seed_problem(first_seed, args.seeds or (2 if args.quick else 5))
     if problem:
         parser.error(problem)
     try:
         finished_families(args.resume) if args.resume else None
     except ValueError as exc:
         parser.error(str(exc))
-    print(markdown(run(args.quick, args.device, args.out, split(args.families), args.seeds, args.workdir,
-                       split(args.rules), args.first_seed, args.resume)))
+    print(markdown(run(args.quick, args.device or "auto", args.out, split(args.families), args.seeds, args.workdir,
+                       split(args.rules), first_seed, args.resume, name)))
+
+
+def confirmatory_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--confirmatory`` cannot run with these arguments (None: it can): it runs only what CONFIRMATORY
+    declares, with the default that was declared."""
+    given = [flag for flag, value in (("--families", args.families), ("--seeds", args.seeds), ("--first-seed",
+             args.first_seed), ("--quick", args.quick or None), ("--rules", args.rules), ("--select", args.select or
+             None), ("--summarise", args.summarise)) if value is not None]
+    if args.device not in (None, CONFIRMATORY["device"]):
+        given.append(f"--device {args.device}")
+    if given:
+        return (f"--confirmatory runs the declared families, seeds, rules and device (CONFIRMATORY: {CONFIRMATORY}); "
+                f"not with {', '.join(given)}; allowed beside it: --device {CONFIRMATORY['device']}, --workdir, "
+                "--out, --resume")
+    if default_rule() != CONFIRMATORY["default"]:
+        return (f"--confirmatory was declared for the default {CONFIRMATORY['default']!r}, but conf/prune.yaml now "
+                f"sets {default_rule()!r}; a changed default needs a new declaration")
+    return None
 
 
 if __name__ == "__main__":

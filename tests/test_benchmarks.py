@@ -81,22 +81,29 @@ def test_suites_iterate_the_registry_not_lists():
 
 def test_confirmatory_result_is_the_declared_run():
     """The committed confirmatory result (complete or in part) is the run declared in ``CONFIRMATORY`` before it
-    ran: its families in the declared order, its seeds, the suite's rules and today's default."""
-    from benchmarks.prune_quality import CONFIRMATORY, TEST_RULES, default_rule, overrides_of
+    ran: its families in the declared order, its seeds, device, default and the suite's rules, targets and protocol;
+    a part is judged incomplete, never passed."""
+    from benchmarks.prune_quality import CONFIRMATORY, PROTOCOL, TARGETS, TEST_RULES, overrides_of
+    from benchmarks.prune_quality_report import overall
 
-    path = ROOT / "results" / "prune_quality_confirmatory_cpu.json"
+    path = ROOT / "results" / f"{CONFIRMATORY['name']}.json"
     if not path.is_file():
         pytest.skip("the confirmatory run has not committed a family yet")
     stored = json.loads(path.read_text())
     names = [f["family"] for f in stored["families"]]
     assert names == CONFIRMATORY["families"][:len(names)] and names
+    assert stored["requested"] == CONFIRMATORY["families"]
     assert (stored["first_seed"], stored["seeds"]) == (CONFIRMATORY["first_seed"], CONFIRMATORY["seeds"])
-    assert stored["default"] == default_rule() and not stored["quick"]
+    assert stored["default"] == CONFIRMATORY["default"] and not stored["quick"]
     seeds = list(range(CONFIRMATORY["first_seed"], CONFIRMATORY["first_seed"] + CONFIRMATORY["seeds"]))
     for family in stored["families"]:
-        assert family["inputs"]["seeds"] == seeds and family["inputs"]["rules"] == list(TEST_RULES)
-        assert family["overrides"][:-1] == overrides_of(family["family"])
+        inputs = family["inputs"]
+        assert (inputs["seeds"], inputs["rules"], inputs["targets"]) == (seeds, list(TEST_RULES), list(TARGETS))
+        assert (inputs["device"], inputs["default"], inputs["protocol"]) == ("cpu", CONFIRMATORY["default"], PROTOCOL)
+        assert family["overrides"] == [*overrides_of(family["family"]), f"prune.device={CONFIRMATORY['device']}"]
         assert sorted({c["seed"] for c in family["cells"]}) == seeds
+    if len(names) < len(CONFIRMATORY["families"]):
+        assert stored.get("status") != "passed" and overall(stored)["requested"] == len(CONFIRMATORY["families"])
 
 
 def test_gpu_check_dry_run_on_cpu_and_its_report_judged_again(tmp_path):
@@ -449,6 +456,22 @@ def test_prune_quality_verdicts_against_hand_computed_values():
     assert result["passed"] is False
 
 
+def test_prune_quality_run_in_parts_is_incomplete_until_every_family_is_done():
+    """A result holding fewer families than were requested (a run in parts) is judged incomplete, never passed on
+    the families it has: its targets are stated over all of them."""
+    from benchmarks.common import judge
+    from benchmarks.prune_quality import with_statistics
+
+    family = with_statistics(quality_family("classification", {  # better than every rule: every target met
+        "interaction": [90.0, 91.0, 92.0, 93.0, 94.0], "random": [40.0, 45.0, 38.0, 50.0, 41.0],
+        "greedy": [60.0, 62.0, 59.0, 65.0, 61.0], "dp_loss": [70.0, 71.0, 69.0, 75.0, 70.0]}, baseline=95.0),
+        "interaction")
+    whole = judge("prune_quality", {"suite": "prune_quality", "families": [family], "requested": ["f"]})
+    assert whole["status"] == "passed" and whole["verdicts"]["families run of those requested"] is True
+    part = judge("prune_quality", {"suite": "prune_quality", "families": [family], "requested": ["f", "g", "h"]})
+    assert part["status"] == "incomplete" and part["verdicts"]["families run of those requested"] is None
+
+
 def test_prune_quality_sensitivity_leaves_out_interpolations_across_a_gap():
     """The verdicts compare every cell at the target; the sensitivity analysis leaves out the cells interpolated
     between plans more than SPAN (10 %) from it: a rule whose plans bracket 2.0x at 1.79x and 2.05x (10.5 % and
@@ -536,11 +559,12 @@ def test_prune_quality_resume_refuses_what_is_not_its_result(tmp_path):
                               timeout=300)
         assert proc.returncode == 2 and f"--resume {path}" in proc.stderr, proc.stderr[-2000:]
         assert "allowed: a prune_quality.json" in proc.stderr and not (tmp_path / "w").exists()
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.prune_quality", "--confirmatory", "--seeds", "3",
-                           "--workdir", str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT,
-                          env=env_for(tmp_path), timeout=300)
-    assert proc.returncode == 2 and "--confirmatory runs the declared" in proc.stderr, proc.stderr[-2000:]
-    assert not (tmp_path / "w").exists()
+    for extra in (["--seeds", "3"], ["--select"], ["--device", "cuda"], ["--first-seed", "0"]):
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.prune_quality", "--confirmatory", *extra,
+                               "--workdir", str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT,
+                              env=env_for(tmp_path), timeout=300)
+        assert proc.returncode == 2 and f"not with {' '.join(extra[:1 + (extra[0] == '--device')])};" in proc.stderr
+        assert not (tmp_path / "w").exists()
     wanted = {"seeds": [6, 7], "code": "a", "rules": ["x"]}
     assert differing(dict(wanted), wanted) == [] and differing(None, wanted) == ["code", "rules", "seeds"]
     assert differing({**wanted, "seeds": [6], "extra": 1}, wanted) == ["extra", "seeds"]
