@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import Budget, exit_code, judge, machine, results_dir, suite_module
+from zoo.files import write_json
 
 SETS = {  # named sets of suites: the GPU check is the same runner over suites that own their targets
     "gpu_check": ("measurement", "latency_table", "prune_search", "retnet_decode", "fla", "train_memory",
@@ -69,7 +70,7 @@ def run_suites(names: list[str], set_name: str | None, quick: bool, device: str,
         section["seconds"] = round(time.perf_counter() - start, 1)
         report["suites"][name] = judge_section(name, section)
         print(f"[{set_name or 'run'}] {name}: {section['status']} ({section['seconds']} s)", flush=True)
-        path.write_text(json.dumps(report, indent=2, default=str))
+        write_json(path, report)  # atomically, after every suite: a reader never sees half a report
     report["path"] = str(path)
     return report
 
@@ -262,6 +263,5 @@ def judge_file(path: str | Path, suite: str | None = None, out: str | Path | Non
             raise ValueError(f"{path} names no suite; pass --suite NAME")
         report = judge_report({"set": None, "suites": {name: {"result": stored, "seconds": None}}})
     if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=2, default=str))
+        write_json(out, report)
     return report, exit_code(statuses(report).values())
