@@ -30,6 +30,7 @@ from typing import Any
 
 from benchmarks.common import exit_code
 from benchmarks.report import DEFAULT_BUDGET_S, SETS, digest, judge_file, merge_files, run_suites, statuses
+from zoo.files import atomic_write
 
 SUITES = {
     "zoo_vs_timm": "eval latency of zoo vs timm models (same weights), eager and fused",
@@ -74,7 +75,7 @@ def update_docs(name: str, body: str, command: str, path: Path = DOCS, platform:
                f"({time.strftime('%Y-%m-%d')}).\n\n{body}\n<!-- /suite:{marker} -->")
     pattern = re.compile(rf"<!-- suite:{marker} -->.*?<!-- /suite:{marker} -->", re.S)
     text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
-    path.write_text(text)
+    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def on_cuda(device: str) -> bool:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import resource
 import select
@@ -49,6 +48,7 @@ import numpy as np
 import torch
 
 from benchmarks.latency_table import exact_rounds
+from zoo.files import write_json
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, prediction_error, random_plans
 from zoo.latency.context import ContextBench, hook_overhead_ms
 from zoo.latency.device import keep_freed_memory, timing_context
@@ -513,7 +513,7 @@ def main() -> None:
     if args.page_faults:
         rows = page_fault_check([tuple(map(int, pair.split(","))) for pair in args.page_faults])
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "latency_page_faults.json").write_text(json.dumps(rows, indent=1))
+        write_json(RESULTS / "latency_page_faults.json", rows)
         print("| conv in -> out | weights MiB | allocator | p10 ms | median ms | page faults per call |\n"
               "|---|---|---|---|---|---|")
         for r in rows:
@@ -525,9 +525,9 @@ def main() -> None:
         summary = part_drift_summary(rows)
         RESULTS.mkdir(exist_ok=True)
         suffix = "_memory_hog" if args.memory_hog else ""
-        (RESULTS / f"latency_part_drift_{args.model}{suffix}.json").write_text(json.dumps(
-            {"window_s": PART_WINDOW_S, "sweep_mb": PART_SWEEP_MB, "kernels": PART_KERNELS, "rows": rows,
-             "summary": summary}, indent=1))
+        write_json(RESULTS / f"latency_part_drift_{args.model}{suffix}.json",
+                   {"window_s": PART_WINDOW_S, "sweep_mb": PART_SWEEP_MB, "kernels": PART_KERNELS, "rows": rows,
+                    "summary": summary})
         quiet = sum(not r["memory_hog"] for r in rows)
         hog_columns = " with hog / without | the same, relative to the network |" if args.memory_hog else ""
         print(f"| part | median p10 ms | sd over {quiet} windows | noise | sd relative to the network | noise |"
@@ -541,7 +541,7 @@ def main() -> None:
     if args.neighbours > 0:
         rows = neighbour_check(args.model, args.neighbours, 80, 3, args.batch_size, args.input_size, settings)
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / f"latency_neighbours_{args.model}_b{args.batch_size}.json").write_text(json.dumps(rows, indent=1))
+        write_json(RESULTS / f"latency_neighbours_{args.model}_b{args.batch_size}.json", rows)
         print("| session | timed | warm calls | order | copies' p10 / their mean, by position | sd | plans' p10 ms |\n"
               "|---|---|---|---|---|---|---|")
         for r in rows:
@@ -559,7 +559,7 @@ def main() -> None:
         RESULTS.mkdir(exist_ok=True)
         name = f"latency_sessions_{args.model}_b{args.batch_size}"
         name += f"_{args.round_order}_{args.session_rounds}rounds" if args.session_rounds else ""
-        (RESULTS / f"{name}.json").write_text(json.dumps(rows, indent=1))
+        write_json(RESULTS / f"{name}.json", rows)
         print("| session | network | removed | measured ms | anchored error |\n|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['session']} | {r['network']} | {len(r['removed'])} | {r['measured_ms']:.2f} "
@@ -569,15 +569,15 @@ def main() -> None:
         result = hook_check(args.model, args.hooks, args.batch_size, args.input_size,
                             replace(settings, entries="context"))
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / f"latency_hooks_{args.model}_b{args.batch_size}.json").write_text(json.dumps(result, indent=1))
+        write_json(RESULTS / f"latency_hooks_{args.model}_b{args.batch_size}.json", result)
         print("\n".join(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}" for k, v in result.items()))
         return
     if args.drift > 0:
         rows = drift_trace(args.model, args.drift, args.batch_size, args.drift_window, args.clock, args.alternate_cpus)
         RESULTS.mkdir(exist_ok=True)
         suffix = "_alternate_cpus" if args.alternate_cpus else ""
-        (RESULTS / f"latency_drift_{args.model}_b{args.batch_size}{suffix}.json").write_text(json.dumps(
-            {"window_s": args.drift_window, "rows": rows}, indent=1))
+        write_json(RESULTS / f"latency_drift_{args.model}_b{args.batch_size}{suffix}.json",
+                   {"window_s": args.drift_window, "rows": rows})
         print("| from s | runs | min ms | p10 ms | median ms |" + (" cpu |" if args.alternate_cpus else "")
               + "\n|---|---|---|---|---|" + ("---|" if args.alternate_cpus else ""))
         for r in rows:
@@ -603,7 +603,7 @@ def main() -> None:
     spacing = "" if args.entries == "isolated" else f"_spaced{settings.probe_spacing}"
     out = RESULTS / (f"latency_diagnosis_{args.model}_b{args.batch_size}_{args.clock}_{args.entries or 'auto'}"
                      f"{spacing}{warm}.json")
-    out.write_text(json.dumps(result, indent=1, default=str))
+    write_json(out, result)
     print(report(result))
 
 

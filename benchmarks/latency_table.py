@@ -24,7 +24,6 @@ wall clock, one thread, the p10 estimator); ``--clock``/``--entries`` change tha
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import statistics
@@ -40,6 +39,7 @@ import torch
 
 import zoo
 from benchmarks.common import Budget, Check, families, smoke_model, within_budget
+from zoo.files import write_json
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, correct, prediction_error, random_plans
 from zoo.latency.correction import fit_correction
 from zoo.latency.measure import ROUND_ORDERS
@@ -210,8 +210,7 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
 def write(result: dict[str, Any], out: str | Path | None) -> None:
     if out:
         path = Path(out) if Path(out).suffix == ".json" else Path(out) / "latency_table.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1, default=str))
+        write_json(path, result)
 
 
 def builds_within(row: dict[str, Any], kind: str) -> int:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import json
 import math
 import statistics
 import time
@@ -606,8 +605,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON result file")
     args = parser.parse_args(argv)
     result = run(quick=args.quick, device=args.device, threads=args.threads, batch=args.batch)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(markdown(result))
     print(f"\nwritten to {args.out}")
     return result

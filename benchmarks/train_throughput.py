@@ -11,7 +11,6 @@ as a robustness check, the median of the per-round ratios. Target: ratio >= 0.95
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from torch import nn
 
 from benchmarks.common import Check
+from zoo.files import write_json
 from zoo.latency.device import synchronize
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_throughput.json"
@@ -134,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON output (default {RESULTS})")
     args = parser.parse_args(argv)
     result = run(quick=args.quick, device=args.device)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(markdown(result))
     print(f"\nwrote {args.out}")
     return 0
