@@ -82,7 +82,7 @@ def test_suites_iterate_the_registry_not_lists():
 def test_confirmatory_result_is_the_declared_run():
     """The committed confirmatory result (complete or in part) is the run declared in ``CONFIRMATORY`` before it
     ran: its families in the declared order, its seeds, device, default and the suite's rules, targets and protocol;
-    a part is judged incomplete, never passed."""
+    a part is judged incomplete, never passed; the whole run's verdicts are the ones its targets compute today."""
     from benchmarks.prune_quality import CONFIRMATORY, PROTOCOL, TARGETS, TEST_RULES, overrides_of
     from benchmarks.prune_quality_report import overall
 
@@ -104,6 +104,11 @@ def test_confirmatory_result_is_the_declared_run():
         assert sorted({c["seed"] for c in family["cells"]}) == seeds
     if len(names) < len(CONFIRMATORY["families"]):
         assert stored.get("status") != "passed" and overall(stored)["requested"] == len(CONFIRMATORY["families"])
+    else:  # complete: its stored verdicts and status are what the suite's targets compute from its data today
+        from benchmarks.common import judge
+
+        judged = judge("prune_quality", json.loads(path.read_text()))
+        assert (judged["status"], judged["verdicts"]) == (stored["status"], stored["verdicts"])
 
 
 def test_gpu_check_dry_run_on_cpu_and_its_report_judged_again(tmp_path):
