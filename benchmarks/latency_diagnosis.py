@@ -512,7 +512,6 @@ def main() -> None:
         settings = replace(settings, entries=args.entries)
     if args.page_faults:
         rows = page_fault_check([tuple(map(int, pair.split(","))) for pair in args.page_faults])
-        RESULTS.mkdir(exist_ok=True)
         write_json(RESULTS / "latency_page_faults.json", rows)
         print("| conv in -> out | weights MiB | allocator | p10 ms | median ms | page faults per call |\n"
               "|---|---|---|---|---|---|")
@@ -523,7 +522,6 @@ def main() -> None:
     if args.part_drift > 0:
         rows = part_drift_trace(args.model, args.part_drift, memory_hog=args.memory_hog)
         summary = part_drift_summary(rows)
-        RESULTS.mkdir(exist_ok=True)
         suffix = "_memory_hog" if args.memory_hog else ""
         write_json(RESULTS / f"latency_part_drift_{args.model}{suffix}.json",
                    {"window_s": PART_WINDOW_S, "sweep_mb": PART_SWEEP_MB, "kernels": PART_KERNELS, "rows": rows,
@@ -540,7 +538,6 @@ def main() -> None:
         return
     if args.neighbours > 0:
         rows = neighbour_check(args.model, args.neighbours, 80, 3, args.batch_size, args.input_size, settings)
-        RESULTS.mkdir(exist_ok=True)
         write_json(RESULTS / f"latency_neighbours_{args.model}_b{args.batch_size}.json", rows)
         print("| session | timed | warm calls | order | copies' p10 / their mean, by position | sd | plans' p10 ms |\n"
               "|---|---|---|---|---|---|---|")
@@ -556,7 +553,6 @@ def main() -> None:
             calib = exact_rounds(calib, args.session_rounds)
         rows = session_check(args.model, args.sessions, args.plans, args.seed, args.batch_size, args.input_size,
                              settings, calib)
-        RESULTS.mkdir(exist_ok=True)
         name = f"latency_sessions_{args.model}_b{args.batch_size}"
         name += f"_{args.round_order}_{args.session_rounds}rounds" if args.session_rounds else ""
         write_json(RESULTS / f"{name}.json", rows)
@@ -568,13 +564,11 @@ def main() -> None:
     if args.hooks > 0:
         result = hook_check(args.model, args.hooks, args.batch_size, args.input_size,
                             replace(settings, entries="context"))
-        RESULTS.mkdir(exist_ok=True)
         write_json(RESULTS / f"latency_hooks_{args.model}_b{args.batch_size}.json", result)
         print("\n".join(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}" for k, v in result.items()))
         return
     if args.drift > 0:
         rows = drift_trace(args.model, args.drift, args.batch_size, args.drift_window, args.clock, args.alternate_cpus)
-        RESULTS.mkdir(exist_ok=True)
         suffix = "_alternate_cpus" if args.alternate_cpus else ""
         write_json(RESULTS / f"latency_drift_{args.model}_b{args.batch_size}{suffix}.json",
                    {"window_s": args.drift_window, "rows": rows})
@@ -598,7 +592,6 @@ def main() -> None:
     result = diagnose(args.model, args.batch_size, args.input_size, args.plans, args.seed, settings, calib,
                       args.rebuild)
     result["total_s"] = time.perf_counter() - start
-    RESULTS.mkdir(exist_ok=True)
     warm = f"_warm{args.warm_calls}" if args.warm_calls else ""
     spacing = "" if args.entries == "isolated" else f"_spaced{settings.probe_spacing}"
     out = RESULTS / (f"latency_diagnosis_{args.model}_b{args.batch_size}_{args.clock}_{args.entries or 'auto'}"

@@ -422,7 +422,6 @@ def run(quick: bool = False, device: str = "cpu", threads: int | None = None, ba
         cfg = {**cfg, "overrides": {**cfg["overrides"], **(model_kwargs or {})}}
         result = _run(cfg, quick, torch.device(device), batch, train)
         if out is not None:
-            Path(out).mkdir(parents=True, exist_ok=True)
             write_json(Path(out) / "retnet_decode.json", result)
         return result
     finally:  # leave the process as it was (the smoke test runs inside pytest)
@@ -495,7 +494,6 @@ def run_batches(quick: bool, device: str, out: str | None, budget: Budget | None
               "path": "PyTorch (use_fla=False; the fla suite compares the fused kernels)",
               "batches": within_budget(batches, lambda batch: f"batch_{batch}", one, budget)}
     if out is not None:
-        Path(out).mkdir(parents=True, exist_ok=True)
         write_json(Path(out) / "retnet_decode.json", result)
     return result
 
