@@ -3,6 +3,7 @@ runner over a named set (its CPU dry run here), and every status is its suites' 
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -107,7 +108,7 @@ def test_confirmatory_result_is_the_declared_run():
     else:  # complete: its stored verdicts and status are what the suite's targets compute from its data today
         from benchmarks.common import judge
 
-        judged = judge("prune_quality", json.loads(path.read_text()))
+        judged = judge("prune_quality", copy.deepcopy(stored))  # judge writes its verdicts into what it is given
         assert (judged["status"], judged["verdicts"]) == (stored["status"], stored["verdicts"])
 
 
