@@ -112,6 +112,15 @@ def run_in_process(script: str, *args: str) -> Outcome:
     return Outcome(code, out.getvalue())
 
 
+def prune_in_process(*overrides: str, base: Path, run_dir: Path | None = None) -> subprocess.CompletedProcess:
+    """``prune.py`` as :func:`run_prune` runs it (outputs and caches under `base`, in ``base/run`` or `run_dir`), but
+    in this process (:func:`run_in_process`); the outcome reads like a finished subprocess's (``returncode``,
+    ``stdout``; ``stderr`` empty)."""
+    cmd = entry_cmd("prune", *overrides, base=base, run_dir=run_dir or base / "run")
+    outcome = run_in_process("prune", *cmd[2:])
+    return subprocess.CompletedProcess(cmd, outcome.code, outcome.output, "")
+
+
 def snapshot(directory: Path) -> dict[str, str]:
     """Every file under `directory` (hidden ones included) with a hash of its bytes; folders as entries too."""
     if not directory.exists():

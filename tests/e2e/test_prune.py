@@ -1,0 +1,232 @@
+"""prune.py as a user runs it, in a subprocess: tiny digits and bytes runs with their W&B run and lineage, SIGTERM and
+resume, torchrun, the language-model layer-removal rules, and the default run's measured target. The prune job's
+results, planning and refusals in this process are in ``tests/unit/test_prune_job.py``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import zoo
+from zoo.jobs.runs import read_record
+
+from ..helpers import ROOT, TINY_LM, TINY_PRUNE, entry_cmd, env_for, run_prune
+from ..wandb_reader import find_run_files, read_run
+
+TINY = TINY_PRUNE
+
+
+@pytest.fixture(scope="module")
+def digits_prune(tmp_path_factory):
+    base = tmp_path_factory.mktemp("prune_digits")
+    proc = run_prune(*TINY, "prune.export=onnx", base=base)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return base, proc
+
+
+def test_prune_py_digits_end_to_end(digits_prune):
+    base, proc = digits_prune
+    results = json.loads((base / "run" / "results.json").read_text())
+    for key in ("model", "device", "target_speedup", "plan", "baseline", "pruned", "predicted_latency_ms",
+                "measured_speedup", "table", "timings_s", "checkpoint"):
+        assert key in results
+    assert results["model"] == "mobilenetv2_035" and results["plan"]["remove"]
+    export = results["export"]  # prune.export=onnx: the pruned, merged model in onnxruntime
+    assert export["passed"] and export["max_rel_diff"] <= 1e-4 and (base / "run" / "pruned.onnx").is_file()
+    assert export["checked_shapes"] == [[[2, 3, 16, 16]], [[3, 3, 16, 16]]]  # a dynamic batch, checked at two sizes
+    assert export["dynamic_axes"] == {next(iter(export["dynamic_axes"])): {"0": "batch"}} and export["opset"]
+    for side in ("baseline", "pruned"):
+        assert results[side]["latency_ms"] > 0 and results[side]["params"] > 0 and "val/acc1" in results[side][
+            "metrics"]
+    # merged convs can hold more parameters than the convs they replace; depth is what goes down
+    assert results["table"]["entries"] > 0 and results["table"]["measured_now"] > 0
+    assert set(results["timings_s"]) >= {"baseline", "latency_table", "importance", "search", "target_check",
+                                         "finetune", "measure"}
+    check = results["target_check"]  # the measured-target loop ran, and its verdict follows the final measurement
+    assert check["corrections"] and check["wanted_speedup"] == 1.5
+    assert check["miss"] == pytest.approx(results["measured_speedup"] / 1.5 - 1)
+    assert check["met"] == (abs(check["miss"]) <= check["tolerance"])
+    assert results["search"] == "interaction" and results["search_result"]["method"] == "interaction"
+    assert "measured speed-up" in proc.stdout
+    written_last = (base / "run" / "results.json").stat().st_mtime_ns  # the results file is the last one written
+    assert all(p.stat().st_mtime_ns <= written_last for p in (base / "run").rglob("*")
+               if p.is_file() and p.parent.name != "logs")  # (W&B's service appends its debug logs on its own)
+    assert results["fingerprint"] == read_record(base / "run")["fingerprint"]
+    pruned = zoo.load(results["checkpoint"]).eval()  # rebuilt from the plan in the checkpoint
+    assert pruned.zoo_plan["remove"] == results["plan"]["remove"]
+    assert sum(p.numel() for p in pruned.parameters()) == results["pruned"]["params"]
+    convs = lambda m: sum(isinstance(c, torch.nn.Conv2d) for c in m.modules())  # noqa: E731
+    assert convs(pruned) < convs(zoo.create_model("mobilenetv2_035"))
+    with torch.no_grad():
+        assert pruned(torch.zeros(1, 3, 16, 16)).shape == (1, 10)
+
+
+def test_prune_wandb_run_holds_tables_plan_and_results(digits_prune):
+    base, _ = digits_prune
+    results = json.loads((base / "run" / "results.json").read_text())
+    (run_file,) = find_run_files(base / "run")
+    run = read_run(run_file)
+    assert run.exit_code == 0
+    assert run.summary["pruned/latency_ms"] == pytest.approx(results["pruned"]["latency_ms"])
+    assert run.summary["prune/measured_speedup"] == pytest.approx(results["measured_speedup"])
+    assert json.loads(run.summary["prune/plan_json"])["remove"] == results["plan"]["remove"]
+    logged = {k for row in run.history for k in row}
+    for media in ("prune/lookup_table", "prune/plan", "prune/pareto"):
+        assert f"{media}/_type" in logged
+    assert any(k.startswith("train/") for k in logged)  # the fine-tuning curves
+    media = list((run_file.parent / "files" / "media").rglob("*"))
+    assert any(p.suffix == ".png" for p in media) and any(p.name.endswith(".table.json") for p in media)
+
+
+def test_the_prune_run_logs_its_lineage_as_linked_artifacts(digits_prune):
+    """Baseline weights, latency table, plan and pruned checkpoint (with its card) are artifacts of the offline run;
+    each names the digests of what it was made from."""
+    base, _ = digits_prune
+    results = json.loads((base / "run" / "results.json").read_text())
+    (run_file,) = find_run_files(base / "run")
+    artifacts = {a["name"]: a for a in read_run(run_file).artifacts if a["type"] != "run_table"}  # not wandb.Table's
+    names = [f"mobilenetv2_035-{kind}" for kind in ("baseline", "latency-table", "plan", "pruned")]
+    assert sorted(artifacts) == sorted(names)
+    baseline, table, plan, pruned = (artifacts[n] for n in names)
+    assert [a["type"] for a in (baseline, table, plan, pruned)] == ["model", "latency-table", "plan", "model"]
+    assert baseline["files"] == ["best.safetensors"] and pruned["files"] == ["README.md", "pruned.safetensors"]
+    assert table["metadata"]["baseline"] == baseline["digest"]
+    assert plan["metadata"]["baseline"] == baseline["digest"] and plan["metadata"]["latency_table"] == table["digest"]
+    assert pruned["metadata"]["plan"] == plan["digest"] and pruned["metadata"]["baseline"] == baseline["digest"]
+    assert results["lineage"][names[3]]["digest"] == pruned["digest"]
+    table_file = json.loads((base / "run" / "latency_table.json").read_text())
+    assert [s["name"] for s in table_file["segments"]] and table_file["fixed_ms"] > 0
+
+
+@pytest.mark.parametrize("workload", ["forward", "decode"])
+def test_prune_py_bytes_language_model(workload, tmp_path):
+    proc = run_prune(*TINY_LM, f"prune.workload={workload}", "prune.export=torch_export", base=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["workload"] == workload and results["plan"]["remove"]
+    expected_form = {"forward": "parallel", "decode": "recurrent"}[workload]  # the decode step for decode pruning
+    assert results["export"]["form"] == expected_form and results["export"]["passed"]
+    assert (tmp_path / "run" / "pruned.pt2").is_file()
+    assert all(name.endswith((".retention", ".ffn")) for name in results["plan"]["remove"])
+    assert "val/ppl" in results["pruned"]["metrics"] and results["measured_speedup"] > 1.0
+    (run_file,) = find_run_files(tmp_path / "run")
+    assert read_run(run_file).summary["pruned/val/ppl"] == pytest.approx(results["pruned"]["metrics"]["val/ppl"])
+
+
+def with_changes(overrides: list[str], *changes: str) -> list[str]:
+    """`overrides` with `changes` replacing the entries for the same keys (Hydra refuses duplicates)."""
+    keys = {c.split("=", 1)[0] for c in changes}
+    return [o for o in overrides if o.split("=", 1)[0] not in keys] + list(changes)
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def test_sigterm_during_fine_tuning_then_rerun_resumes_to_the_same_weights(tmp_path):
+    """SIGTERM while fine-tuning saves ``last`` and exits 143; the same command then keeps the plan, really trains
+    the remaining epochs, and ends with the weights of a run that was never interrupted."""
+    import signal
+    import time
+
+    # no measured-target corrections: they re-search on a noisy timing, and this test compares two runs' plans
+    args = with_changes(TINY, "logger=none", "finetune.epochs=3", "trainer.limit_train_batches=null",
+                        "prune.target_corrections=0")
+    reference = run_prune(*args, base=tmp_path, run_dir=tmp_path / "reference")
+    assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
+    run_dir = tmp_path / "killed"
+    cmd = entry_cmd("prune", *args, base=tmp_path, run_dir=run_dir)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_for(tmp_path),
+                            cwd=tmp_path)
+    state_file = run_dir / "finetune" / "checkpoints" / "last.state.pt"
+    deadline = time.time() + 240
+    while not state_file.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "Run the same command again: fine-tuning resumes" in output and not (run_dir / "results.json").exists()
+    from zoo.training import state as ckpt
+
+    stopped_at = ckpt.load_state(state_file)["step"]
+    assert 0 < stopped_at < ckpt.load_state(tmp_path / "reference" / "finetune" / "checkpoints" /
+                                            "last.state.pt")["step"]
+    rerun = run_prune(*args, base=tmp_path, run_dir=run_dir)
+    out = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, out[-3000:]
+    assert "Resumed from" in out and "resuming with the plan this run chose" in out
+    first, again = (json.loads((d / "results.json").read_text()) for d in (tmp_path / "reference", run_dir))
+    assert again["plan"] == first["plan"] and again["search_result"] is None
+    assert again["pruned"]["metrics"] == first["pruned"]["metrics"]
+    ours, theirs = _tensors(run_dir / "pruned.safetensors"), _tensors(tmp_path / "reference" / "pruned.safetensors")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    rerun = run_prune(*args, base=tmp_path, run_dir=run_dir)  # finished: skipped, nothing rewritten
+    assert rerun.returncode == 0 and "already finished" in rerun.stdout + rerun.stderr
+
+
+def test_torchrun_prune_two_cpu_processes(tmp_path):
+    """torchrun prune.py: table, importance and search once (rank 0), DDP fine-tuning, one results.json."""
+    from safetensors.torch import save_file
+
+    weights = tmp_path / "timm_mobilenetv2_035.safetensors"  # timm-format weights: the baseline as it is
+    torch.manual_seed(0)
+    save_file({k: v.contiguous() for k, v in zoo.create_model("mobilenetv2_035", num_classes=10).state_dict().items()},
+              str(weights))
+    env = env_for(tmp_path)
+    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            str(ROOT / "prune.py"), "trainer=ddp", *TINY, f"paths.log_dir={tmp_path / 'logs'}",
+            f"prune.cache_dir={tmp_path / 'cache'}"]
+    proc = subprocess.run([*base, f"checkpoint={weights}", f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["world_size"] == 2 and results["plan"]["remove"]
+    assert results["baseline"]["source"] == str(weights) and not (tmp_path / "logs" / "baselines").exists()
+    assert results["table"]["measured_now"] > 0 and len(find_run_files(tmp_path / "run")) == 1
+    assert (proc.stdout + proc.stderr).count("latency_table done") == 1  # once, on rank 0
+    pruned = zoo.load(results["checkpoint"])
+    assert pruned.zoo_plan["remove"] == results["plan"]["remove"]
+
+    proc = subprocess.run([*base, f"hydra.run.dir={tmp_path / 'run2'}"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)  # no weights and no cached baseline: refused, not hung
+    assert proc.returncode != 0 and "Under torchrun, prune.py starts from given weights" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("rule", [["prune.search=sleb"], ["prune.search=angular", "prune.importance=block_influence"]],
+                         ids=["sleb", "angular-block-influence"])
+def test_prune_py_layer_removal_rules_of_language_models(rule, tmp_path):
+    """SLEB's iterative removal and Gromov et al.'s contiguous run (with ShortGPT's Block Influence as the logged
+    importance) prune a RetNet end to end: whole sub-layers only, at the measured speed-up."""
+    proc = run_prune(*TINY_LM, *rule, base=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    search = rule[0].split("=")[1]
+    assert results["search"] == search and results["search_result"]["method"] == search
+    removed = results["plan"]["remove"]
+    assert removed and all(name.endswith((".retention", ".ffn")) for name in removed)
+    if search == "angular":  # one contiguous run of sub-layers, in depth order
+        order = [f"blocks.{i}.{kind}" for i in range(2) for kind in ("retention", "ffn")]
+        positions = sorted(order.index(name) for name in removed)
+        assert positions == list(range(positions[0], positions[0] + len(positions)))
+    assert results["measured_speedup"] > 1.0
+
+
+@pytest.mark.serial  # asserts a measured speed-up: never beside another worker
+def test_the_default_run_keeps_its_measured_target(tmp_path):
+    """``python prune.py`` as the README runs it (every default: MobileNetV2-0.5 on digits, target 1.5x, the
+    interaction search): the final side-by-side measurement of the pruned network is within prune.target_tolerance
+    of the target."""
+    proc = run_prune(base=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    check = results["target_check"]
+    assert results["search"] == "interaction" and check["wanted_speedup"] == 1.5 and check["tolerance"] == 0.05
+    assert abs(results["measured_speedup"] / 1.5 - 1) <= 0.05, check
+    assert check["met"] is True

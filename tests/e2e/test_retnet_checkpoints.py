@@ -1,0 +1,120 @@
+"""Published RetNet checkpoints load into the zoo RetNet with the same logits as their own implementation:
+flash-linear-attention's format (config.json + safetensors, as fla-hub/retnet-1.3B-100B) and torchscale's
+RetNetDecoder state dict; text tokenised with a real tokenizer (transformers.AutoTokenizer, local files)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import fla.models as fla_models  # noqa: E402 - a test dependency ([dev]): the reference implementation
+import torch
+from safetensors.torch import save_file
+
+import zoo
+
+
+def fla_config(**changes):
+    config = {"hidden_size": 64, "num_hidden_layers": 2, "num_heads": 2, "vocab_size": 300, "hidden_ratio": 2,
+              "expand_k": 1, "expand_v": 2, "norm_eps": 1e-6, "elementwise_affine": True,
+              "tie_word_embeddings": False, **changes}
+    return fla_models.RetNetConfig(fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False, **config)
+
+
+def randomise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Weights large enough that the per-head norm's eps is negligible, norm scales away from 1."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.rand_like(p) + 0.5 if p.dim() == 1 else torch.randn_like(p) * 0.2)
+    return model.eval()
+
+
+def save_fla_folder(model, folder: Path, fused_norm_names: bool = True, fused_mlp: bool = False) -> Path:
+    """The layout fla-hub repos have: config.json + model.safetensors, with the published key names
+    (``g_norm_swish_gate``: fla's default fused norm) and optionally the older fused gate/up projection."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_dict()
+    config.update(fuse_norm=True)  # as published
+    (folder / "config.json").write_text(json.dumps(config, default=str))
+    state = {}
+    for key, tensor in model.state_dict().items():
+        if fused_norm_names:
+            key = key.replace("attn.g_norm.weight", "attn.g_norm_swish_gate.weight")
+        state[key] = tensor.contiguous()
+    if fused_mlp:
+        for key in [k for k in state if k.endswith("mlp.gate_proj.weight")]:
+            up = state.pop(key.replace("gate_proj", "up_proj"))
+            state[key] = torch.cat([state[key], up], dim=0)
+    save_file(state, str(folder / "model.safetensors"))
+    return folder
+
+
+# ------------------------------------------------------------------------------ a real tokenizer, prune.py
+def make_tokenizer(folder: Path, text: str, vocab_size: int) -> Path:
+    """A byte-level BPE tokenizer trained on `text`, saved as transformers saves one (loads offline by path)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([text], trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(str(folder))
+    return folder
+
+
+TINY_LM_PRUNE = ["model=retnet_tiny", "data=bytes", "data.seq_len=32", "data.batch_size=4", "data.train_samples=16",
+                 "data.val_samples=8", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+                 "trainer.progress=false", "optim.warmup_epochs=0", "prune.batch_size=1", "prune.calib_batches=1",
+                 "finetune.epochs=1", "prune.target_speedup=1.2", "logger=none"]
+
+
+def test_prune_py_from_an_fla_checkpoint_with_its_tokenizer(tmp_path):
+    from zoo.training.data import stdlib_corpus
+
+    from ..helpers import QUICK_TIMING, run_prune
+
+    tokenizer = make_tokenizer(tmp_path / "tok", stdlib_corpus().decode()[:200_000], 300)
+    folder = save_fla_folder(randomise(fla_models.RetNetForCausalLM(fla_config())), tmp_path / "retnet-fla")
+    proc = run_prune(*TINY_LM_PRUNE, *QUICK_TIMING, f"checkpoint={folder}", f"data.tokenizer={tokenizer}",
+                     base=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert not (tmp_path / "outputs" / "baselines").exists()  # evaluated, not trained
+    assert results["baseline"]["source"] == str(folder) and results["baseline"]["metrics"]["val/loss"] > 0
+    pruned = zoo.load(results["checkpoint"])
+    kept = [m for b in pruned.blocks for m in (b.retention, b.ffn) if hasattr(m, "norm")]  # a plan removes any
+    assert pruned.vocab_size == 300 and kept and all(m.norm is not None for m in kept)  # fla's pre-norms kept
+    assert any(b.retention.rope == "neox" for b in pruned.blocks if hasattr(b.retention, "rope"))
+
+    small = make_tokenizer(tmp_path / "tok-big", stdlib_corpus().decode()[:200_000], 400)
+    proc = run_prune(*TINY_LM_PRUNE, *QUICK_TIMING, f"checkpoint={folder}", f"data.tokenizer={small}", base=tmp_path,
+                     run_dir=tmp_path / "run-bad", timeout=600)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "has 400 tokens, more than the vocabulary of retnet_tiny" in proc.stdout + proc.stderr
+
+
+def test_prune_py_writes_the_fla_folder_with_its_card(tmp_path):
+    """prune.export=hf with a whole-layer plan: hf/ holds config.json, the weights and the model card; on a CPU the
+    folder cannot be run in fla (Triton), which results.json says instead of claiming a check."""
+    from huggingface_hub import ModelCard
+
+    from ..helpers import QUICK_TIMING, run_prune
+
+    plan = tmp_path / "layers.json"
+    plan.write_text(json.dumps({"remove": ["blocks.1.retention", "blocks.1.ffn"]}))
+    proc = run_prune(*TINY_LM_PRUNE, *QUICK_TIMING, "+model.overrides.rope=neox",
+                     "+model.overrides.head_norm_affine=true", f"prune.plan={plan}", "prune.export=hf", base=tmp_path,
+                     timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    export, folder = results["export"], tmp_path / "run" / "hf"
+    assert export["format"] == "hf" and export["path"] == str(folder)
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 1
+    if not torch.cuda.is_available():
+        assert export["passed"] is None and export["checked_with"].startswith("not checked")
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.pipeline_tag == "text-generation" and "AutoModelForCausalLM" in card.text
+    assert "`blocks.1.retention`" in card.text and (tmp_path / "run" / "README.md").is_file()
