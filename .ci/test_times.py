@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TIERS = {  # the commands of .ci/run and tests/README.md
     "unit": ["-q"],
     "e2e": ["-q", "tests/e2e", "-m", "not serial", "-n", "2"],
-    "bench": ["-q", "tests/bench", "tests/e2e", "-m", "bench or serial", "-n", "0"],
+    "bench": ["-q", "tests/bench", "-m", "not serial", "-n", "2"],
+    "serial": ["-q", "tests/e2e", "tests/bench", "-m", "serial", "-n", "0"],
 }
 
 
