@@ -26,7 +26,7 @@ from zoo.files import write_json
 from zoo.latency import NetworkTimingSettings, resolve_device, resolve_dtype
 from zoo.latency.device import device_name
 from zoo.latency.networks import time_interleaved
-from zoo.registry import Family
+from zoo.models.registry import Family
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 STATUSES = ("passed", "failed", "error", "skipped", "incomplete")
@@ -131,9 +131,9 @@ def within_budget(items: Sequence[Any], label: Callable[[Any], str], run: Callab
 
 # ------------------------------------------------------------------------------------------------- families
 def families(capability: str | None = None, task: str | None = None) -> list[Family]:
-    """The declared families (:func:`zoo.registry.list_families`, plugins loaded): a suite runs these, so a new
+    """The declared families (:func:`zoo.models.registry.list_families`, plugins loaded): a suite runs these, so a new
     family is benchmarked with no list edited."""
-    zoo.registry.load_plugins()
+    zoo.models.registry.load_plugins()
     return zoo.list_families(capability=capability, task=task)
 
 

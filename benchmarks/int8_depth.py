@@ -57,12 +57,12 @@ from benchmarks.common import Budget, Check, environment, families, judge, resul
 from benchmarks.runtime_tables import speed_plan
 from benchmarks.stats import compare, verdicts
 from zoo.files import json_digest
-from zoo.importance import weights_digest
 from zoo.jobs.prune_config import INT8_PAIRS
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, prediction_error, random_plans
 from zoo.latency.device import timing_context
 from zoo.latency.networks import pruned_network, time_interleaved
 from zoo.latency.runtime import in_runtime
+from zoo.pruning.importance import weights_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTOCOL = 1

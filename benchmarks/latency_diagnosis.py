@@ -177,8 +177,8 @@ def drift_trace(model: str, seconds: float, batch_size: int = 1, window_s: float
     """The same network (deploy form, one thread) run back to back for `seconds`: per `window_s` window, the
     number of runs and their min, 10th percentile and median (ms): how far the machine's own speed moves. With
     `alternate_cpus` window k runs pinned to CPU k mod 2 (`cpu` in each row): whether the two CPUs differ."""
-    from zoo.factory import create_model
-    from zoo.fuse import fuse
+    from zoo.deploy.fuse import fuse
+    from zoo.weights.create import create_model
 
     net = fuse(create_model(model)).eval()
     x = net.example_input(batch_size, tuple(net.default_cfg["input_size"]))
@@ -311,8 +311,8 @@ def part_drift_trace(model: str, windows: int, window_s: float = PART_WINDOW_S, 
     start with its weights in the core's cache. Per window and part the 10th percentile (ms) and that of the even
     and of the odd calls (their gap measures the window's sampling noise). With ``memory_hog`` this process runs on
     CPU 0 and the odd windows run a process copying memory on CPU 1 (``hog_ran``: it streamed the whole window)."""
-    from zoo.factory import create_model
-    from zoo.fuse import fuse
+    from zoo.deploy.fuse import fuse
+    from zoo.weights.create import create_model
 
     net = fuse(create_model(model)).eval()
     parts: dict[str, tuple[torch.nn.Module, torch.Tensor]] = {

@@ -199,10 +199,10 @@ class Family:
     """One family's task: its composed config, data, converged baseline, latency table and baseline outputs."""
 
     def __init__(self, name: str, overrides: list[str], root: Path):
-        from zoo.importance import weights_digest
         from zoo.jobs.baseline import load_or_train_baseline
-        from zoo.jobs.measure import build_job_table
+        from zoo.jobs.final_timing import build_job_table
         from zoo.jobs.runs import fingerprint
+        from zoo.pruning.importance import weights_digest
         from zoo.training import build_loaders
 
         self.name, self.overrides, self.root = name, overrides, root
@@ -292,8 +292,8 @@ class Family:
     def scored_loss(self, plan: dict[str, Any]) -> float:
         """The one-shot validation loss of `plan` as the default's plan score takes a loss (at its best temperature
         with ``prune.importance=tempered``): what the plan score estimates, on data it never saw."""
-        from zoo import surgery
-        from zoo.importance import calibration_loss
+        from zoo.pruning import surgery
+        from zoo.pruning.importance import calibration_loss
 
         name = plan_name(plan)
         if name not in self.scored:
@@ -323,7 +323,7 @@ class Family:
                   ) -> dict[str, Any]:
         """Quality of `plan` one-shot and after the short fine-tune (seeded by `seed`), per sample of `loader` (the
         validation split by default; `reference`: the baseline's outputs on it)."""
-        from zoo import surgery
+        from zoo.pruning import surgery
         from zoo.jobs.finetune import finetune
         from zoo.training.logger import NullLogger
 
@@ -419,9 +419,9 @@ def bracketing(cfg: Any, table: Any, options: list, inputs: dict[str, Any], base
     predicted beyond all of them on that side (slower when they overshot, faster when they fell short), at most
     ``BRACKET_TIMINGS`` times. A plan's speed-up moves in steps (a block is removed or kept), so scaling the target
     by the miss can give the same plan every time; the plans below and above the target are interpolated."""
-    from zoo.jobs.plan import Correction, choose_plan, measured_speedup, predicted_speedup
+    from zoo.jobs.plan import TargetAttempt, choose_plan, measured_speedup, predicted_speedup
     from zoo.jobs.prune_config import measure_settings
-    from zoo.search import BudgetError
+    from zoo.pruning.search import BudgetError
 
     added: list[Any] = []
     wanted = tried[0].wanted
@@ -448,7 +448,7 @@ def bracketing(cfg: Any, table: Any, options: list, inputs: dict[str, Any], base
         if plan is None:
             break
         _, measured = measured_speedup(table, baseline, plan, measure_settings(cfg.prune))
-        added.append(Correction(searched_for, predicted_speedup(table, plan), measured, wanted, plan, result))
+        added.append(TargetAttempt(searched_for, predicted_speedup(table, plan), measured, wanted, plan, result))
     return added
 
 
@@ -482,8 +482,8 @@ def at_target(tried: list[dict[str, Any]], wanted: float, tolerance: float = TOL
 def measure_plans(family: Family, plans: dict[str, dict[str, Any]], settings: dict[str, Any]
                   ) -> dict[str, dict[str, float]]:
     """Every distinct plan beside the baseline, in one interleaved session: latency (ms) and measured speed-up."""
-    from zoo import surgery
-    from zoo.jobs.measure import measure_side_by_side
+    from zoo.pruning import surgery
+    from zoo.jobs.final_timing import measure_side_by_side
     from zoo.latency import NetworkTimingSettings
 
     nets = {"baseline": family.baseline}

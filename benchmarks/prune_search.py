@@ -18,11 +18,11 @@ import torch
 import zoo
 from benchmarks.common import Budget, Check, within_budget, write_result
 from benchmarks.latency_table import Condition, bf16_channels_last, gpu_conditions, gpu_settings, table_for
-from zoo.importance import score_variants
 from zoo.latency.measure import prepare
 from zoo.latency.networks import time_networks
-from zoo.search import BudgetError, Choice, dp_search
-from zoo.surgery import apply_plan
+from zoo.pruning.importance import score_variants
+from zoo.pruning.search import BudgetError, Choice, dp_search
+from zoo.pruning.surgery import apply_plan
 
 TARGETS = (1.5, 2.0)
 SPEEDUP_SHARE = 0.9  # a pruned network reaches its target speed-up at >= 0.9 x target

@@ -30,14 +30,14 @@ import torch
 from torch import nn
 
 from benchmarks.common import environment, write_result
-from zoo.capture import capture_segments
 from zoo.latency import build_table, random_plans
 from zoo.latency.context import ContextBench, hook_overhead_ms
 from zoo.latency.device import timing_context
 from zoo.latency.measure import Bench, measured_form, prepare, time_rounds
 from zoo.latency.networks import pruned_network
 from zoo.latency.runtime import check_runtime, in_runtime
-from zoo.surgery import build_segment
+from zoo.pruning.capture import capture_segments
+from zoo.pruning.surgery import build_segment
 
 
 class Program(nn.Module):

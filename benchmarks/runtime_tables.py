@@ -45,7 +45,7 @@ from zoo.latency import (
     resolve_device,
 )
 from zoo.latency.runtime import RuntimeFailure, check_runtime, tensorrt_backend
-from zoo.search import Choice, dp_search
+from zoo.pruning.search import Choice, dp_search
 
 TARGETS = (1.5, 2.0)
 GPU_RUNTIMES = ("onnxruntime", "tensorrt")  # the GPU check's deploy runtimes (its dry run: onnxruntime's CPU EP)

@@ -45,7 +45,7 @@ from benchmarks.common import (
     write_result,
 )
 from zoo.latency import resolve_device
-from zoo.registry import model_class
+from zoo.models.registry import model_class
 
 SETTINGS = {False: "", 0.5: "_ckpt_half", True: "_ckpt"}  # set_grad_checkpointing: none, the first half, all
 TARGET_REDUCTION, TARGET_COST = 0.40, 0.35
@@ -68,7 +68,7 @@ def example(model: nn.Module, batch: int, size: int, device: torch.device) -> to
 def activation_bytes(model: nn.Module, x: torch.Tensor, bf16: bool) -> int:
     """Bytes of the distinct storages autograd saves for backward during one training forward pass (parameters
     excluded; a tensor saved by several operations, or views of one storage, count once)."""
-    from zoo.features import saved_storage_bytes
+    from zoo.models.features import saved_storage_bytes
 
     storages: dict[int, int] = {}
 

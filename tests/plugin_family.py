@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from zoo.models.plainresnet import PlainResNet
-from zoo.registry import register_family, register_model
+from zoo.models.registry import register_family, register_model
 
 
 @register_model("plugin_resnet", input_size=(3, 32, 32), num_classes=10, mean=(0.5,) * 3, std=(0.5,) * 3,

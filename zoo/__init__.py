@@ -4,15 +4,23 @@
 """
 
 from . import models  # noqa: F401 - importing registers the families
-from .checkpoint import read_checkpoint_meta, save_checkpoint
-from .depth import DepthUnit, depth_units
+from .deploy.export import export
+from .deploy.fuse import fuse
 from .errors import ExportError, PlanError, UnknownModelError, WeightsError, ZooError
-from .exporting import export
-from .factory import create_model, load
-from .fuse import fuse
-from .registry import get_entry, get_family, is_model, list_families, list_models, register_family, register_model
-from .surgery import apply_plan, remove_units
-from .tags import known_tags, model_info
+from .models.depth import DepthUnit, depth_units
+from .models.registry import (
+    get_entry,
+    get_family,
+    is_model,
+    list_families,
+    list_models,
+    register_family,
+    register_model,
+)
+from .pruning.surgery import apply_plan, remove_units
+from .weights.checkpoint import read_checkpoint_meta, save_checkpoint
+from .weights.create import create_model, load
+from .weights.tags import known_tags, model_info
 
 __version__ = "0.1.0"
 

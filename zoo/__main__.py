@@ -8,8 +8,8 @@ import sys
 
 from . import list_models, model_info
 from .errors import UnknownModelError, ZooError
-from .registry import load_plugins
-from .tags import known_tags, resolve_tag, split_name
+from .models.registry import load_plugins
+from .weights.tags import known_tags, resolve_tag, split_name
 
 
 def _format_params(count: int) -> str:

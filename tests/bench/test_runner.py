@@ -24,7 +24,7 @@ def run_benchmarks(tmp_path: Path, *args: str, timeout: int = 900) -> subprocess
 
 
 def recurrent(name: str) -> bool:
-    return bool(getattr(zoo.registry.model_class(name), "recurrent", False))
+    return bool(getattr(zoo.models.registry.model_class(name), "recurrent", False))
 
 
 def test_entry_point_runs_quick_suites(tmp_path):

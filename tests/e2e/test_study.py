@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from zoo.report import ReportError, make_report
+from zoo.jobs.sweep_report import ReportError, make_report
 
 from ..helpers import ROOT, TINY_PRUNE, run_entry
 

@@ -311,7 +311,7 @@ def _results(model: str = "mobilenetv2_035", metric: float = 90.0) -> dict:
 
 
 def test_zoo_report_lists_every_unreadable_job_and_still_reports(tmp_path, capsys):
-    from zoo.report import main
+    from zoo.jobs.sweep_report import main
 
     jobs = {"good": _results(), "list": [1, 2], "null_latency": {**_results(), "pruned": {
         **_results()["pruned"], "latency_ms": None}}, "no_metric": {**_results(), "pruned": {
@@ -332,7 +332,7 @@ def test_zoo_report_lists_every_unreadable_job_and_still_reports(tmp_path, capsy
 
 
 def test_zoo_report_that_cannot_be_made_writes_nothing(tmp_path, capsys):
-    from zoo.report import main
+    from zoo.jobs.sweep_report import main
 
     assert main([str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -339,7 +339,7 @@ def test_int8_depth_seeds_are_tied_to_the_baseline_weights(tmp_path):
     import torch
 
     from benchmarks.int8_depth import quality_fingerprint
-    from zoo.importance import weights_digest
+    from zoo.pruning.importance import weights_digest
 
     model = zoo.create_model("mobilenetv2_035", num_classes=10)
     first = zoo.save_checkpoint(model, tmp_path / "a" / "best.safetensors")

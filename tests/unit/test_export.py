@@ -125,7 +125,7 @@ def test_bad_requests_are_refused(tmp_path):
 def test_non_finite_outputs_never_pass(tmp_path, monkeypatch):
     """A runtime returning NaN where PyTorch has numbers fails the check; a model whose own outputs are NaN is
     refused (there is nothing to compare)."""
-    from zoo import exporting
+    from zoo.deploy import export as exporting
 
     model = zoo.create_model("mobilenetv2_035", num_classes=10)
     real = exporting._run_onnx

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 import zoo
-from zoo.features import take_indices
+from zoo.models.features import take_indices
 
 CNNS = [f.reference for f in zoo.list_families(capability="features")]  # timm's feature-extraction interface
 TIMM_CNNS = [f.reference for f in zoo.list_families(capability="features") if f.has("timm")]  # compared with timm
@@ -75,8 +75,8 @@ def test_a_pruned_network_is_a_drop_in_backbone(name):
     pruned = zoo.apply_plan(model, {"remove": removable[:3]}, inplace=False)
     x = torch.randn(*X)
     with torch.no_grad():
-        full = [f.shape for f in zoo.features.features_only(model)(x)]
-        assert [f.shape for f in zoo.features.features_only(pruned)(x)] == full
+        full = [f.shape for f in zoo.models.features.features_only(model)(x)]
+        assert [f.shape for f in zoo.models.features.features_only(pruned)(x)] == full
         assert [f.shape for f in pruned.forward_intermediates(x, intermediates_only=True)] == [
             f.shape for f in model.forward_intermediates(x, intermediates_only=True)]
 
@@ -88,7 +88,7 @@ def saved_activation_bytes(model: torch.nn.Module, x: torch.Tensor) -> tuple[int
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         if not isinstance(tensor, torch.nn.Parameter):
-            storages.update(zoo.features.saved_storage_bytes(tensor))
+            storages.update(zoo.models.features.saved_storage_bytes(tensor))
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import zoo
-from zoo.importance import angular_distance, block_influence, score_variants, unit_io
-from zoo.surgery import segments
+from zoo.pruning.importance import angular_distance, block_influence, score_variants, unit_io
+from zoo.pruning.surgery import segments
 
 
 class Turn(nn.Module):
@@ -86,8 +86,8 @@ def test_finetune_score_trains_on_batches_it_does_not_score_on(tmp_path):
 
     from omegaconf import OmegaConf
 
-    from zoo.importance import batches_digest
     from zoo.jobs.plan import calibration_batches, importance_of
+    from zoo.pruning.importance import batches_digest
     from zoo.training import build_loaders
 
     data = build_loaders(OmegaConf.create({"name": "digits", "image_size": 8, "shift": 0, "batch_size": 8,

@@ -126,7 +126,7 @@ def test_every_way_to_prune_saves_and_loads_bit_identically(family, way, tmp_pat
         pruned = zoo.remove_units(model, remove)
     elif way == "blended":
         pruned = zoo.apply_plan(model, {"remove": remove, "merge": False}, inplace=False, blend=True)
-        zoo.surgery.set_linearisation(pruned, 0.37)
+        zoo.pruning.surgery.set_linearisation(pruned, 0.37)
     elif way == "two_plans":  # a pruned model pruned again records both plans
         once = zoo.apply_plan(model, {"remove": remove}, inplace=False)
         second = _random_plan(once, rng)
@@ -151,8 +151,8 @@ def test_no_import_cycle_between_depth_and_surgery():
         tree = ast.parse((Path(zoo.__file__).parent / f"{module}.py").read_text())
         return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
 
-    assert "depth" in imported("surgery")
-    assert not {"surgery", "zoo.surgery"} & imported("depth")
+    assert "..models.depth" in {f"..{m}" for m in imported("pruning/surgery")}
+    assert not any("surgery" in m or "pruning" in m for m in imported("models/depth"))
 
 
 # --------------------------------------------------------------------------------- caches that cannot lie
@@ -191,8 +191,8 @@ def test_latency_cache_that_is_damaged_is_reported_once_and_rebuilt(tmp_path):
 
 
 def test_importance_cache_that_covers_other_segments_is_recomputed(tmp_path, caplog):
-    from zoo.importance import cached_scores
-    from zoo.surgery import segments
+    from zoo.pruning.importance import cached_scores
+    from zoo.pruning.surgery import segments
 
     segs = segments(zoo.create_model("mobilenetv2_035"))
     scores = [{v: float(len(v)) for v in seg.variants()} for seg in segs]

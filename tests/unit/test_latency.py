@@ -24,7 +24,7 @@ from zoo.latency import (
     resolve_device,
 )
 from zoo.latency.correction import Correction, fit_correction
-from zoo.surgery import apply_plan, segments
+from zoo.pruning.surgery import apply_plan, segments
 
 from ..helpers import TABLE_MODEL as MODEL
 from ..helpers import TABLE_SIZE as SIZE
@@ -152,7 +152,7 @@ def test_prediction_is_the_exact_sum_of_its_entries_on_a_synthetic_cost_model(ta
     """Replace every measured entry by a deterministic cost (1 ms per conv in the entry's module, plus the call
     overhead every entry carries); the prediction of any plan must then equal the cost of the whole pruned network,
     computed independently from ``apply_plan``."""
-    from zoo.surgery import build_segment
+    from zoo.pruning.surgery import build_segment
 
     synthetic = replace(table, records=dict(table.records))
     overhead = 0.25
@@ -182,7 +182,7 @@ def test_fit_correction_picks_what_helps() -> None:
 def test_correction_falls_back_to_none_on_a_deterministic_synthetic_cost_model(table) -> None:
     """Predictions from a synthetic table (1 ms per conv) against deterministic 'measurements' of the same plans:
     a correction is kept only when it beats the raw prediction on held-out networks by more than the margin."""
-    from zoo.surgery import build_segment
+    from zoo.pruning.surgery import build_segment
 
     synthetic = replace(table, records=dict(table.records))
     stat = lambda ms: {"median_ms": ms, "p10_ms": ms, "min_ms": ms}  # noqa: E731

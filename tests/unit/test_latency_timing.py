@@ -311,9 +311,9 @@ def test_isolated_rounds_divide_the_machines_drift_out_by_the_reference_network(
     put back at the speed that statistic picks from the reference's raw runs: p10 at the fast state (as the entry
     timed alone on a machine that stays fast reports it), the median at the slow one (timed alone, always slow).
     Comparing with those two runs keeps each sleep's overshoot on a loaded machine out of the verdict."""
-    from zoo.capture import Capture
     from zoo.latency.device import timing_context
     from zoo.latency.rounds import Pending, measure_rounds
+    from zoo.pruning.capture import Capture
 
     x = torch.zeros(1)
     settings = TableSettings(min_rounds=20, max_rounds=20, entry_warmup_s=0.0, rel_tol=0.0)

@@ -1,5 +1,5 @@
-"""The package layout: no import cycles (function-level imports included), lower layers never import higher ones,
-and ``import zoo`` stays light."""
+"""The package layout: no import cycles (function-level imports included), every module in a folder that names its
+layer, and the layers in one order: a package never imports one above it."""
 
 from __future__ import annotations
 
@@ -10,23 +10,21 @@ import zoo
 
 PACKAGE = Path(zoo.__file__).parent
 
-# Each module's layer: a module may import its own layer and the ones below, never a higher one.
-LAYERS = [
-    {"errors", "lazy", "files", "signals"},
-    {"registry", "tags", "depth", "features", "fuse", "checkpoint", "quantization", "latency.device",
-     "latency.correction"},
-    {"surgery", "pretrained", "models.retention", "models.mobilenetv2", "models.tresnet", "models.resnetv2",
-     "models.retnet", "models.plainresnet", "models", "search", "latency.cache"},
-    {"capture"},
-    {"factory", "exporting", "latency.measure", "latency.context", "latency.runtime", "latency.settings",
-     "latency.drift", "latency.keys", "latency.rounds", "latency.protocol", "latency.table", "importance"},
-    {"latency.networks", "latency.accuracy", "latency.build", "latency", "training.distributed", "training.state",
-     "training.logger", "training.config", "training.data"},
-    {"training.engine", "training"},
-    {"jobs.runs", "jobs.cli", "jobs.models", "jobs.train", "jobs.prune_results", "jobs.card", "jobs.prune_config",
-     "jobs.baseline", "jobs.plan", "jobs.quantized", "jobs.finetune", "jobs.measure", "jobs.prune", "jobs", "report",
-     "__main__", "latency.__main__"},
-]
+# The layers, bottom up: each is a package of zoo (or, at the bottom, the small shared files at its top). A module may
+# import from its own package and from the packages below it, never from one above.
+PACKAGES = ["shared", "models", "deploy", "pruning", "weights", "latency", "training", "jobs", "cli"]
+SHARED = {"errors", "files", "lazy", "signals"}  # small files at the top of zoo/ that every layer may use
+CLI = {"__main__"}  # python -m zoo: the top
+
+
+def package_of(module: str) -> str:
+    """The layer a module of zoo belongs to: its package, or ``shared``/``cli`` for the files at the top."""
+    head = module.split(".")[0]
+    if head in SHARED:
+        return "shared"
+    if head in CLI:
+        return "cli"
+    return head
 
 
 def module_name(path: Path) -> str:
@@ -86,11 +84,14 @@ def test_there_is_no_import_cycle():
     assert not cycles, cycles
 
 
+def test_every_module_is_in_a_layer_folder():
+    """Every module of zoo/ lives in a package that names its layer, except the small shared files and the CLI."""
+    unplaced = sorted(m for m in graph() if m and package_of(m) not in PACKAGES)
+    assert not unplaced, f"modules outside the layer packages {PACKAGES}: {unplaced}"
+
+
 def test_lower_layers_never_import_higher_ones():
-    layer_of = {m: i for i, layer in enumerate(LAYERS) for m in layer}
-    edges = graph()
-    unplaced = sorted(m for m in edges if m and m not in layer_of)
-    assert not unplaced, f"modules without a layer: {unplaced}"
-    upward = [f"{m} (layer {layer_of[m]}) imports {t} (layer {layer_of[t]})" for m, targets in edges.items() if m
-              for t in targets if t in layer_of and layer_of[t] > layer_of[m]]
+    rank = {name: i for i, name in enumerate(PACKAGES)}
+    upward = [f"{m} ({package_of(m)}) imports {t} ({package_of(t)})" for m, targets in graph().items() if m
+              for t in targets if t and package_of(t) in rank and rank[package_of(t)] > rank[package_of(m)]]
     assert not upward, upward

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.registry import CAPABILITIES, TASKS, register_family
+from zoo.models.registry import CAPABILITIES, TASKS, register_family
 
 
 def test_every_registered_model_belongs_to_a_declared_family():
@@ -47,7 +47,7 @@ def test_depth_units_follow_from_the_declaration():
 
 def test_table_search_surgery_and_checkpoint(tmp_path):
     from zoo.latency import TableSettings, build_table
-    from zoo.search import Choice, dp_search
+    from zoo.pruning.search import Choice, dp_search
 
     from ..helpers import randomise_norm_stats
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import zoo
-from zoo import surgery
-from zoo.importance import PlanLoss, calibration_loss
+from zoo.pruning import surgery
+from zoo.pruning.importance import PlanLoss, calibration_loss
 
 from ..helpers import example_batch, small_model
 
@@ -60,7 +60,7 @@ def test_tempered_loss_is_the_loss_at_the_best_temperature_whatever_the_logit_sc
     many-fold. A language model's is its plain loss (its metric)."""
     from scipy.optimize import minimize_scalar
 
-    from zoo.importance import TEMPERATURES, task_loss
+    from zoo.pruning.importance import TEMPERATURES, task_loss
 
     torch.manual_seed(0)
     logits = torch.randn(64, 10) * 3
@@ -85,7 +85,7 @@ def test_tempered_loss_is_the_loss_at_the_best_temperature_whatever_the_logit_sc
 def test_tempered_damages_are_tempered_loss_increases():
     """score_variants('tempered') is each variant's tempered loss less the baseline's; a MobileNetV2 activation
     removal scores at its best temperature too."""
-    from zoo.importance import score_variants
+    from zoo.pruning.importance import score_variants
 
     torch.manual_seed(0)
     model = zoo.create_model("mobilenetv2_035", num_classes=10).eval()
@@ -109,7 +109,7 @@ def test_plan_loss_names_a_unit_outside_every_segment():
 def test_plan_recovery_trains_the_linearised_plan_then_scores_the_calibration_batches():
     """With no steps it is the loss of the linearised, unmerged plan; with steps it trains on the training batches
     only (the calibration batches are untouched), always to the same score, and leaves the model unchanged."""
-    from zoo.importance import PlanRecovery
+    from zoo.pruning.importance import PlanRecovery
 
     torch.manual_seed(0)
     model = zoo.create_model("mobilenetv2_035", num_classes=10).eval()

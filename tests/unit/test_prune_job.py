@@ -73,8 +73,8 @@ def test_measured_target_loop_searches_again_for_the_miss(digits_prune, monkeypa
     from benchmarks.prune_speedup import compose
     from zoo.jobs import plan as planning
     from zoo.jobs.baseline import load_or_train_baseline
-    from zoo.jobs.measure import build_job_table
-    from zoo.jobs.models import to_container
+    from zoo.jobs.final_timing import build_job_table
+    from zoo.jobs.model_spec import to_container
     from zoo.jobs.runs import with_inputs
     from zoo.training import build_loaders
 
@@ -109,8 +109,8 @@ def test_a_target_just_beyond_the_tables_ceiling_gets_the_fastest_plan(digits_pr
     from zoo.errors import BudgetError
     from zoo.jobs import plan as planning
     from zoo.jobs.baseline import load_or_train_baseline
-    from zoo.jobs.measure import build_job_table
-    from zoo.jobs.models import to_container
+    from zoo.jobs.final_timing import build_job_table
+    from zoo.jobs.model_spec import to_container
     from zoo.jobs.runs import with_inputs
     from zoo.training import build_loaders
 
@@ -144,8 +144,8 @@ def test_prune_quality_brackets_a_target_every_tried_plan_misses(digits_prune, m
     from benchmarks.prune_speedup import compose
     from zoo.jobs import plan as planning
     from zoo.jobs.baseline import load_or_train_baseline
-    from zoo.jobs.measure import build_job_table
-    from zoo.jobs.models import to_container
+    from zoo.jobs.final_timing import build_job_table
+    from zoo.jobs.model_spec import to_container
     from zoo.jobs.runs import with_inputs
     from zoo.training import build_loaders
 
@@ -161,7 +161,7 @@ def test_prune_quality_brackets_a_target_every_tried_plan_misses(digits_prune, m
     monkeypatch.setattr(planning, "measured_speedup", lambda table, baseline, plan, settings: (10.0,
                         factor * speedup(plan)))
     plan, result = planning.choose_plan(cfg, table, options)  # predicted >= 1.5: measured 6 % off
-    first = planning.Correction(1.5, speedup(plan), factor * speedup(plan), 1.5, plan, result)
+    first = planning.TargetAttempt(1.5, speedup(plan), factor * speedup(plan), 1.5, plan, result)
     if abs(first.miss) <= TOLERANCE or (first.miss > 0) != (factor > 1):
         pytest.skip("the tiny table's plan landed at the target: nothing to bracket")
     added = bracketing(cfg, table, options, {}, baseline, [first])
@@ -174,7 +174,7 @@ def test_prune_quality_brackets_a_target_every_tried_plan_misses(digits_prune, m
     assert chosen["at_target"] or len(added) == BRACKET_TIMINGS
     on_first_side = [abs(m / 1.5 - 1) > TOLERANCE and (m > 1.5) == (factor > 1) for m in measured]
     assert all(on_first_side[:-1]) and (not on_first_side[-1] or len(added) == BRACKET_TIMINGS)
-    on_target = planning.Correction(1.5, 1.45, 1.5, 1.5, plan, result)
+    on_target = planning.TargetAttempt(1.5, 1.45, 1.5, 1.5, plan, result)
     assert bracketing(cfg, table, options, {}, baseline, [on_target]) == []
 
 

@@ -14,7 +14,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 import zoo
-from zoo.tags import EVAL_KEYS, UnknownTagError, pretrained_cfg, resolve_tag
+from zoo.weights.tags import EVAL_KEYS, UnknownTagError, pretrained_cfg, resolve_tag
 
 from ..helpers import ROOT, models_with, put_in_hf_cache
 
@@ -71,7 +71,7 @@ def timm_pipeline_predictions(model: torch.nn.Module, val_root: Path) -> tuple[t
 def test_every_timm_tag_is_known_with_its_eval_config(arch):
     published = [t for t in timm.list_pretrained(f"{arch}.*")
                  if timm.models.get_pretrained_cfg(t).hf_hub_id]
-    assert sorted(f"{arch}.{t}" for t in zoo.tags.tag_cfgs(arch)) == sorted(published)
+    assert sorted(f"{arch}.{t}" for t in zoo.weights.tags.tag_cfgs(arch)) == sorted(published)
     for full in published:
         ours = pretrained_cfg(*full.split("."))
         theirs = timm.models.get_pretrained_cfg(full).to_dict()
@@ -182,7 +182,7 @@ IMAGENET_EXPERIMENTS = {"imagenet_mobilenetv2_100": ("mobilenetv2_100", "ra_in1k
 def test_imagenet_experiments_compose_to_the_published_setup(experiment, tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from zoo.jobs.models import weights_arg
+    from zoo.jobs.model_spec import weights_arg
     from zoo.jobs.prune_config import PruneConfig, register_configs, validate_prune
     from zoo.training.config import validate
 
@@ -210,7 +210,7 @@ def test_imagenet_experiments_compose_to_the_published_setup(experiment, tmp_pat
 def test_the_eval_config_follows_the_weights_tag(tmp_path, offline_hub):
     from omegaconf import OmegaConf
 
-    from zoo.jobs.models import data_model_cfg
+    from zoo.jobs.model_spec import data_model_cfg
 
     tagged = zoo.create_model("resnetv2_50x1_bit.goog_in21k_ft_in1k", num_classes=10)
     ckpt = zoo.save_checkpoint(tagged, tmp_path / "bit.safetensors")
@@ -248,9 +248,9 @@ def test_a_folder_of_several_checkpoints_is_ambiguous(tmp_path):
 
 def test_missing_local_paths_are_not_hub_ids():
     with pytest.raises(zoo.WeightsError, match="Weight file or folder /nonexistent/dir does not exist"):
-        zoo.pretrained.check_source("/nonexistent/dir")
-    assert zoo.pretrained.is_local("./weights/x") and zoo.pretrained.is_local("~/x")
-    assert not zoo.pretrained.is_local("timm/mobilenetv2_050.lamb_in1k")
+        zoo.weights.pretrained.check_source("/nonexistent/dir")
+    assert zoo.weights.pretrained.is_local("./weights/x") and zoo.weights.pretrained.is_local("~/x")
+    assert not zoo.weights.pretrained.is_local("timm/mobilenetv2_050.lamb_in1k")
 
 
 def test_the_mismatch_hint_never_names_the_model_in_use(tmp_path):
@@ -267,8 +267,8 @@ def test_caches_see_what_the_config_does_not(tmp_path):
     """The baseline-evaluation key sees the validation split's contents; the weights digest sees model options."""
     from omegaconf import OmegaConf
 
-    from zoo.importance import weights_digest
     from zoo.jobs.baseline import split_digest
+    from zoo.pruning.importance import weights_digest
     from zoo.training import build_loaders
 
     corpus = tmp_path / "corpus.txt"

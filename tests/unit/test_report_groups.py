@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zoo.report import make_report, pareto_figure, summarize
+from zoo.jobs.sweep_report import make_report, pareto_figure, summarize
 
 
 def write_job(root: Path, name: str, group: str, seed: int, search: str, ms: float, acc: float) -> None:
@@ -65,7 +65,7 @@ def test_jobs_without_a_group_stay_separate(tmp_path):
 def test_the_report_draws_the_measured_pareto_front(tmp_path):
     """Five configs (one job each): (ms, acc) = (4, 70) (5, 80) (6, 75) (7, 85) (8, 85). The front, fastest first, is
     the configs no other beats on both: 4/70, 5/80, 7/85 (6/75 is beaten by 5/80, 8/85 by 7/85)."""
-    from zoo.report import pareto_front
+    from zoo.jobs.sweep_report import pareto_front
 
     points = [(4.0, 70.0), (5.0, 80.0), (6.0, 75.0), (7.0, 85.0), (8.0, 85.0)]
     for i, (ms, acc) in enumerate(points):

@@ -13,13 +13,13 @@ import pytest
 import torch
 from torch import nn
 
-from zoo.capture import Capture
 from zoo.errors import ZooError
 from zoo.latency import TableSettings, build_table
 from zoo.latency.build import STATS, fixed_from_whole, record_cost
 from zoo.latency.device import timing_context
 from zoo.latency.rounds import Pending, measure_rounds
 from zoo.latency.runtime import RuntimeCall, RuntimeFailure, check_runtime, in_runtime, tensorrt_backend
+from zoo.pruning.capture import Capture
 
 from ..helpers import TINY_PRUNE, prune_in_process
 
@@ -118,7 +118,7 @@ def test_the_compile_int8_runtime_runs_inductors_int8_program():
     """compile_int8: torchao's PT2E quantisation compiled by inductor; its outputs are the quantised program's
     (eager, the same rounding), close to the float module's but not equal."""
     pytest.importorskip("torchao")
-    from zoo.quantization import quantize_pt2e
+    from zoo.deploy.quantization import quantize_pt2e
 
     torch.manual_seed(0)
     conv = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
@@ -265,8 +265,8 @@ def test_int8_keeps_group_norm_float(tmp_path, scheme):
 def test_the_tensorrt_int8_runtime_runs_the_symmetric_qdq_file():
     """tensorrt_int8 on a GPU: the engine computes what the TensorRT-form QDQ file computes (onnxruntime on the CPU),
     within INT8 rounding, and differs from float."""
+    from zoo.deploy.quantization import quantize_int8
     from zoo.latency.runtime import onnx_bytes, tensorrt_int8_backend
-    from zoo.quantization import quantize_int8
 
     if tensorrt_int8_backend() is None:
         pytest.skip("no TensorRT here")
@@ -302,7 +302,7 @@ def test_qat_simulates_the_int8_model_onnxruntime_writes(tmp_path, scheme):
     from onnx import numpy_helper
 
     import zoo
-    from zoo.quantization import QuantizationError, prepare_qat, strip_qat
+    from zoo.deploy.quantization import QuantizationError, prepare_qat, strip_qat
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2, padding=1),

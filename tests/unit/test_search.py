@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from zoo.search import BudgetError, Choice, dp_search, greedy_search, random_search
+from zoo.pruning.search import BudgetError, Choice, dp_search, greedy_search, random_search
 
 
 def random_instance(rng: random.Random, segments: int, integer: bool) -> list[list[Choice]]:
@@ -99,7 +99,7 @@ def whole_options(latencies):
 def test_sleb_rescores_after_every_removal():
     """Hand-computed: alone, s1 hurts least (1.2) then s2 (1.3); once s1 is gone, s0 hurts less (1.4) than s2 (1.9).
     SLEB removes s1 then s0; scoring once (the sum of single losses) would have taken s1 and s2."""
-    from zoo.search import sleb_search
+    from zoo.pruning.search import sleb_search
 
     losses = {frozenset({"s0"}): 1.5, frozenset({"s1"}): 1.2, frozenset({"s2"}): 1.3,
               frozenset({"s0", "s1"}): 1.4, frozenset({"s1", "s2"}): 1.9}
@@ -118,7 +118,7 @@ def test_sleb_rescores_after_every_removal():
 def test_angular_search_takes_the_closest_run_of_the_shortest_length():
     """Hand-computed: the budget (2 of 4 ms) needs a run of 2; of the runs (0,1), (1,2), (2,3) at distances 0.3,
     0.1, 0.2 it takes (1,2). With s2 not removable, only (0,1) is contiguous."""
-    from zoo.search import angular_search
+    from zoo.pruning.search import angular_search
 
     options = whole_options([1.0, 1.0, 1.0, 1.0])
     distances = {(0, 1): 0.3, (1, 2): 0.1, (2, 3): 0.2, (0, 0): 0.5, (1, 1): 0.5, (2, 2): 0.5, (3, 3): 0.5}
@@ -137,7 +137,7 @@ def test_angular_search_takes_the_closest_run_of_the_shortest_length():
 
 @pytest.mark.parametrize("seed", range(60))
 def test_kbest_dp_returns_the_k_best_plans_of_brute_force(seed):
-    from zoo.search import kbest_dp
+    from zoo.pruning.search import kbest_dp
 
     rng = random.Random(1000 + seed)
     options = random_instance(rng, rng.randint(1, 6), integer=True)
@@ -155,7 +155,7 @@ def test_kbest_dp_returns_the_k_best_plans_of_brute_force(seed):
 
 def test_reverse_removes_whole_segments_from_the_last_one_back():
     """Hand-computed: 4 segments of 1 ms, budget 2 ms, s2 cannot be removed: reverse takes s3, skips s2, takes s1."""
-    from zoo.search import reverse_search
+    from zoo.pruning.search import reverse_search
 
     options = whole_options([1.0, 1.0, 1.0, 1.0])
     result = reverse_search(options, 2.0, [1, 1, None, 1])
@@ -168,7 +168,7 @@ def test_interaction_search_takes_the_plan_the_additive_surrogate_misses():
     """Hand-computed: three 1-ms segments, budget 1 ms, so two must go. Alone, s0 hurts 0.1, s1 0.2, s2 0.3, so the
     additive DP removes s0 and s1 (0.3); but together s0 and s1 raise the loss by 5.0, s0 and s2 by 0.5, s1 and s2 by
     0.6. The interaction-aware search scores whole plans and removes s0 and s2; its damage is that real increase."""
-    from zoo.search import interaction_search
+    from zoo.pruning.search import interaction_search
 
     options = [[Choice(frozenset(), 1.0, 0.0), Choice(frozenset({f"s{i}"}), 0.0, d)]
                for i, d in enumerate((0.1, 0.2, 0.3))]
@@ -187,7 +187,7 @@ def test_polishing_reaches_a_plan_no_start_proposes():
     """Hand-computed: four 1-ms segments, budget 2 ms. Every start (the DP's k=1 best, greedy's) removes s0 and s1
     (alone the least harmful), real increase 3.0. Around that plan, restoring s1 and removing s3 instead scores 0.4
     (conditionally: s1 back -1.0, s3 out -1.4), so polishing moves to {s0, s3} (real 1.2)."""
-    from zoo.search import interaction_search
+    from zoo.pruning.search import interaction_search
 
     options = [[Choice(frozenset(), 1.0, 0.0), Choice(frozenset({f"s{i}"}), 0.0, d)]
                for i, d in enumerate((0.1, 0.2, 0.5, 0.6))]
@@ -206,7 +206,7 @@ def test_polishing_reaches_a_plan_no_start_proposes():
 def test_interaction_search_is_never_worse_than_its_starts(seed):
     """On random instances with a random non-additive loss: within the budget, and no worse by real loss than the DP,
     greedy, SLEB and reverse plans it starts from; with every plan scored, it matches brute force on tiny ones."""
-    from zoo.search import interaction_search, reverse_search, sleb_search
+    from zoo.pruning.search import interaction_search, reverse_search, sleb_search
 
     rng = random.Random(500 + seed)
     options = random_instance(rng, rng.randint(2, 5), integer=True)
@@ -242,7 +242,7 @@ def test_recovery_judges_the_finalists():
     """Hand-computed, the example above: one-shot, {s0, s2} is best (real 1.5 against 6.0 for the DP's {s0, s1}); after
     recovery {s0, s1} is best (0.2 against 0.9), so with `recovered_of` the search returns the DP's plan, its damage
     still the one-shot increase (5.0) and `recovered` the score it was chosen by."""
-    from zoo.search import interaction_search
+    from zoo.pruning.search import interaction_search
 
     options = [[Choice(frozenset(), 1.0, 0.0), Choice(frozenset({f"s{i}"}), 0.0, d)]
                for i, d in enumerate((0.1, 0.2, 0.3))]
@@ -268,7 +268,7 @@ def test_rules_start_from_the_slowest_kept_variant_when_the_intact_one_is_left_o
     and 'gone' (0 ms). Every rule starts from the slowest kept variant and meets the budget; the real loss increase
     is against the intact network. Hand-computed: budget 1.6 ms of 2.6 ms; s0 merged + s1 gone (0.6 ms, damage 0.1 +
     0.5) is the best plan."""
-    from zoo.search import search
+    from zoo.pruning.search import search
 
     options = [[Choice(frozenset({"s0.act"}), 0.6, 0.1), Choice(frozenset({"s0"}), 0.0, 2.0)],
                [Choice(frozenset(), 1.0, 0.0), Choice(frozenset({"s1"}), 0.0, 0.5)],

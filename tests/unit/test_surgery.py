@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import zoo
-from zoo import surgery
-from zoo.surgery import compose_convs
+from zoo.pruning import surgery
+from zoo.pruning.surgery import compose_convs
 
 from ..helpers import max_rel_diff, randomise_norm_stats, small_model
 

@@ -12,7 +12,7 @@ from filelock import FileLock
 from torch import nn
 
 from ..errors import ZooError
-from ..importance import weights_digest
+from ..pruning.importance import weights_digest
 
 _log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def train_baseline(cfg: Any, data: Any, config: dict, directory: Path) -> Path:
     from ..files import file_digest, write_sealed_json
     from ..training import fit, seed_everything
     from ..training import state as ckpt
-    from .models import build_model
+    from .model_spec import build_model
     from .runs import OUTPUTS, check_reuse, clear_outputs, fingerprint, write_record
 
     own = baseline_config(config)
@@ -113,7 +113,7 @@ def load_or_train_baseline(cfg: Any, data: Any, config: dict) -> tuple[nn.Module
     """
     from .. import load
     from ..training import distributed as dist_utils
-    from .models import build_model, weights_arg
+    from .model_spec import build_model, weights_arg
 
     if cfg.checkpoint:
         model = build_model(cfg.model, data, pretrained=weights_arg(cfg.checkpoint))

@@ -19,7 +19,7 @@ METRICS = {"val/acc1": ("accuracy", "top-1 accuracy (%)"), "val/acc5": ("accurac
 def base_model(results: dict[str, Any]) -> str | None:
     """The Hugging Face id of the weights pruning started from (a timm tag's hub id, or a hub id given as the
     checkpoint), or None when the baseline is a local file or was trained by depthzoo."""
-    from ..tags import pretrained_cfg
+    from ..weights.tags import pretrained_cfg
 
     if results.get("tag"):
         hub = pretrained_cfg(results["model"], results["tag"]).get("hf_hub_id") or ""

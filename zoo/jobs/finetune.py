@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from .. import surgery
+from ..pruning import surgery
 from ..training.engine import Callback
 
 _log = logging.getLogger(__name__)
@@ -81,8 +81,8 @@ def qat_finetune(cfg: Any, baseline: nn.Module, pruned: nn.Module, data: Any, lo
     with the INT8 rounding simulated (what the training saw)."""
     from omegaconf import OmegaConf
 
-    from ..fuse import fuse
-    from ..quantization import prepare_qat, strip_qat
+    from ..deploy.fuse import fuse
+    from ..deploy.quantization import prepare_qat, strip_qat
     from ..training import distributed as dist_utils
     from ..training import evaluate, fit, seed_everything
     from ..training.logger import PrefixedLogger

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import surgery
 from ..errors import ZooError
-from ..importance import (
+from ..pruning import surgery
+from ..pruning.importance import (
     PlanLoss,
     PlanRecovery,
     angular_distance,
@@ -26,8 +26,8 @@ from ..importance import (
     unit_io,
     weights_digest,
 )
-from ..search import SEARCHES, WHOLE_SEGMENT_SEARCHES, BudgetError, Choice, fastest_plan, search
-from .measure import measure_side_by_side
+from ..pruning.search import SEARCHES, WHOLE_SEGMENT_SEARCHES, BudgetError, Choice, fastest_plan, search
+from .final_timing import measure_side_by_side
 from .prune_config import measure_settings, read_plan_file
 
 _log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ def model_search_inputs(cfg: Any, baseline: nn.Module, table: Any, data: Any, op
                         ) -> dict[str, Any]:
     """What the configured search scores with besides the table's damages, on the importance calibration batches:
     each segment's whole-removal variant (``whole``), the calibration loss of the baseline without a set of units
-    (``loss_of``, a :class:`zoo.importance.PlanLoss`) or the angular distance between a run's input and output
+    (``loss_of``, a :class:`zoo.pruning.importance.PlanLoss`) or the angular distance between a run's input and output
     (``distance_of``). Only the inputs the search needs are computed."""
     needs = SEARCHES[cfg.prune.search].needs
     inputs: dict[str, Any] = {}
@@ -213,7 +213,7 @@ def choose_plan(cfg: Any, table: Any, options: list[list[Choice]], model_inputs:
 
 
 @dataclass
-class Correction:
+class TargetAttempt:
     """One plan of the measured-target loop: the speed-up it was searched for (predicted), its predicted and measured
     speed-ups, and how far the measurement is from the wanted speed-up (relative)."""
 
@@ -248,7 +248,7 @@ def measured_speedup(table: Any, baseline: nn.Module, plan: dict[str, Any], sett
 
 
 def corrected_plan(cfg: Any, table: Any, options: list[list[Choice]], model_inputs: dict[str, Any],
-                   baseline: nn.Module, plan: dict[str, Any], result: Any) -> tuple[Correction, list[Correction]]:
+                   baseline: nn.Module, plan: dict[str, Any], result: Any) -> tuple[TargetAttempt, list[TargetAttempt]]:
     """Keep the target as measured: the plan is timed beside the baseline; while its measured speed-up misses the
     wanted one (``prune.target_speedup``, or the measured baseline over ``prune.target_latency_ms``) by more than
     half of ``prune.target_tolerance``, the search runs again for a predicted speed-up scaled by the miss, at most
@@ -258,11 +258,11 @@ def corrected_plan(cfg: Any, table: Any, options: list[list[Choice]], model_inpu
     result, at the cost of one timing per plan tried (weights do not change latency, so plans are timed unpruned)."""
     settings = measure_settings(cfg.prune)
     searched_for = predicted_speedup(table, plan)
-    tried: list[Correction] = []
+    tried: list[TargetAttempt] = []
     while True:
         base_ms, measured = measured_speedup(table, baseline, plan, settings)
         wanted = cfg.prune.target_speedup if not cfg.prune.target_latency_ms else base_ms / cfg.prune.target_latency_ms
-        tried.append(Correction(searched_for, predicted_speedup(table, plan), measured, wanted, plan, result))
+        tried.append(TargetAttempt(searched_for, predicted_speedup(table, plan), measured, wanted, plan, result))
         _log.info("plan for %.3fx predicted: %.3fx measured (wanted %.3fx, %+.1f %%)", searched_for,
                   measured, wanted, 100 * tried[-1].miss)
         if abs(tried[-1].miss) <= cfg.prune.target_tolerance / 2 or len(tried) > cfg.prune.target_corrections:

@@ -17,13 +17,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import save_checkpoint
 from ..errors import ZooError
 from ..files import write_json
 from ..latency.accuracy import correct
+from ..weights.checkpoint import save_checkpoint
 from .baseline import evaluate_baseline, load_or_train_baseline
+from .final_timing import build_job_table, export_pruned, measure_side_by_side, report_runtimes
 from .finetune import finetune, qat_finetune
-from .measure import build_job_table, export_pruned, measure_side_by_side, report_runtimes
 from .plan import (
     build_options,
     choose_plan,
@@ -60,7 +60,7 @@ def run(cfg: Any) -> dict[str, Any]:
     from ..training import distributed as dist_utils
     from ..training.config import validate
     from .cli import new_dir_hint, run_files
-    from .models import to_container
+    from .model_spec import to_container
     from .runs import claimed_by_main, fingerprint, with_inputs
 
     dist = dist_utils.setup()
@@ -113,7 +113,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
     from ..training import build_loaders, create_logger, seed_everything
     from ..training import distributed as dist_utils
     from .cli import hydra_context
-    from .models import data_model_cfg
+    from .model_spec import data_model_cfg
     from .runs import SEED_KEYS, fingerprint, flatten, study_group
 
     dist = dist_utils.info()
@@ -221,7 +221,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
 def baseline_file(source: Any, baseline: Any, output_dir: Path) -> Path:
     """The baseline's weight file, or (for weights from a hub or a folder) ``baseline_source.json`` naming the source
     and the weights' digest: what the W&B lineage records as the baseline."""
-    from ..importance import weights_digest
+    from ..pruning.importance import weights_digest
 
     if Path(str(source)).is_file():
         return Path(str(source))
@@ -231,7 +231,7 @@ def baseline_file(source: Any, baseline: Any, output_dir: Path) -> Path:
 
 def write_cards(cfg: Any, results: dict[str, Any], output_dir: Path) -> Path:
     """The model card (``README.md``) beside ``pruned.safetensors``, and in the ``hf/`` folder of an hf export."""
-    from ..registry import get_entry
+    from ..models.registry import get_entry
     from .card import write_model_card
     from .cli import hydra_context
 

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from ..errors import ZooError
-from ..importance import SCORES
-from ..search import SEARCHES
+from ..pruning.importance import SCORES
+from ..pruning.search import SEARCHES
 from ..training.config import TrainConfig
 
 
@@ -135,7 +135,7 @@ def objective_values(results: dict[str, Any], objectives: list[str]) -> float | 
 def validate_prune(cfg: Any) -> None:
     """Checks before any long work: budget, choices, ranges, device, the files it names (raises ZooError)."""
     from ..latency.device import resolve_device, resolve_dtype
-    from ..registry import get_entry, model_class
+    from ..models.registry import get_entry, model_class
     from ..training.config import check_ranges, check_writable
 
     p = cfg.prune
@@ -165,7 +165,7 @@ def validate_prune(cfg: Any) -> None:
         raise ZooError(f"prune.workload=decode needs a recurrent language model; model={cfg.model.name} has no "
                        "recurrent state. Use prune.workload=forward.")
     if p.export is not None:
-        from ..exporting import FORMATS, _require
+        from ..deploy.export import FORMATS, _require
 
         if p.export not in FORMATS:
             raise ZooError(f"prune.export={p.export!r}; allowed: null, {', '.join(FORMATS)}.")
@@ -232,7 +232,7 @@ def reported_runtimes(p: Any) -> list[str]:
 def check_quantize(p: Any) -> None:
     """``prune.quantize``: int8, in a runtime with an INT8 path (onnxruntime's static QDQ or torch.compile with PT2E on
     the CPU, TensorRT's explicit quantisation on a GPU)."""
-    from ..quantization import QUANTIZE, QuantizationError, check_pt2e_available, check_quantization_available
+    from ..deploy.quantization import QUANTIZE, QuantizationError, check_pt2e_available, check_quantization_available
 
     if p.quantize not in QUANTIZE:
         raise ZooError(f"prune.quantize={p.quantize!r}; allowed: null, {', '.join(QUANTIZE)}.")
@@ -258,11 +258,11 @@ def int8_format(p: Any) -> tuple[str, str | None]:
 def check_baseline_source(cfg: Any) -> None:
     """``checkpoint=`` names weights: a depthzoo checkpoint of this model, a timm-format file, a hub id or true (the
     tag's weights). Checked before any work; a hub id is resolved when the baseline is built."""
-    from ..checkpoint import read_checkpoint_meta
-    from ..pretrained import WEIGHT_SUFFIXES, check_source, is_local
-    from ..tags import resolve_tag
     from ..training import state as ckpt
-    from .models import weights_arg
+    from ..weights.checkpoint import read_checkpoint_meta
+    from ..weights.pretrained import WEIGHT_SUFFIXES, check_source, is_local
+    from ..weights.tags import resolve_tag
+    from .model_spec import weights_arg
 
     source = weights_arg(cfg.checkpoint)
     if source is True:
@@ -317,7 +317,7 @@ def measure_settings(p: Any) -> Any:
 def read_plan_file(path: str | Path) -> dict[str, Any]:
     """A plan from a JSON file, checked for its form (not yet against a model); raises PlanError."""
     from ..errors import PlanError
-    from ..surgery import _validate_plan
+    from ..pruning.surgery import _validate_plan
 
     example = '{"remove": ["blocks.2.1"], "merge": true}'
     try:

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from ..search import pareto_front
+from ..pruning.search import pareto_front
 
 
 def count_params(model: nn.Module) -> int:

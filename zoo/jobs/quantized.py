@@ -20,8 +20,8 @@ def int8_quality(cfg: Any, networks: dict[str, nn.Module], data: Any, output_dir
     ``pruned_int8.onnx`` (``pruned_int8.pt2``, a PT2E program, with ``prune.runtime=compile``)."""
     import tempfile
 
-    from ..exporting import export
-    from ..fuse import fuse
+    from ..deploy.export import export
+    from ..deploy.fuse import fuse
     from ..training import evaluate
     from .plan import calibration_batches
     from .prune_config import int8_format
@@ -57,7 +57,7 @@ METHODS = {"onnxruntime": "onnxruntime static QDQ, per-channel weights (int8), p
 def int8_module(path: Path) -> nn.Module:
     """A written INT8 network, callable for evaluation: an ONNX file in onnxruntime, or a PT2E program (eager: the
     rounding inductor's kernels compute)."""
-    from ..exporting import OnnxModule
+    from ..deploy.export import OnnxModule
 
     if path.suffix == ".onnx":
         return OnnxModule(path)

@@ -19,7 +19,7 @@ from ..training import state as ckpt
 from ..training.config import validate
 from ..training.data import DataBundle, build_loaders
 from ..training.engine import FitResult, fit, seed_everything
-from .models import build_model, data_model_cfg, to_container
+from .model_spec import build_model, data_model_cfg, to_container
 
 _log = logging.getLogger(__name__)
 

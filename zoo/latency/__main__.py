@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     try:
-        from ..registry import load_plugins
+        from ..models.registry import load_plugins
 
         load_plugins()
         run(parse_args(argv))

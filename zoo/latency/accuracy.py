@@ -1,6 +1,6 @@
 """How well a table predicts measured end-to-end latency, and a correction where one helps.
 
-:func:`prediction_error` times the original network and pruned networks (:func:`zoo.surgery.apply_plan`, merged)
+:func:`prediction_error` times the original network and pruned networks (:func:`zoo.pruning.surgery.apply_plan`, merged)
 in interleaved rounds (A B C ... A' ... each round, :func:`~zoo.latency.networks.time_networks`), with the table's
 device, dtype, layout, thread count and runtime. The original runs twice (A and A'); their relative difference is
 the **noise floor**: a prediction error below it cannot be told from measurement noise. :func:`correct` does this
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..surgery import Segment
+from ..pruning.surgery import Segment
 from .correction import Correction, fit_correction
 from .measure import Bench
 from .networks import pruned_network, time_networks

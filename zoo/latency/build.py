@@ -26,9 +26,9 @@ import torch
 from filelock import Timeout
 from torch import nn
 
-from ..capture import Capture, capture_segments, describe, replay_model
 from ..errors import ZooError
-from ..surgery import Segment, build_segment, segments
+from ..pruning.capture import Capture, capture_segments, describe, replay_model
+from ..pruning.surgery import Segment, build_segment, segments
 from .cache import LatencyCache, LatencyCacheWarning, device_lock
 from .context import context_overhead_record, measure_in_context
 from .device import resolve_device, resolve_dtype, timing_context
@@ -227,7 +227,7 @@ def build_table(
     check_clock(settings.clock, dev, settings.threads)
     check_runtime(settings.runtime, dev, torch_dtype)
     if isinstance(model, str):
-        from ..factory import create_model
+        from ..weights.create import create_model
 
         model = create_model(model)
     else:

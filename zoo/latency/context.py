@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..surgery import Segment, build_segment
+from ..pruning.surgery import Segment, build_segment
 from .drift import estimator_runs, speed_levels, speeds_from_others
 from .measure import Bench, measured_form, prepare, robust_summary, time_rounds
 from .settings import ESTIMATORS, TableSettings

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..capture import Capture, describe
-from ..depth import module_signature
+from ..models.depth import module_signature
+from ..pruning.capture import Capture, describe
 from .device import device_name, dtype_name, host_allocator
 from .runtime import runtime_version
 from .settings import TableSettings

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..fuse import fuse
+from ..deploy.fuse import fuse
 from .cache import device_lock
 from .device import device_name, dtype_name, resolve_device, resolve_dtype, synchronize, timing_context
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..surgery import apply_plan
+from ..pruning.surgery import apply_plan
 from .cache import device_lock
 from .device import resolve_dtype, timing_context
 from .measure import Bench, measured_form, prepare, time_rounds

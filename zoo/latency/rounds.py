@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..capture import Capture
+from ..pruning.capture import Capture
 from .drift import speed_levels, speeds_from_others
 from .measure import Bench, call_peak_memory, robust_summary, time_rounds
 from .runtime import in_runtime

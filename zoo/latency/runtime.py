@@ -9,15 +9,17 @@
   InferenceSession: the CPU execution provider on the CPU (``threads`` intra-op threads, sequential), the CUDA one on
   a GPU, on PyTorch's current stream through I/O binding.
 * ``onnxruntime_int8`` (CPU): as ``onnxruntime``, with the exported module quantised to INT8 first
-  (:func:`zoo.quantization.quantize_int8`: static QDQ, per-channel weights, ranges from the module's own inputs): the
+  (:func:`zoo.deploy.quantization.quantize_int8`: static QDQ, per-channel weights, ranges from the module's own
+  inputs): the
   latency of the network you ship quantised. INT8 on a GPU is ``tensorrt_int8``'s.
 * ``compile_int8`` (CPU): as ``compile``, with the module quantised to INT8 first by torchao's PT2E flow
-  (:func:`zoo.quantization.quantize_pt2e`: X86InductorQuantizer, ranges from the module's own inputs), which
+  (:func:`zoo.deploy.quantization.quantize_pt2e`: X86InductorQuantizer, ranges from the module's own inputs), which
   inductor lowers to INT8 kernels (oneDNN). Needs torchao.
 * ``tensorrt`` (CUDA only): torch-tensorrt when it is installed, else TensorRT's Python API building the ONNX export,
   else onnxruntime's TensorRT execution provider.
 * ``tensorrt_int8`` (CUDA only): TensorRT's explicit quantisation. The exported module is quantised to INT8 QDQ in
-  TensorRT's form (:func:`zoo.quantization.quantize_int8` with ``scheme="tensorrt"``: symmetric, zero points 0, ranges
+  TensorRT's form (:func:`zoo.deploy.quantization.quantize_int8` with ``scheme="tensorrt"``: symmetric, zero points 0,
+  ranges
   from the module's own inputs), then built by TensorRT's ONNX parser into an engine whose precisions the Q/DQ pairs
   set (a strongly typed network where TensorRT has them, else the INT8 builder flag), run on a CUDA stream of its own
   ordered after and before PyTorch's current one; without the ``tensorrt`` package, by onnxruntime's TensorRT
@@ -98,7 +100,7 @@ def check_runtime(runtime: str, device: torch.device, dtype: torch.dtype = torch
         raise RuntimeFailure(f"runtime=onnxruntime_int8 times INT8 models on the CPU (device is {device}); INT8 on a "
                              f"GPU is TensorRT's: runtime=tensorrt_int8 (prune.runtime=tensorrt), or prune.device=cpu.")
     if runtime == "compile_int8":
-        from ..quantization import PT2E_INSTALL
+        from ..deploy.quantization import PT2E_INSTALL
 
         if device.type != "cpu" or dtype != torch.float32:
             raise RuntimeFailure(f"runtime=compile_int8 times INT8 models that inductor builds for the CPU from "
@@ -230,7 +232,7 @@ def _compiled(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], what: s
     bound = _Bound(module, args, kwargs)
     tensors = tensor_args(args, kwargs)
     if int8:
-        from ..quantization import QuantizationError, quantize_pt2e
+        from ..deploy.quantization import QuantizationError, quantize_pt2e
 
         try:
             with _quiet():
@@ -305,7 +307,7 @@ def _ort_session(model: bytes, providers: list[Any], threads: int, what: str) ->
 def _onnx_model(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], what: str,
                 int8_scheme: str | None = None) -> bytes:
     """`module` exported to ONNX, and with an `int8_scheme` quantised to INT8 QDQ in that form on its own inputs."""
-    from ..quantization import QuantizationError, quantize_int8
+    from ..deploy.quantization import QuantizationError, quantize_int8
 
     model, _ = onnx_bytes(module, args, kwargs, what)
     if int8_scheme is None:
@@ -391,7 +393,7 @@ def _tensorrt_engine(model: bytes, tensors: list[torch.Tensor], device: torch.de
     else the builder flags its types need (TensorRT 8)."""
     import tensorrt as trt
 
-    from ..quantization import input_names
+    from ..deploy.quantization import input_names
 
     logger = trt.Logger(trt.Logger.ERROR)
     builder = trt.Builder(logger)

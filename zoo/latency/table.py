@@ -2,8 +2,9 @@
 
 The prediction for a plan is ``fixed + sum over segments of cost(segment, variant chosen by the plan)``, where
 
-* a segment (:func:`zoo.surgery.segments`) is measured for every variant it has
-  (:meth:`~zoo.surgery.Segment.variants`, rebuilt with :func:`~zoo.surgery.build_segment`), on the very inputs it
+* a segment (:func:`zoo.pruning.surgery.segments`) is measured for every variant it has
+  (:meth:`~zoo.pruning.surgery.Segment.variants`, rebuilt with :func:`~zoo.pruning.surgery.build_segment`), on the
+  very inputs it
   receives inside the network (captured with one hooked forward at the table's batch and input size), on the
   table's device, dtype and layout; removing the whole segment costs 0;
 * timed alone, ``cost = max(0, record - call overhead)``: every isolated measurement also contains one module call
@@ -30,7 +31,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import PlanError
-from ..surgery import Segment
+from ..pruning.surgery import Segment
 from .correction import Correction
 from .settings import TableSettings
 
@@ -47,7 +48,7 @@ def variant_label(segment: Segment, variant: frozenset[str]) -> str:
 class LatencyTable:
     """A built table: per-segment variant costs and the fixed part, for one model and condition.
 
-    ``segments`` is aligned with :func:`zoo.surgery.segments` of the model; ``keys[i][variant]`` is the cache
+    ``segments`` is aligned with :func:`zoo.pruning.surgery.segments` of the model; ``keys[i][variant]`` is the cache
     key of segment i's variant (None for the removed segment, which costs 0); ``records`` holds the stats.
     """
 

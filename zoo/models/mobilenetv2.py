@@ -12,10 +12,10 @@ from functools import partial
 import torch
 from torch import nn
 
-from ..depth import BlockSpec, Chain, ConvOp, DepthMixin
-from ..features import FeatureMixin, checkpoint_blocks
 from ..lazy import timm_layers as tl
-from ..registry import register_family, register_model
+from .depth import BlockSpec, Chain, ConvOp, DepthMixin
+from .features import FeatureMixin, checkpoint_blocks
+from .registry import register_family, register_model
 
 # (expansion, out_channels, repeats, stride) per stage after the depthwise-separable first block.
 MBV2_STAGES = ((6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..depth import BlockSpec, Chain, ConvOp, DepthMixin
-from ..registry import register_family, register_model
+from .depth import BlockSpec, Chain, ConvOp, DepthMixin
+from .registry import register_family, register_model
 
 
 class BasicBlock(nn.Module):

@@ -13,10 +13,10 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from ..depth import BlockSpec, DepthMixin
-from ..features import FeatureMixin, checkpoint_blocks
 from ..lazy import timm_layers as tl
-from ..registry import register_family, register_model
+from .depth import BlockSpec, DepthMixin
+from .features import FeatureMixin, checkpoint_blocks
+from .registry import register_family, register_model
 
 
 def _conv(*args, **kwargs) -> nn.Module:

@@ -61,10 +61,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..depth import BlockSpec, DepthMixin
 from ..errors import ZooError
-from ..features import check_fraction
-from ..registry import register_family, register_model
+from .depth import BlockSpec, DepthMixin
+from .features import check_fraction
+from .registry import register_family, register_model
 from .retention import (
     decay_logs,
     fast_step_applies,

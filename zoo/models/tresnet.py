@@ -16,10 +16,10 @@ from functools import partial
 import torch
 from torch import nn
 
-from ..depth import BlockSpec, Chain, ConvOp, DepthMixin
-from ..features import FeatureMixin, checkpoint_blocks
 from ..lazy import timm_layers as tl
-from ..registry import register_family, register_model
+from .depth import BlockSpec, Chain, ConvOp, DepthMixin
+from .features import FeatureMixin, checkpoint_blocks
+from .registry import register_family, register_model
 
 _leaky = partial(nn.LeakyReLU, negative_slope=1e-3)
 

@@ -145,14 +145,15 @@ class TrainConfig:
 def register_configs(config_dir: str | Path | None = None) -> None:
     """Store the root schema ``train_schema`` in Hydra's ConfigStore (group files are checked against it).
 
-    Every registered model (plugins included: :func:`zoo.registry.load_plugins`) becomes a ``model=<name>`` option,
+    Every registered model (plugins included: :func:`zoo.models.registry.load_plugins`) becomes a ``model=<name>``
+    option,
     so a model needs no config file; a ``<config_dir>/model/<name>.yaml``, where present, is used instead (for
     models that need non-default settings). Idempotent.
     """
     from hydra.core.config_store import ConfigStore
 
     import zoo
-    from zoo.registry import load_plugins
+    from zoo.models.registry import load_plugins
 
     load_plugins()
     with_files = {p.stem for p in Path(config_dir, "model").glob("*.yaml")} if config_dir else set()
@@ -211,9 +212,9 @@ def check_model(model_cfg: Any) -> None:
     local ``model.pretrained`` file must exist, before any work."""
     import torch
 
-    from ..pretrained import check_source
-    from ..registry import build_model
-    from ..tags import resolve_tag
+    from ..models.registry import build_model
+    from ..weights.pretrained import check_source
+    from ..weights.tags import resolve_tag
 
     with torch.device("meta"):
         build_model(model_cfg.name, **dict(model_cfg.overrides or {}))

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..checkpoint import atomic_write, read_checkpoint_meta, save_checkpoint
 from ..errors import CheckpointError
+from ..weights.checkpoint import atomic_write, read_checkpoint_meta, save_checkpoint
 
 STATE_FORMAT = 1
 STATE_SUFFIX = ".state.pt"

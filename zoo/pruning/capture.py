@@ -2,7 +2,8 @@
 
 The latency table times each segment variant on the input its segment really receives (:func:`capture_segments`)
 and times the fixed part with every segment replaying its captured output (:func:`replay_model`);
-:class:`zoo.importance.PlanLoss` replays the outputs of the segments a plan shares with the plan scored before it.
+:class:`zoo.pruning.importance.PlanLoss` replays the outputs of the segments a plan shares with the plan scored before
+it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import PlanError
+from ..errors import PlanError
 from .surgery import Segment
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .lazy import timm_layers as tl
+from ..lazy import timm_layers as tl
 
 
 @torch.no_grad()

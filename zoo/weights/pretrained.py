@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import WeightsError
 from .checkpoint import read_checkpoint_meta, tied_aliases
-from .errors import WeightsError
 
 _logger = logging.getLogger(__name__)
 
@@ -272,7 +272,7 @@ def _classifier_keys(model: nn.Module) -> list[str]:
 def closest_architectures(state: dict[str, torch.Tensor], limit: int = 3) -> list[str]:
     """Registered models whose weights best match `state` (keys and shapes, the classifier aside): exact fits
     first, then by the share of tensors that fit. Built on the meta device (no memory, no weights)."""
-    from .registry import build_model, get_entry, list_models
+    from ..models.registry import build_model, get_entry, list_models
 
     shapes = {k: tuple(v.shape) for k, v in state.items()}
     scored = []

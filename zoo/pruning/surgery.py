@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .depth import BlockSpec, Chain, ConvOp, check_removable
-from .errors import PlanError
-from .fuse import fold_bn_into_conv
+from ..deploy.fuse import fold_bn_into_conv
+from ..errors import PlanError
+from ..models.depth import BlockSpec, Chain, ConvOp, check_removable
 
 
 class ChainBlock(nn.Module):

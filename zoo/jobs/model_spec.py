@@ -70,7 +70,7 @@ def model_name(model_cfg: Any) -> str:
 def model_tag(model_cfg: Any, weights: Any = None) -> str | None:
     """``model.tag``, else the tag the weights carry (``true``, a ``timm/<arch>.<tag>`` hub id, a depthzoo
     checkpoint's metadata): the weights' eval config is the one the data transforms must follow."""
-    from ..tags import source_tag
+    from ..weights.tags import source_tag
 
     if model_cfg.get("tag"):
         return model_cfg.tag
@@ -79,7 +79,7 @@ def model_tag(model_cfg: Any, weights: Any = None) -> str | None:
 
 def data_model_cfg(model_cfg: Any, weights: Any = None) -> dict[str, Any]:
     """The model config the data transforms follow: the eval config of the tag (:func:`model_tag`), timm's."""
-    from ..tags import pretrained_cfg
+    from ..weights.tags import pretrained_cfg
 
     return pretrained_cfg(model_cfg.name, model_tag(model_cfg, weights))
 

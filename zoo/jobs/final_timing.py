@@ -97,8 +97,8 @@ def export_pruned(cfg: Any, pruned: nn.Module, data: Any, output_dir: Path) -> d
     with ``hf``, a RetNet as a flash-linear-attention folder ``hf/`` (with the run's tokenizer, when it used one).
     An export that fails or misses the tolerance is recorded (``passed: false`` and the error) and reported, after
     the run's own results are safe."""
+    from ..deploy.export import export
     from ..errors import ExportError
-    from ..exporting import export
 
     path = output_dir / {"onnx": "pruned.onnx", "torch_export": "pruned.pt2", "hf": "hf"}[cfg.prune.export]
     form = "recurrent" if cfg.prune.workload == "decode" and cfg.prune.export != "hf" else "parallel"

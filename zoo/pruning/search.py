@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BudgetError, ZooError
+from ..errors import BudgetError, ZooError
 
 
 @dataclass(frozen=True)
@@ -269,7 +269,8 @@ def interaction_search(options: Sequence[Sequence[Choice]], budget: float,
        the best replaces the plan if it is better; a round that improves nothing ends it. (Local search is path
        dependent: a start that is not the best can end best.)
     3. Without `recovered_of`, the plan of least real loss found is returned. With it (the loss after a short
-       recovery, :class:`zoo.importance.PlanRecovery`), the finalists are judged by that: the improved plans and the
+       recovery, :class:`zoo.pruning.importance.PlanRecovery`), the finalists are judged by that: the improved plans
+       and the
        DP's, greedy's and SLEB's own plans (one-shot loss misjudges removals that fine-tuning repairs easily).
 
     The result's ``damage`` is the real (one-shot) loss increase of the plan, its ``recovered`` the loss after

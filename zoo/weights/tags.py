@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from .errors import UnknownTagError
-from .registry import get_entry
+from ..errors import UnknownTagError
+from ..models.registry import get_entry
 
 EVAL_KEYS = ("input_size", "test_input_size", "interpolation", "crop_pct", "test_crop_pct", "crop_mode", "mean",
              "std", "num_classes", "pool_size", "first_conv", "classifier", "fixed_input_size", "label_offset")
@@ -52,7 +52,7 @@ def tag_cfgs(arch: str) -> dict[str, dict[str, Any]]:
 
 def known_tags(pattern: str = "*") -> list[str]:
     """``arch.tag`` of every pretrained tag of the registered models matching `pattern` (``list --pretrained``)."""
-    from .registry import list_models
+    from ..models.registry import list_models
 
     return [f"{arch}.{tag}" for arch in list_models(pattern) for tag in tag_cfgs(arch)]
 

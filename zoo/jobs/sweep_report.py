@@ -21,9 +21,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from .errors import ReportError
-from .files import atomic_write
-from .jobs.cli import SweepCallback
+from ..errors import ReportError
+from ..files import atomic_write
+from .cli import SweepCallback
 
 COLUMNS = ("model", "search", "importance", "target_speedup", "device", "baseline_ms", "predicted_ms", "measured_ms",
            "measured_speedup", "prediction_error", "params", "baseline_params", "metric", "baseline_metric",
@@ -280,7 +280,7 @@ def make_report(sweep_dir: str | Path, allow_mixed_devices: bool = False, log_wa
 def _log_wandb(root: Path, rows: list[dict[str, Any]], paths: dict[str, str]) -> None:
     import wandb
 
-    from .training.logger import finish_run
+    from ..training.logger import finish_run
 
     run = wandb.init(project="depthzoo", group=str(root), name="report", job_type="report", mode="offline",
                      dir=str(root), reinit="finish_previous")
@@ -292,7 +292,8 @@ def _log_wandb(root: Path, rows: list[dict[str, Any]], paths: dict[str, str]) ->
 
 
 class ReportCallback(SweepCallback):
-    """Hydra callback (``hydra.callbacks.outcome._target_: zoo.report.ReportCallback``): at the end of each sweep,
+    """Hydra callback (``hydra.callbacks.outcome._target_: zoo.jobs.sweep_report.ReportCallback``): at the end of each
+    sweep,
     write its report, then exit with status 1 if any job of this launch failed (:class:`~zoo.jobs.cli.SweepCallback`).
     """
 

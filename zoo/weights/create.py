@@ -14,13 +14,13 @@ from typing import Any
 
 from torch import nn
 
+from ..deploy.fuse import fuse
+from ..errors import ModelOptionError, WeightsError
+from ..models.features import features_only as features_only_model
+from ..models.registry import build_model, get_entry, model_class
+from ..pruning.surgery import apply_plan
 from .checkpoint import read_checkpoint_meta
-from .errors import ModelOptionError, WeightsError
-from .features import features_only as features_only_model
-from .fuse import fuse
 from .pretrained import load_into, resolve_source
-from .registry import build_model, get_entry, model_class
-from .surgery import apply_plan
 from .tags import hub_id, pretrained_cfg, resolve_tag, source_tag, split_name
 
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .errors import ModelOptionError
+from ..errors import ModelOptionError
 
 
 def check_fraction(enable: bool | float) -> None:

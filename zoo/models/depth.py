@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import PlanError
+from ..errors import PlanError
 
 UNIT_KINDS = ("block", "act", "retention", "ffn")
 

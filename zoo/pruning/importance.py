@@ -35,9 +35,9 @@ import torch.nn.functional as F
 from filelock import FileLock
 from torch import nn
 
+from ..errors import CorruptFileError, ZooError
+from ..files import json_digest, read_sealed_json, write_sealed_json
 from .capture import Replay, clone_tree
-from .errors import CorruptFileError, ZooError
-from .files import json_digest, read_sealed_json, write_sealed_json
 from .surgery import Segment, apply_plan
 
 _log = logging.getLogger(__name__)
@@ -164,7 +164,8 @@ def angular_distance(first_inputs: Sequence[torch.Tensor], last_outputs: Sequenc
 class PlanLoss:
     """Calibration loss of whole plans, fast enough for a search to score hundreds of them.
 
-    One working copy of the model; each segment variant's module is built once (:func:`zoo.surgery.build_segment`,
+    One working copy of the model; each segment variant's module is built once
+    (:func:`zoo.pruning.surgery.build_segment`,
     merged as ``merge`` says) and swapped in where a plan differs from the plan scored before, so scoring a plan is
     a forward pass over the batches, not a copy of the model. ``self(removed units)`` equals
     ``calibration_loss(apply_plan(model, {"remove": removed, "merge": merge}), batches)``; results are memoised.

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import ModelOptionError, UnknownModelError
+from ..errors import ModelOptionError, UnknownModelError
 
 _logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .files import atomic_write
+from ..files import atomic_write
 
 META_KEY = "depthzoo"
 FORMAT_VERSION = 1

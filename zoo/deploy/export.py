@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import ExportError
+from ..errors import ExportError
 
 FORMATS = ("onnx", "torch_export", "hf")
 FORMS = ("parallel", "recurrent")
@@ -65,7 +65,7 @@ class ExportReport:
     dynamic_axes: dict[str, dict[int, str]] | None = None  # input name -> {axis: name}
     checked_shapes: list[list[list[int]]] | None = None  # every input's shape, per parity check
     quantize: str | None = None  # "int8": checked by top1_agreement with the float model instead of rtol
-    int8_scheme: str | None = None  # "int8" ONNX: whose QDQ form (zoo.quantization.INT8_SCHEMES)
+    int8_scheme: str | None = None  # "int8" ONNX: whose QDQ form (zoo.deploy.quantization.INT8_SCHEMES)
     top1_agreement: float | None = None
     min_agreement: float | None = None
     calibration_batches: int | None = None
@@ -87,9 +87,10 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
     dynamic batch the program is traced at a batch of at least 2 (torch.export specialises a batch of 1).
     tokenizer: for ``format="hf"``, a tokenizer folder or hub name saved beside the weights. quantize: ``"int8"``
     writes the model quantised on `calibration` (input batches; default the example): as ONNX by onnxruntime
-    (:func:`zoo.quantization.quantize_int8`, static QDQ; ``int8_scheme="tensorrt"`` writes TensorRT's symmetric form,
+    (:func:`zoo.deploy.quantization.quantize_int8`, static QDQ; ``int8_scheme="tensorrt"`` writes TensorRT's symmetric
+    form,
     which a TensorRT engine builds from), as a torch.export program by PT2E
-    (:func:`zoo.quantization.quantize_pt2e`, for ``torch.compile``; needs torchao); its check is one suited to
+    (:func:`zoo.deploy.quantization.quantize_pt2e`, for ``torch.compile``; needs torchao); its check is one suited to
     quantisation: the top-1 agreement of its outputs with the float model's on the calibration inputs (the check
     inputs without them; passed at `min_agreement` or more) and the largest logit difference there
     (``max_abs_diff``). rtol: the largest allowed difference relative to the largest output. Raises ExportError for
@@ -279,7 +280,7 @@ def _export_int8(model: nn.Module, path: Path, format: str, example: Any, batch_
     path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     name = type(model).__name__
-    from .files import atomic_write
+    from ..files import atomic_write
 
     with torch.no_grad():
         if format == "onnx":
@@ -337,7 +338,7 @@ def _export_hf(model: nn.Module, folder: Path, rtol: float, tokenizer: str | Non
     it and its logits compared with the model's, where fla can run."""
     from safetensors.torch import save_file
 
-    from .files import atomic_write, write_json
+    from ..files import atomic_write, write_json
 
     config, state = model.hf_form()
     start = time.perf_counter()

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import ZooError
+from ..errors import ZooError
 
 QUANTIZE = ("int8",)
 INT8_SCHEMES = {  # who runs the QDQ model -> how onnxruntime's quantize_static writes it (activation QuantType,

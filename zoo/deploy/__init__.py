@@ -1,0 +1,2 @@
+"""The deploy forms of a model: BatchNorm folded (`fuse`), INT8 (`quantization`) and the exported programs
+(`export`)."""
