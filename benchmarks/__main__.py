@@ -5,7 +5,7 @@
 Each suite writes ``benchmarks/results/<suite>.json`` (or under ``--out`` / ``$OUT``) and the run writes a report of
 every suite's status, verdicts and result (``<set>.json``, or ``run.json``; :mod:`benchmarks.report`). Unless
 ``--quick``, ``--no-docs`` or a set, a suite named here replaces its section of ``docs/benchmarks.md`` (between
-``<!-- suite:NAME -->`` markers) with its table and the command that produced it.
+``<!-- suite:NAME -->`` markers) with its verdicts and the command that produced it.
 
 ``run`` with no suite names runs the GPU check (``--set gpu_check``) on CUDA and every suite elsewhere; suites named
 with ``--set`` run alone in the set's configuration. The GPU check stops starting new work after ``--budget-s``
@@ -43,25 +43,11 @@ SUITES = {
     "export_parity": "ONNX (onnxruntime) and torch.export programs of every family against PyTorch",
     "runtime_tables": "latency tables built in each deploy runtime (eager, torch.compile, onnxruntime, TensorRT): "
                       "prediction error, and the chosen plans' speed-ups across runtimes",
-    "prune_quality": "pruning quality at the measured target (plans within 2 %, or interpolated between two that "
-                     "bracket it; the default's cells whose plans all measured faster count, as a handicap; other "
-                     "cells that reach neither are off target and left out of the tests): the default search against "
-                     "random, greedy, SLEB, Block Influence, the angular run, reverse order, the previous defaults, "
-                     "5 or more seeds, one-shot / short fine-tune, paired tests with Holm's correction; a "
-                     "sensitivity analysis without the interpolations across gaps wider than 10 %",
-    "prune_cost": "the whole default prune.py, cold: today's default search and measured-target loop against the "
-                  "previous default, in turns",
     "measurement": "timing modes on one network (eager, CUDA graph, bf16, channels_last): events vs wall clock, "
                    "outputs vs eager fp32",
     "prune_search": "DP plans at 1.5x and 2.0x on synthetic inputs, merged, fused and timed beside the unpruned "
                     "network (GPU)",
     "fla": "flash-linear-attention's fused retention kernels vs the PyTorch path (CUDA)",
-    "int8_depth": "depth and INT8 together in onnxruntime on the CPU (TensorRT on a GPU: --device cuda): float32 and "
-                  "INT8 baselines, the plan of the "
-                  "float32 table in float32 and INT8, the plan of the INT8 table in INT8, side by side; the INT8 "
-                  "table's error; digits accuracy over seeds, INT8-table plan against float32-table plan",
-    "int8_decode": "RetNet decode with 8-bit weights on the CPU: tokens/s against float32 (retnet_base, "
-                   "retnet_1_3b) and the decode perplexity's change over trained seeds",
 }
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 
@@ -85,7 +71,7 @@ def on_cuda(device: str) -> bool:
 
 
 def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from benchmarks.common import suite_module
+    from benchmarks.common import suite_module, verdict_table
 
     unknown = [s for s in args.suites if s not in SUITES]
     if unknown:
@@ -106,7 +92,9 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             body = suite_module(name).markdown(section["result"])
             print(f"## {name} ({section['seconds']:.0f} s, {section['status']})\n{body}\n")
             if not (args.quick or args.no_docs or set_name):
-                update_docs(name, body, f"python -m benchmarks run {name} --device {args.device}",
+                table = verdict_table(suite_module(name).checks(section["result"]))
+                update_docs(name, f"Status: {section['status']}. Result: `{report['path']}`.\n\n{table}",
+                            f"python -m benchmarks run {name} --device {args.device}",
                             platform=section["result"].get("platform", "cpu"))
     print(digest(report))
     print(f"report: {report['path']}")

@@ -10,10 +10,14 @@ the same computation with the current targets.
 
 from __future__ import annotations
 
+import gzip
 import importlib
+import json
 import operator
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -22,12 +26,13 @@ from typing import Any, NamedTuple
 import torch
 
 import zoo
-from zoo.files import write_json
+from zoo.files import atomic_write, write_json
 from zoo.latency import NetworkTimingSettings, resolve_device, resolve_dtype
+from zoo.latency.accuracy import time_interleaved
 from zoo.latency.device import device_name
-from zoo.latency.networks import time_interleaved
 from zoo.models.registry import Family
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 STATUSES = ("passed", "failed", "error", "skipped", "incomplete")
 OPS: dict[str, Callable[[Any, Any], bool]] = {"<=": operator.le, ">=": operator.ge, "<": operator.lt,
@@ -61,6 +66,18 @@ def verdicts(checks: Iterable[Check]) -> dict[str, bool | None]:
     return out
 
 
+def verdict_table(checks: Iterable[Check]) -> str:
+    """The checks as a markdown table: target, measured number, verdict (what docs/benchmarks.md keeps of a run)."""
+    def number(value: Any) -> str:
+        return "not measured" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    rows = ["| target | measured | verdict |", "|---|---|---|"]
+    for check in checks:
+        word = {True: "met", False: "**not met**", None: "not measured"}[check.verdict]
+        rows.append(f"| {check.label} ({check.op} {number(check.limit)}) | {number(check.measured)} | {word} |")
+    return "\n".join(rows)
+
+
 def status(result: Mapping[str, Any], judged: Mapping[str, bool | None]) -> str:
     """``error`` (the suite raised), ``skipped`` (nothing ran or nothing was measured), ``failed`` (a target is not
     met), ``incomplete`` (some targets not measured, or none stated) or ``passed`` (every target measured and met)."""
@@ -76,8 +93,15 @@ def status(result: Mapping[str, Any], judged: Mapping[str, bool | None]) -> str:
     return "passed" if values and all(v is True for v in values) else "incomplete"
 
 
+LAB = "studies"  # where the research protocols live: a result of theirs is judged by the same rules
+
+
 def suite_module(name: str) -> Any:
-    return importlib.import_module(f"benchmarks.{name}")
+    """The module of a suite (``benchmarks.<name>``) or of a study (``studies.<name>``) that owns a result's checks."""
+    from importlib.util import find_spec
+
+    package = "benchmarks" if find_spec(f"benchmarks.{name}") is not None else LAB
+    return importlib.import_module(f"{package}.{name}")
 
 
 def judge(name: str, result: dict[str, Any]) -> dict[str, Any]:
@@ -202,9 +226,19 @@ def interleaved(callables: Mapping[str, Any], args: Sequence[Any], device: str |
     return {name: bench.summary() for name, bench in zip(callables, benches)}
 
 
-def write_result(name: str, payload: dict[str, Any], out: str | Path | None = None) -> Path:
-    """Write one suite's JSON result and return its path."""
-    return write_json(results_dir(out) / f"{name}.json", payload)  # atomically: a reader never sees half a result
+def write_result(name: str, payload: dict[str, Any], out: str | Path | None = None, compress: bool = False) -> Path:
+    """Write one suite's JSON result (``<name>.json``, or ``<name>.json.gz`` with `compress`: a study's raw cells) and
+    return its path. Atomically: a reader never sees half a result."""
+    if not compress:
+        return write_json(results_dir(out) / f"{name}.json", payload)
+    text = json.dumps(payload, indent=1, default=str).encode()
+    return atomic_write(results_dir(out) / f"{name}.json.gz", lambda tmp: tmp.write_bytes(gzip.compress(text, 9)))
+
+
+def read_json(path: str | Path) -> Any:
+    """A result file as written by :func:`write_result` (gzip-compressed when its name ends in ``.gz``)."""
+    data = Path(path).read_bytes()
+    return json.loads(gzip.decompress(data) if str(path).endswith(".gz") else data)
 
 
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -221,3 +255,14 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) ->
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
     return "\n".join(lines)
+
+def python_job(script: str, overrides: list[str], run_dir: Path, workdir: Path) -> dict[str, Any]:
+    """``python <script> overrides`` in `run_dir` (offline, no logger); its results.json."""
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, str(ROOT / script), *overrides, "logger=none", "trainer.progress=false",
+               f"hydra.run.dir={run_dir}", f"paths.log_dir={workdir / 'outputs'}"]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{script} {' '.join(overrides)} failed ({proc.returncode}): "
+                           f"{(proc.stdout + proc.stderr)[-3000:]}")
+    return json.loads((run_dir / "results.json").read_text())

@@ -18,7 +18,7 @@ from zoo.latency import measure
 
 
 def run(quick: bool = False, device: str = "cuda", out: str | None = None) -> dict[str, Any]:
-    from zoo.models.retention import fla_kernels
+    from zoo.models.retnet.ops import fla_kernels
 
     if device != "cuda":
         result: dict[str, Any] = {"suite": "fla", "skipped": "flash-linear-attention needs CUDA"}
@@ -34,7 +34,7 @@ def run(quick: bool = False, device: str = "cuda", out: str | None = None) -> di
 def compare(quick: bool) -> dict[str, Any]:
     import fla
 
-    from zoo.models.retention import retention_fla, retention_recurrent
+    from zoo.models.retnet.ops import retention_fla, retention_recurrent
 
     torch.manual_seed(0)
     name = next(f.small if quick else f.reference for f in families(capability="decode"))

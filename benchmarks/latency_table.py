@@ -41,8 +41,8 @@ import zoo
 from benchmarks.common import Budget, Check, families, smoke_model, within_budget
 from zoo.files import write_json
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, correct, prediction_error, random_plans
-from zoo.latency.correction import fit_correction
 from zoo.latency.measure import ROUND_ORDERS
+from zoo.latency.table import fit_correction
 
 RESULTS = Path(__file__).parent / "results" / "latency_table.json"
 TARGET_ABS, TARGET_NOISE, PASS_SHARE = 0.03, 1.5, 0.9

@@ -18,8 +18,8 @@ import torch
 import zoo
 from benchmarks.common import Budget, Check, within_budget, write_result
 from benchmarks.latency_table import Condition, bf16_channels_last, gpu_conditions, gpu_settings, table_for
+from zoo.latency.accuracy import time_networks
 from zoo.latency.measure import prepare
-from zoo.latency.networks import time_networks
 from zoo.pruning.importance import score_variants
 from zoo.pruning.search import BudgetError, Choice, dp_search
 from zoo.pruning.surgery import apply_plan

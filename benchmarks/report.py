@@ -11,8 +11,6 @@ Report (``<out>/<set>.json``, ``run.json`` for suites named one by one)::
 
 A suite's verdicts and status come from :func:`benchmarks.common.judge` (its ``checks``: stated targets against
 measured numbers); judging a stored report runs the same function on the stored results with today's targets.
-Reports of the former ``benchmarks/gpu_check.py`` (``{"steps": {...}}``, e.g. ``results/gpu_check_h200.json``) are read
-through :func:`from_gpu_check`.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Budget, exit_code, judge, machine, results_dir, suite_module
+from benchmarks.common import Budget, exit_code, judge, machine, read_json, results_dir, suite_module
 from zoo.files import write_json
 
 SETS = {  # named sets of suites: the GPU check is the same runner over suites that own their targets
@@ -88,8 +86,6 @@ def judge_report(report: dict[str, Any]) -> dict[str, Any]:
     """Every suite of a stored report judged again from its stored numbers with today's targets. A suite the run
     was asked for (the whole set, for a report that does not say) that the report lacks is listed as skipped (its
     targets not measured), never left out."""
-    if "steps" in report and "suites" not in report:
-        report = from_gpu_check(report)
     for name, section in report["suites"].items():
         judge_section(name, section)
     for name in report.get("requested") or SETS.get(report.get("set") or "", ()):
@@ -116,8 +112,6 @@ def checked(name: str, report: Any) -> dict[str, Any]:
     """A copy of `report` in today's form, or ValueError saying what is wrong with it."""
     if not isinstance(report, dict):
         raise ValueError(f"{name} is not a run report: it must be a JSON object with 'suites'")
-    if "steps" in report and "suites" not in report:
-        report = from_gpu_check(report)
     suites = report.get("suites")
     if not isinstance(suites, dict) or not all(isinstance(s, dict) for s in suites.values()):
         raise ValueError(f"{name} is not a run report: 'suites' must map each suite's name to its section")
@@ -193,39 +187,6 @@ def merge_files(paths: list[str], set_name: str | None, out: str | Path) -> tupl
     return report, exit_code(statuses(report).values())
 
 
-# -------------------------------------------------------------------------------- reports of benchmarks/gpu_check.py
-GPU_CHECK_STEPS = {"measurement": "measurement", "lut": "latency_table", "prune_search": "prune_search",
-                   "retnet_decode": "retnet_decode", "fla": "fla", "train_memory": "train_memory"}
-BOOKKEEPING = ("ok", "seconds", "status", "verdicts", "traceback")
-
-
-def from_gpu_check(old: dict[str, Any]) -> dict[str, Any]:
-    """A report of the former ``benchmarks/gpu_check.py`` in today's form: each step as the suite that now measures
-    it, its numbers where that suite's ``checks`` read them (nothing else changes; its stored verdicts are dropped)."""
-    suites: dict[str, Any] = {}
-    for step, data in old["steps"].items():
-        if step not in GPU_CHECK_STEPS:
-            raise ValueError(f"step {step!r} of this gpu_check report has no reader here")
-        name = GPU_CHECK_STEPS[step]
-        body = {k: v for k, v in data.items() if k not in BOOKKEEPING}
-        if "error" in data or "skipped" in data:
-            section = {k: data[k] for k in ("error", "skipped") if k in data}
-        elif name == "latency_table":
-            section = {"result": {"suite": name, "form": "conditions", "conditions": body}}
-        elif name == "prune_search":
-            section = {"result": {"suite": name, "conditions": body}}
-        elif name == "retnet_decode":
-            path = body.pop("path", None)
-            section = {"result": {"suite": name, "form": "batches", "path": path, "batches": body}}
-        elif name == "train_memory":
-            section = {"result": {"suite": name, "rows": [{"model": k, **r} for k, r in body.items()]}}
-        else:
-            section = {"result": {"suite": name, **body}}
-        suites[name] = {**section, "seconds": data.get("seconds")}
-    return {"set": "gpu_check", "format": "benchmarks/gpu_check.py", "device": "cuda", "quick": False,
-            "budget_s": old.get("budget_s"), "environment": old.get("environment", {}), "suites": suites}
-
-
 # ------------------------------------------------------------------------------------------------------ digest
 def _number(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
@@ -254,8 +215,8 @@ def digest(report: dict[str, Any]) -> str:
 def judge_file(path: str | Path, suite: str | None = None, out: str | Path | None = None) -> tuple[dict, int]:
     """``python -m benchmarks judge``: a stored report (or one suite's result file, named by its ``suite`` /
     ``benchmark`` key or `suite`) judged again; written to `out` when given. Returns it and the exit status."""
-    stored = json.loads(Path(path).read_text())
-    if "suites" in stored or "steps" in stored:
+    stored = read_json(path)
+    if "suites" in stored:
         report = judge_report(stored)
     else:
         name = suite or stored.get("suite") or stored.get("benchmark")

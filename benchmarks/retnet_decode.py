@@ -1,4 +1,5 @@
-"""RetNet inference and training cost vs context length, the shape of the paper's efficiency figures.
+"""RetNet inference cost vs context length, the shape of the paper's efficiency figures (training cost vs length:
+``python -m studies.retnet_training_cost``).
 
 Decode: per-token latency and cache memory of ``retnet_small`` (recurrent state, O(1) in the context) and of a
 parameter-matched Transformer decoder as LLaMA builds it (rotary positions, RMS norms, SwiGLU FFN of 8/3 the width;
@@ -13,9 +14,6 @@ dispatched, counted with a dispatch mode), tokens/s of ``generate`` at batch 1 a
 forward time against torchscale's parallel form with the same weights (when torchscale is installed).
 Targets (CPU, one thread): step <= 1.0x the Transformer's at context 512 and <= 0.6x at 2,048; parallel form
 <= 1.0x torchscale's at 512 and 2,048 tokens; fast step logits equal the reference step's to 1e-6.
-Training: forward + backward + AdamW step of RetNet in the parallel and the chunkwise form vs length; peak
-memory is ``torch.cuda.max_memory_allocated`` on CUDA and, on CPU, the bytes of the tensors autograd saves
-for backward (the activation memory that grows with length).
 
     python -m benchmarks.retnet_decode            # full run (about 5 minutes on one CPU thread)
     python -m benchmarks.retnet_decode --quick    # smoke test (seconds)
@@ -26,7 +24,6 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -34,16 +31,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import zoo
 from benchmarks.common import Budget, Check, judge, verdicts, within_budget
+from benchmarks.transformer import KVCacheTransformer, count_params, parameter_matched_transformer
 from zoo.files import write_json
 from zoo.latency.device import synchronize
-from zoo.models.retention import rotary_frequencies, rotary_tables, rotate
-from zoo.models.retnet import GatedFFN, RecurrentDecoder, RetNet, RMSNorm
+from zoo.models.retnet import RecurrentDecoder, RetNet
 
 RESULTS = Path(__file__).resolve().parent / "results" / "retnet_decode.json"
 
@@ -63,100 +59,16 @@ TARGETS = {"decode_ratio": {512: 1.0, 2048: 0.6}, "parallel_ratio": 1.0, "step_l
            "flatness": 1.2}  # the GPU check, every batch: RetNet ms per token at the longest context / the shortest
 
 
-# -- the baseline: a Transformer decoder with a KV cache -----------------------------------------------------
 
 
-class CachedAttention(nn.Module):
-    """Pre-norm residual causal self-attention with rotary positions (LLaMA's: rotate-half, theta 10^4), writing its
-    keys and values into a preallocated cache. q and k are rotated together, in four operations."""
-
-    def __init__(self, dim: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.norm = RMSNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
-        self.out_proj = nn.Linear(dim, dim, bias=False)
-
-    def forward(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], pos: int,
-                rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        batch, length, dim = x.shape
-        qkv = self.qkv(self.norm(x)).view(batch, length, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
-        q, k = rotate(qkv[:2], *rotary, "neox").unbind(0)
-        v = qkv[2]
-        k_cache, v_cache = cache
-        k_cache[:, :, pos : pos + length] = k
-        v_cache[:, :, pos : pos + length] = v
-        end = pos + length
-        if pos == 0:  # prefill: causal attention inside the prompt
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        elif length == 1:  # decode: the new token attends to everything cached
-            out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end])
-        else:  # a chunk after a prefix: causal inside the chunk, everything before it
-            allowed = torch.ones(length, end, dtype=torch.bool, device=x.device).tril(diagonal=pos)
-            out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=allowed)
-        return x + self.out_proj(out.transpose(1, 2).reshape(batch, length, dim))
 
 
-class KVCacheTransformer(nn.Module):
-    """Decoder-only Transformer as LLaMA builds it (pre-norm attention with rotary positions and SwiGLU FFN blocks,
-    RMS norms) with a KV cache; the rotary tables are made once per cache, for every position it holds."""
-
-    def __init__(self, vocab_size: int, dim: int, depth: int, heads: int, ffn_dim: int):
-        super().__init__()
-        self.dim, self.heads = dim, heads
-        self.embed = nn.Embedding(vocab_size, dim)
-        self.attn = nn.ModuleList(CachedAttention(dim, heads) for _ in range(depth))
-        self.ffn = nn.ModuleList(GatedFFN(dim, ffn_dim, 1e-6) for _ in range(depth))
-        self.norm = RMSNorm(dim)
-        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
-
-    def new_cache(self, batch: int, capacity: int) -> list[Any]:
-        """Per layer (keys, values) of `capacity` positions, then the rotary (cos, sin) of those positions."""
-        like = self.embed.weight
-        shape = (batch, self.heads, capacity, self.dim // self.heads)
-        positions = torch.arange(capacity, dtype=torch.float64, device=like.device)
-        frequencies = rotary_frequencies(self.dim // self.heads, rope="neox").to(like.device)
-        return [(like.new_zeros(shape), like.new_zeros(shape)) for _ in self.attn] + [
-            rotary_tables(positions, frequencies, like.dtype)]
-
-    def forward(self, ids: torch.Tensor, cache: list[Any], pos: int) -> torch.Tensor:
-        x, (cos, sin), end = self.embed(ids), cache[-1], pos + ids.shape[1]
-        for attn, ffn, layer_cache in zip(self.attn, self.ffn, cache):
-            x = ffn(attn(x, layer_cache, pos, (cos[pos:end], sin[pos:end])))
-        return self.lm_head(self.norm(x))
-
-    @torch.inference_mode()
-    def generate(self, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-        """Greedy decoding with the KV cache: one prefill pass, then one step per token."""
-        cache = self.new_cache(ids.shape[0], ids.shape[1] + new_tokens)
-        logits, tokens = self(ids, cache, 0), [ids]
-        for index in range(new_tokens):
-            tokens.append(logits[:, -1].argmax(-1, keepdim=True))
-            if index + 1 < new_tokens:
-                logits = self(tokens[-1], cache, ids.shape[1] + index)
-        return torch.cat(tokens, dim=1)
 
 
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
-def transformer_params(vocab_size: int, dim: int, depth: int, ffn_dim: int) -> int:
-    """Parameters of a :class:`KVCacheTransformer` (embedding, depth x (4 dim^2 + 3 dim ffn + 2 norms), norm, head)."""
-    return 2 * vocab_size * dim + dim + depth * (4 * dim * dim + 3 * dim * ffn_dim + 2 * dim)
 
 
-def parameter_matched_transformer(model: RetNet) -> KVCacheTransformer:
-    """A KV-cache Transformer with the RetNet's parameter count, depth and heads: the width (a multiple of 2 x heads)
-    and a SwiGLU FFN of 8/3 the width (rounded to 8), as LLaMA sizes it, chosen to come closest to the count."""
-    target, step = count_params(model), 2 * model.heads
-
-    def ffn(dim: int) -> int:
-        return 8 * math.ceil(8 * dim / 3 / 8)
-
-    widths = range(step, 4 * model.dim + step, step)
-    dim = min(widths, key=lambda d: abs(transformer_params(model.vocab_size, d, model.depth, ffn(d)) - target))
-    return KVCacheTransformer(model.vocab_size, dim, model.depth, model.heads, ffn(dim))
 
 
 # -- timing helpers ------------------------------------------------------------------------------------------
@@ -353,58 +265,19 @@ def bench_parallel(model: RetNet, cfg: dict, device: torch.device) -> list[dict[
     return rows
 
 
-# -- training ------------------------------------------------------------------------------------------------
 
 
-def _saved_tensor_bytes(step: Callable[[], None]) -> int:
-    """Bytes of the distinct storages autograd saves for backward during `step`'s forward."""
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        step()
-    return sum(storages.values())
 
 
-def bench_train(model: RetNet, cfg: dict, device: torch.device, batch: int) -> list[dict[str, Any]]:
-    rows = []
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    model.train()
-    for length in cfg["train_lengths"]:
-        ids = torch.randint(0, model.vocab_size, (batch, length + 1), device=device)
-        for mode in ("parallel", "chunkwise"):
-            def step(mode=mode, ids=ids):
-                logits = model(ids[:, :-1], mode=mode)
-                loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-
-            warm_up([step], min(cfg["warmup_s"], 0.2), device)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-                step()
-                peak, method = torch.cuda.max_memory_allocated(device), "cuda max_memory_allocated"
-            else:
-                peak, method = _saved_tensor_bytes(step), "bytes saved for backward"
-            seconds = statistics.median(time_calls(step, cfg["train_repeats"], device))
-            rows.append({"mode": mode, "length": length, "chunk_size": model.chunk_size, "step_ms": 1e3 * seconds,
-                         "peak_bytes": peak, "memory": method})
-    model.eval()
-    return rows
 
 
 # -- entry points --------------------------------------------------------------------------------------------
 
 
-def run(quick: bool = False, device: str = "cpu", threads: int | None = None, batch: int = 1, train: bool = True,
+def run(quick: bool = False, device: str = "cpu", threads: int | None = None, batch: int = 1,
         model_kwargs: dict[str, Any] | None = None, out: str | None = None, gpu_check: bool = False,
         budget: Budget | None = None) -> dict[str, Any]:
-    """Run the decode (and, with `train`, the training) benchmarks; `quick` is a seconds-long smoke configuration.
+    """Run the decode benchmarks; `quick` is a seconds-long smoke configuration.
 
     threads: torch threads (default: 1 on the CPU, where the targets are stated). model_kwargs: extra arguments of
     the RetNet (e.g. ``{"use_fla": False}`` for the PyTorch path on CUDA). out: a folder for ``retnet_decode.json``
@@ -420,7 +293,7 @@ def run(quick: bool = False, device: str = "cpu", threads: int | None = None, ba
     try:
         cfg = QUICK if quick else FULL
         cfg = {**cfg, "overrides": {**cfg["overrides"], **(model_kwargs or {})}}
-        result = _run(cfg, quick, torch.device(device), batch, train)
+        result = _run(cfg, quick, torch.device(device), batch)
         if out is not None:
             write_json(Path(out) / "retnet_decode.json", result)
         return result
@@ -486,8 +359,7 @@ def run_batches(quick: bool, device: str, out: str | None, budget: Budget | None
     batches = (1,) if quick or device != "cuda" else (1, 16)
 
     def one(batch: int) -> dict[str, Any]:
-        found = run(quick=quick, device=device, batch=batch, train=batch == batches[0],
-                    model_kwargs={"use_fla": False})
+        found = run(quick=quick, device=device, batch=batch, model_kwargs={"use_fla": False})
         return {k: v for k, v in found.items() if k not in ("verdicts", "status", "passed")}
 
     result = {"suite": "retnet_decode", "form": "batches", "device": device,
@@ -498,7 +370,7 @@ def run_batches(quick: bool, device: str, out: str | None, budget: Budget | None
     return result
 
 
-def _run(cfg: dict, quick: bool, dev: torch.device, batch: int, train: bool = True) -> dict[str, Any]:
+def _run(cfg: dict, quick: bool, dev: torch.device, batch: int) -> dict[str, Any]:
     torch.manual_seed(0)
     retnet = zoo.create_model(cfg["model"], **cfg["overrides"]).to(dev).eval()
     transformer = parameter_matched_transformer(retnet).to(dev).eval()
@@ -521,7 +393,6 @@ def _run(cfg: dict, quick: bool, dev: torch.device, batch: int, train: bool = Tr
         "step_agreement": step_agreement(retnet, dev),
         "generate": [{**row, **env, "batch": row["batch"]} for row in bench_generate(retnet, transformer, cfg, dev)],
         "parallel": [{**row, **env} for row in bench_parallel(retnet, cfg, dev)],
-        "train": [{**row, **env} for row in bench_train(retnet, cfg, dev, batch)] if train else [],
     }
     judge("retnet_decode", result)
     result["passed"] = result["status"] == "passed"
@@ -579,17 +450,6 @@ def markdown(result: dict[str, Any]) -> str:
                   for r in result["parallel"]]
     lines += ["", "Targets: " + "; ".join(f"{k}: {'passed' if v else 'not measured' if v is None else 'FAILED'}"
                                           for k, v in verdicts(checks(result)).items()) + "."]
-    if not result["train"]:
-        return "\n".join(lines)
-    lines += ["", f"Training step (forward + backward + AdamW), RetNet parallel vs chunkwise (chunk "
-              f"{result['train'][0]['chunk_size']}); memory: {result['train'][0]['memory']}", "",
-              f"| length | parallel ms | chunkwise ms | parallel MiB | chunkwise MiB | {env_cols} |",
-              "|---:|---:|---:|---:|---:|---|---|---:|---:|---|"]
-    by_key = {(r["mode"], r["length"]): r for r in result["train"]}
-    for length in sorted({r["length"] for r in result["train"]}):
-        par, chk = by_key[("parallel", length)], by_key[("chunkwise", length)]
-        lines.append(f"| {length} | {par['step_ms']:.0f} | {chk['step_ms']:.0f} | {par['peak_bytes'] / 2**20:.1f} | "
-                     f"{chk['peak_bytes'] / 2**20:.1f} | {env} |")
     return "\n".join(lines)
 
 

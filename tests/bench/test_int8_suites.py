@@ -22,12 +22,12 @@ def test_int8_depth_quick_times_five_forms_side_by_side_and_resumes(tmp_path, de
     """The INT8 + depth suite on the smallest task: five forms timed in one session (speed-ups against the float32
     baseline), the INT8-table and float32-table plans really planned in those runtimes (onnxruntime's on the CPU,
     TensorRT's on a GPU), verdicts recomputed from the numbers, and a second run keeps what the first measured."""
-    from benchmarks.int8_depth import FORMS, NOISE_FACTOR, platform_of, result_path, runtimes_on
+    from studies.int8_depth import FORMS, NOISE_FACTOR, platform_of, result_path, runtimes_on
 
     kind, why_not = platform_of(device)
     if kind is None:
         pytest.skip(why_not)
-    command = [sys.executable, "-m", "benchmarks.int8_depth", "--quick", "--out", str(tmp_path / "out"),
+    command = [sys.executable, "-m", "studies.int8_depth", "--quick", "--out", str(tmp_path / "out"),
                "--workdir", str(tmp_path / "work"), "--device", device]
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path), timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -64,9 +64,9 @@ def test_int8_decode_quick_measures_both_decoders_and_keeps_what_it_measured(tmp
 
     import torch
 
-    from benchmarks.int8_decode import decode_perplexity
+    from studies.int8_decode import decode_perplexity
 
-    command = [sys.executable, "-m", "benchmarks.int8_decode", "--quick", "--out", str(tmp_path / "out"),
+    command = [sys.executable, "-m", "studies.int8_decode", "--quick", "--out", str(tmp_path / "out"),
                "--workdir", str(tmp_path / "work")]
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -22,7 +22,7 @@ from ..helpers import TABLE_SIZE as SIZE
 
 
 def test_diagnosis_splits_each_networks_error_into_segments_and_rest() -> None:
-    from benchmarks.latency_diagnosis import diagnose, drift_trace, hook_check, neighbour_check, report, session_check
+    from studies.latency_diagnosis import diagnose, drift_trace, hook_check, neighbour_check, report, session_check
 
     quick = replace(FAST, entries="isolated")
     calib = zoo.latency.NetworkTimingSettings(warmup_s=0.05, net_warmup_s=0.0, min_rounds=5, max_rounds=5)
@@ -63,7 +63,7 @@ def test_part_drift_separates_a_part_that_drifts_with_the_network_from_one_that_
     on its own (+-15 %). Relative to the network A does not spread and B does; the hog windows make B 30 % slower
     and leave A's share alone. Then real traces, with and without the hog, a drift trace alternating CPUs, and the
     command line's bad input."""
-    from benchmarks.latency_diagnosis import PART_KERNELS, drift_trace, part_drift_summary, part_drift_trace
+    from studies.latency_diagnosis import PART_KERNELS, drift_trace, part_drift_summary, part_drift_trace
 
     def part(ms: float) -> dict[str, Any]:
         return {"p10_ms": ms, "halves_p10_ms": [ms * 0.99, ms * 1.01]}
@@ -95,7 +95,7 @@ def test_part_drift_separates_a_part_that_drifts_with_the_network_from_one_that_
         assert os.sched_getaffinity(0) == cpus
         alternating = drift_trace(MODEL, 1.0, window_s=0.25, alternate_cpus=True)
         assert [r["cpu"] for r in alternating] == [0, 1, 0, 1] and os.sched_getaffinity(0) == cpus
-    bad = subprocess.run([sys.executable, "-m", "benchmarks.latency_diagnosis", "--part-drift", "1"],
+    bad = subprocess.run([sys.executable, "-m", "studies.latency_diagnosis", "--part-drift", "1"],
                          capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "--part-drift takes 2 or more windows" in bad.stderr
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.common import read_json
+
 from ..helpers import env_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,13 +22,13 @@ def test_confirmatory_result_is_the_declared_run():
     """The committed confirmatory result (complete or in part) is the run declared in ``CONFIRMATORY`` before it
     ran: its families in the declared order, its seeds, device, default and the suite's rules, targets and protocol;
     a part is judged incomplete, never passed; the whole run's verdicts are the ones its targets compute today."""
-    from benchmarks.prune_quality import CONFIRMATORY, PROTOCOL, TARGETS, TEST_RULES, overrides_of
-    from benchmarks.prune_quality_report import overall
+    from studies.prune_quality import CONFIRMATORY, PROTOCOL, TARGETS, TEST_RULES, overrides_of
+    from studies.prune_quality_report import overall
 
-    path = ROOT / "results" / f"{CONFIRMATORY['name']}.json"
+    path = ROOT / "results" / f"{CONFIRMATORY['name']}.json.gz"
     if not path.is_file():
         pytest.skip("the confirmatory run has not committed a family yet")
-    stored = json.loads(path.read_text())
+    stored = read_json(path)
     names = [f["family"] for f in stored["families"]]
     assert names == CONFIRMATORY["families"][:len(names)] and names
     assert stored["requested"] == CONFIRMATORY["families"]
@@ -51,11 +53,11 @@ def test_confirmatory_result_is_the_declared_run():
 def test_prune_quality_refuses_development_seeds(tmp_path):
     """--first-seed gives fresh seeds for a confirmatory run; seeds the selection used are refused (exit 2, the
     reason and what is allowed), before anything runs."""
-    from benchmarks.prune_quality import DEV_SEEDS, seed_problem
+    from studies.prune_quality import DEV_SEEDS, seed_problem
 
     assert seed_problem(6, 6) is None and seed_problem(0, 5) is None and "count" in seed_problem(0, -3)
     assert "development seeds" in seed_problem(DEV_SEEDS[0] - 2, 5)
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.prune_quality", "--first-seed", str(DEV_SEEDS[1]),
+    proc = subprocess.run([sys.executable, "-m", "studies.prune_quality", "--first-seed", str(DEV_SEEDS[1]),
                            "--seeds", "2", "--workdir", str(tmp_path / "w")], capture_output=True, text=True,
                           cwd=ROOT, env=env_for(tmp_path), timeout=300)
     assert proc.returncode == 2 and f"seeds [{DEV_SEEDS[1]}, {DEV_SEEDS[2]}]" in proc.stderr, proc.stderr[-2000:]
@@ -65,18 +67,18 @@ def test_prune_quality_refuses_development_seeds(tmp_path):
 def test_prune_quality_resume_refuses_what_is_not_its_result(tmp_path):
     """--resume takes only a prune_quality result: anything else is refused before any work, with exit 2 and what is
     allowed; a stored family is kept only when every input matches (:func:`differing` names those that do not)."""
-    from benchmarks.prune_quality import differing
+    from studies.prune_quality import differing
 
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"suite": "latency_table", "families": []}))
     for path in (other, tmp_path / "missing.json"):
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.prune_quality", "--resume", str(path), "--workdir",
+        proc = subprocess.run([sys.executable, "-m", "studies.prune_quality", "--resume", str(path), "--workdir",
                                str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path),
                               timeout=300)
         assert proc.returncode == 2 and f"--resume {path}" in proc.stderr, proc.stderr[-2000:]
-        assert "allowed: a prune_quality.json" in proc.stderr and not (tmp_path / "w").exists()
+        assert "allowed: a prune_quality.json.gz" in proc.stderr and not (tmp_path / "w").exists()
     for extra in (["--seeds", "3"], ["--select"], ["--device", "cuda"], ["--first-seed", "0"]):
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.prune_quality", "--confirmatory", *extra,
+        proc = subprocess.run([sys.executable, "-m", "studies.prune_quality", "--confirmatory", *extra,
                                "--workdir", str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT,
                               env=env_for(tmp_path), timeout=300)
         assert proc.returncode == 2 and f"not with {' '.join(extra[:1 + (extra[0] == '--device')])};" in proc.stderr
@@ -91,16 +93,16 @@ def test_prune_quality_quick_computes_its_verdicts(tmp_path):
     the target (or marked off it), the verdicts follow them, a second run takes its finished cells from the work
     directory (tied to their inputs), and a run resumed from the stored result keeps its family only while the
     family's inputs match."""
-    from benchmarks.prune_quality import RULES, default_rule
+    from studies.prune_quality import RULES, default_rule
 
     default = default_rule()  # the rule whose settings conf/prune.yaml has
     assert RULES[default]["search"] == "interaction" and RULES[default]["recovery_steps"] == "0"
     rules = [default, "dp_loss", "random", "sleb"]
-    command = [sys.executable, "-m", "benchmarks.prune_quality", "--quick", "--seeds", "2", "--rules",
+    command = [sys.executable, "-m", "studies.prune_quality", "--quick", "--seeds", "2", "--rules",
                ",".join(rules), "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "work")]
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((tmp_path / "out" / "prune_quality.json").read_text())
+    result = read_json(tmp_path / "out" / "prune_quality.json.gz")
     (family,) = result["families"]
     done = [c for c in family["cells"] if "used" in c]
     assert {c["rule"] for c in done} == set(rules) and result["default"] == default
@@ -122,22 +124,37 @@ def test_prune_quality_quick_computes_its_verdicts(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "work" / "cells").glob("*.json"))] == stamps
     # resumed from the stored result in a fresh work directory: the family is kept, nothing is computed
-    stored = tmp_path / "out" / "prune_quality.json"
+    stored = tmp_path / "out" / "prune_quality.json.gz"
     fresh = [*command[:command.index("--out")], "--out", str(tmp_path / "kept"), "--workdir", str(tmp_path / "fresh"),
              "--resume", str(stored)]
     kept = subprocess.run(fresh, capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path), timeout=900)
     assert kept.returncode == 0, kept.stderr[-3000:]
-    resumed = json.loads((tmp_path / "kept" / "prune_quality.json").read_text())
+    resumed = read_json(tmp_path / "kept" / "prune_quality.json.gz")
     assert resumed["resumed"] == [family["family"]] and not (tmp_path / "fresh" / "cells").exists()
-    assert resumed["families"][0]["cells"] == json.loads(stored.read_text())["families"][0]["cells"]
+    assert resumed["families"][0]["cells"] == read_json(stored)["families"][0]["cells"]
     # a stored family computed by other code is recomputed, and the result says in what it differed
-    changed = json.loads(stored.read_text())
+    changed = read_json(stored)
     changed["families"][0]["inputs"]["code"] = "other"
+    stored = stored.with_name("changed.json")  # --resume takes a plain JSON file too
     stored.write_text(json.dumps(changed))
     redone = subprocess.run([*fresh[:fresh.index("--workdir")], "--workdir", str(tmp_path / "work"), "--resume",
                              str(stored)], capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path),
                             timeout=900)
     assert redone.returncode == 0, redone.stderr[-3000:]
-    again_result = json.loads((tmp_path / "kept" / "prune_quality.json").read_text())
+    again_result = read_json(tmp_path / "kept" / "prune_quality.json.gz")
     assert again_result["recomputed"] == {family["family"]: ["code"]} and again_result["resumed"] == []
     assert again_result["families"][0]["inputs"]["code"] != "other"
+
+
+def test_the_committed_results_keep_the_tasks_cell_keys():
+    """The committed prune_quality results were made with today's task overrides, in the same order (the keys of
+    their cells): a change to a task shows here, not as a silent recompute."""
+    from studies import prune_quality
+
+    tasks = prune_quality.tasks()
+    for family in read_json(ROOT / "results" / "prune_quality_cpu.json.gz")["families"]:
+        assert family["overrides"][:-1] == tasks[family["family"]]
+    (retnet8,) = read_json(ROOT / "results" / "prune_quality_retnet8_cpu.json.gz")["families"]
+    assert retnet8["family"] == "retnet_tiny8"
+    assert retnet8["overrides"][:-1] == prune_quality.overrides_of("retnet_tiny8")
+

@@ -52,7 +52,8 @@ def test_entry_point_runs_quick_suites(tmp_path):
 
 
 def test_the_stored_h200_report_is_judged_again_with_todays_targets(tmp_path):
-    """results/gpu_check_h200.json (written by the former benchmarks/gpu_check.py) judged by today's suites."""
+    """results/gpu_check_h200.json (converted from the former benchmarks/gpu_check.py's report) judged by today's
+    suites."""
     from benchmarks.report import judge_file
 
     report, code = judge_file(ROOT / "results" / "gpu_check_h200.json")

@@ -44,7 +44,7 @@ def test_runtime_tables_quick_computes_its_verdicts(tmp_path):
 def test_runtime_diagnosis_times_the_same_network_whole_and_segment_by_segment(tmp_path):
     """The diagnosis runs each plan's network as one onnxruntime program and as one program per segment (checked
     inside to compute the plan's output) and reports both beside the table's anchored prediction."""
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.runtime_diagnosis", "--model", "mobilenetv2_035",
+    proc = subprocess.run([sys.executable, "-m", "studies.runtime_diagnosis", "--model", "mobilenetv2_035",
                            "--runtime", "onnxruntime", "--input-size", "32", "--plans", "0,1", "--rounds", "3",
                            "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path),
                           timeout=900)

@@ -16,9 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_suites_iterate_the_registry_not_lists():
     """Which families a suite runs comes from ``zoo.list_families``: the in-tree plain ResNet is picked up by every
-    suite that runs its task; tuning kept per family (prune_quality's tasks and their cell keys) does not change."""
-    from benchmarks import export_parity, prune_quality, prune_speedup, train_memory
+    suite that runs its task; tuning kept per family (prune_quality's tasks) does not change (the committed results'
+    cell keys: tests/bench/test_prune_quality.py)."""
+    from benchmarks import export_parity, prune_speedup, train_memory
     from benchmarks.latency_table import gpu_conditions
+    from studies import prune_quality
 
     families = zoo.list_families()
     assert "plainresnet" in {f.name for f in families}
@@ -34,11 +36,6 @@ def test_suites_iterate_the_registry_not_lists():
     finer = prune_quality.overrides_of("retnet_tiny8")  # a named variant: the RetNet task with 8 layers
     assert [o for o in finer if o not in tasks["retnet_tiny4"]] == ["++model.overrides.depth=8"]
     assert len(finer) == len(tasks["retnet_tiny4"])
-    stored = json.loads((ROOT / "results" / "prune_quality_cpu.json").read_text())
-    for family in stored["families"]:  # the committed cells' keys: the same overrides, in the same order
-        assert family["overrides"][:-1] == tasks[family["family"]]
-    (retnet8,) = json.loads((ROOT / "results" / "prune_quality_retnet8_cpu.json").read_text())["families"]
-    assert retnet8["family"] == "retnet_tiny8" and retnet8["overrides"][:-1] == finer
 
 
 def test_a_missing_measurement_is_judged_not_measured_never_dropped_or_passed():
@@ -82,10 +79,20 @@ def test_docs_sections_are_replaced_in_place(tmp_path):
     text = docs.read_text()
     assert text.count("<!-- suite:zoo_vs_timm -->") == 1 and "| 2 |" in text and "| 1 |" not in text
     assert text.startswith("# Benchmarks\n\nintro")
-    update_docs("int8_depth", "| cpu |", "python -m benchmarks run int8_depth", docs)
-    update_docs("int8_depth", "| gpu |", "python -m benchmarks run int8_depth --device cuda", docs, platform="cuda")
+    update_docs("runtime_tables", "| cpu |", "python -m benchmarks run runtime_tables", docs)
+    update_docs("runtime_tables", "| gpu |", "python -m benchmarks run runtime_tables --device cuda", docs,
+                platform="cuda")
     text = docs.read_text()  # a GPU run has its own section: the CPU's stays
-    assert "| cpu |" in text and "<!-- suite:int8_depth_cuda -->\n### int8_depth_cuda" in text and "| gpu |" in text
+    assert "| cpu |" in text and "<!-- suite:runtime_tables_cuda -->\n### runtime_tables_cuda" in text
+    assert "| gpu |" in text
+
+
+def test_a_runs_docs_section_is_its_verdicts():
+    from benchmarks.common import Check, verdict_table
+
+    table = verdict_table([Check("a ratio", 0.9, "<=", 1.0), Check("b", 2.0, "<=", 1.0), Check("c", None, ">=", 3)])
+    assert table.splitlines()[2:] == ["| a ratio (<= 1) | 0.9 | met |", "| b (<= 1) | 2 | **not met** |",
+                                      "| c (>= 3) | not measured | not measured |"]
 
 
 def test_runtime_tables_verdicts_are_raw_and_anchored_errors_against_their_limits(tmp_path):
@@ -145,7 +152,7 @@ def quality_family(task: str, values: dict[str, list[float]], baseline: float, s
 def test_paired_statistics_against_hand_computed_values():
     """The t test by hand (df 2: p = 1 - t / sqrt(2 + t^2)), Holm's adjusted p values, the bootstrap when the seeds do
     not vary, and the verdict words."""
-    from benchmarks.stats import compare, holm, paired_t, verdicts
+    from studies.stats import compare, holm, paired_t, verdicts
 
     t = paired_t([10.0, 8.0, 12.0])  # mean 10, sd 2, se 2/sqrt(3), t = 5 sqrt(3)
     assert (t["mean"], t["sd"], t["se"]) == (pytest.approx(10.0), pytest.approx(2.0), pytest.approx(2 / 3 ** 0.5))
@@ -171,7 +178,7 @@ def test_prune_quality_at_target_and_interpolation_by_hand():
     the default's slowest plan when all of them are faster than the target."""
     import numpy as np
 
-    from benchmarks.prune_quality import at_target, combine
+    from studies.prune_quality import at_target, combine
 
     tried = [{"measured_speedup": 1.44, "plan": "a"}, {"measured_speedup": 1.54, "plan": "b"},
              {"measured_speedup": 1.70, "plan": "c"}]
@@ -200,7 +207,7 @@ def test_prune_quality_at_target_and_interpolation_by_hand():
 def test_prune_quality_verdicts_against_hand_computed_values():
     """The default against every rule, Holm-corrected over the family: clear differences win, a plan that does not
     change with the seed is tested on the samples, a language model's lower loss is better; the overall targets."""
-    from benchmarks.prune_quality import overall, with_statistics
+    from studies.prune_quality import overall, with_statistics
 
     family = with_statistics(quality_family("classification", {
         "interaction": [90.0, 91.0, 92.0, 93.0, 94.0], "random": [40.0, 45.0, 38.0, 50.0, 41.0],
@@ -231,7 +238,7 @@ def test_prune_quality_run_in_parts_is_incomplete_until_every_family_is_done():
     """A result holding fewer families than were requested (a run in parts) is judged incomplete, never passed on
     the families it has: its targets are stated over all of them."""
     from benchmarks.common import judge
-    from benchmarks.prune_quality import with_statistics
+    from studies.prune_quality import with_statistics
 
     family = with_statistics(quality_family("classification", {  # better than every rule: every target met
         "interaction": [90.0, 91.0, 92.0, 93.0, 94.0], "random": [40.0, 45.0, 38.0, 50.0, 41.0],
@@ -248,7 +255,7 @@ def test_prune_quality_sensitivity_leaves_out_interpolations_across_a_gap():
     between plans more than SPAN (10 %) from it: a rule whose plans bracket 2.0x at 1.79x and 2.05x (10.5 % and
     2.5 % away) beats the default in the verdicts but is not compared in the sensitivity analysis (listed), where the
     same line from 1.82x still counts there."""
-    from benchmarks.prune_quality_report import SPAN, counts, markdown, overall, with_statistics
+    from studies.prune_quality_report import SPAN, counts, markdown, overall, with_statistics
 
     assert SPAN == pytest.approx(0.10)
     values = {"interaction": [90.0, 91.0, 92.0, 93.0, 94.0], "block_influence": [95.0, 96.0, 97.0, 98.0, 99.0]}
@@ -289,7 +296,7 @@ def test_prune_quality_code_digest_ignores_prose_only(tmp_path, monkeypatch):
     stay valid), an edit of the code changes it."""
     import importlib
 
-    from benchmarks.prune_quality import code_digest
+    from studies.prune_quality import code_digest
 
     source = '''"""A module."""\n\ndef damage(x):\n    """Twice x."""\n    return 2 * x  # doubled\n'''
     variants = {"same": source, "prose": source.replace("Twice x.", "x, doubled: the damage.").replace(
@@ -308,7 +315,7 @@ def test_int8_depth_keeps_stored_parts_only_at_the_same_target(tmp_path):
     same target, the file's other models are carried over untouched by a run of one model (with the versions that
     measured them, when not this run's); another platform's file is not reused at all."""
     from benchmarks.common import Budget, smoke_model
-    from benchmarks.int8_depth import QUICK_TARGET, run
+    from studies.int8_depth import QUICK_TARGET, run
 
     model = smoke_model()
     stored = {"speed": {"fingerprint": "stored", "session": {"speedup": {}}}}
@@ -338,7 +345,7 @@ def test_int8_depth_seeds_are_tied_to_the_baseline_weights(tmp_path):
     metadata) keep it; one changed weight, or another part's inputs, make it stale."""
     import torch
 
-    from benchmarks.int8_depth import quality_fingerprint
+    from studies.int8_depth import quality_fingerprint
     from zoo.pruning.importance import weights_digest
 
     model = zoo.create_model("mobilenetv2_035", num_classes=10)
@@ -361,7 +368,7 @@ def test_int8_depth_runs_tensorrt_on_a_gpu_and_says_why_it_cannot_here(tmp_path)
     import torch
     from omegaconf import OmegaConf
 
-    from benchmarks.int8_depth import PLATFORMS, platform_of, result_path, run, runtimes_on
+    from studies.int8_depth import PLATFORMS, platform_of, result_path, run, runtimes_on
     from zoo.jobs.prune_config import planning_runtime
 
     assert runtimes_on("cpu") == {"fp32": "onnxruntime", "int8": "onnxruntime_int8"}

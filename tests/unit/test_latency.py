@@ -23,7 +23,7 @@ from zoo.latency import (
     random_plans,
     resolve_device,
 )
-from zoo.latency.correction import Correction, fit_correction
+from zoo.latency.table import Correction, fit_correction
 from zoo.pruning.surgery import apply_plan, segments
 
 from ..helpers import TABLE_MODEL as MODEL

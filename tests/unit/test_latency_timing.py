@@ -81,7 +81,7 @@ def test_cuda_auto_timing_keeps_the_protocol_of_an_existing_cache(tmp_path: Path
 @needs_cuda
 def test_cuda_probe_sees_a_call_that_synchronises() -> None:
     from zoo.latency.measure import Bench
-    from zoo.latency.protocol import host_launch
+    from zoo.latency.timing import host_launch
 
     x = torch.zeros(4, device="cuda")
     assert host_launch(Bench(lambda: (x + 1).sum().item(), device=torch.device("cuda")))[1] is True
@@ -90,7 +90,7 @@ def test_cuda_probe_sees_a_call_that_synchronises() -> None:
 
 def test_auto_timing_probe_compares_device_time_with_latency() -> None:
     from zoo.latency.device import timing_context
-    from zoo.latency.protocol import resolve_cuda_timing
+    from zoo.latency.timing import resolve_cuda_timing
 
     # on the CPU both probes are plain isolated timings of the same call, so the "device" is busy ~100 % of it
     model, cpu = zoo.create_model(MODEL).eval(), torch.device("cpu")
@@ -125,7 +125,7 @@ class _Sleep(torch.nn.Module):
 
 
 def test_context_bench_attributes_time_to_the_segment_it_was_spent_in() -> None:
-    from zoo.latency.context import ContextBench
+    from zoo.latency.timing import ContextBench
 
     net = torch.nn.Sequential(_Sleep(2.0), _Sleep(12.0), _Sleep(4.0), _Sleep(6.0))
     bench = ContextBench(net, ["1", "3"], (torch.zeros(1),))
@@ -142,8 +142,7 @@ def test_context_bench_attributes_time_to_the_segment_it_was_spent_in() -> None:
 def test_probe_networks_use_every_variant_and_estimator_windows_add_up(table) -> None:
     import numpy as np
 
-    from zoo.latency.context import probe_variants
-    from zoo.latency.drift import estimator_runs
+    from zoo.latency.timing import estimator_runs, probe_variants
 
     assert probe_variants(table.keys, 2) != probe_variants(table.keys, 1)
     for spacing in (1, 2, 3):
@@ -174,7 +173,7 @@ def test_probe_networks_use_every_variant_and_estimator_windows_add_up(table) ->
 
 def test_cpu_tables_time_entries_in_context_by_default_and_isolated_on_request(table, tmp_path: Path) -> None:
     assert table.condition["protocol"] == "context-peers-1" and table.settings.entries == "context"
-    probes = zoo.latency.context.probe_variants(table.keys, table.settings.probe_spacing)
+    probes = zoo.latency.timing.probe_variants(table.keys, table.settings.probe_spacing)
     assert table.records[table.fixed_key]["networks"] == 1 + len(probes)  # the intact network and each probe one
     assert table.overhead_ms == 0.0 and table.fixed_raw_ms > 0
     isolated = build_table(MODEL, input_size=SIZE, device="cpu", cache_dir=str(tmp_path),
@@ -193,9 +192,9 @@ def test_cpu_tables_time_entries_in_context_by_default_and_isolated_on_request(t
         zoo.latency.NetworkTimingSettings(round_order="random")
     keys = {TableSettings(entries="context", **kw): None for kw in ({}, {"probe_spacing": 2}, {"warm_calls": 1},
                                                                     {"round_order": "shuffled"})}
-    assert len({zoo.latency.keys.protocol_name(torch.device("cpu"), s) for s in keys}) == 4  # no cache mixes them
+    assert len({zoo.latency.settings.protocol_name(torch.device("cpu"), s) for s in keys}) == 4  # no cache mixes them
     isolated = [TableSettings(entries="isolated", round_order=order) for order in ("fixed", "shuffled")]
-    assert len({zoo.latency.keys.protocol_name(torch.device("cpu"), s) for s in isolated}) == 2
+    assert len({zoo.latency.settings.protocol_name(torch.device("cpu"), s) for s in isolated}) == 2
 
 
 def test_warm_calls_keep_the_previous_network_in_the_round_out_of_the_timing() -> None:
@@ -312,7 +311,7 @@ def test_isolated_rounds_divide_the_machines_drift_out_by_the_reference_network(
     timed alone on a machine that stays fast reports it), the median at the slow one (timed alone, always slow).
     Comparing with those two runs keeps each sleep's overshoot on a loaded machine out of the verdict."""
     from zoo.latency.device import timing_context
-    from zoo.latency.rounds import Pending, measure_rounds
+    from zoo.latency.timing import Pending, measure_rounds
     from zoo.pruning.capture import Capture
 
     x = torch.zeros(1)
@@ -341,7 +340,7 @@ def test_each_bench_is_divided_by_the_speed_the_other_benches_saw():
     """Four networks on a machine that turns 20 % slower halfway; network A also turns 10 % slower on its own after
     a quarter. Every network loses the machine's step once divided by its speed, and A keeps its own step: its own
     runs do not set its speed (divided by itself, its step would vanish and its costs drift toward its median)."""
-    from zoo.latency.drift import speeds_from_others
+    from zoo.latency.timing import speeds_from_others
 
     rounds = np.arange(100)
     machine = np.where(rounds < 50, 1.0, 1.2)
@@ -360,7 +359,7 @@ def test_each_bench_is_divided_by_the_speed_the_other_benches_saw():
 def test_speed_levels_put_each_estimator_back_where_the_raw_reference_has_it():
     """A reference at 10 ms for 30 rounds, then 20 % slower for 70: divided by its speed every run is at the median
     (slow) state; the levels bring p10 and min back to the fast state and leave the median where it is."""
-    from zoo.latency.drift import machine_speed, speed_levels
+    from zoo.latency.timing import machine_speed, speed_levels
 
     raw = np.r_[np.full(30, 10.0), np.full(70, 12.0)] + np.random.default_rng(0).uniform(0, 0.01, 100)
     levels = speed_levels(raw, machine_speed(raw))

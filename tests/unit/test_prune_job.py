@@ -140,8 +140,8 @@ def test_prune_quality_brackets_a_target_every_tried_plan_misses(digits_prune, m
     plan tried on that side, each timed, until one is within 2 % or on the other side of the target (then the two
     around it are interpolated); a search whose plan for a lower target can be faster (random) is stepped further.
     A cell already at the target adds nothing."""
-    from benchmarks.prune_quality import BRACKET_TIMINGS, TOLERANCE, at_target, bracketing
     from benchmarks.prune_speedup import compose
+    from studies.prune_quality import BRACKET_TIMINGS, TOLERANCE, at_target, bracketing
     from zoo.jobs import plan as planning
     from zoo.jobs.baseline import load_or_train_baseline
     from zoo.jobs.final_timing import build_job_table

@@ -329,7 +329,7 @@ def test_decoder_made_in_inference_mode_works_outside_it():
 
 
 def test_large_decay_matrices_are_not_kept_between_calls():
-    from zoo.models import retention
+    from zoo.models.retnet import ops as retention
 
     retention._cached_decay_tables.cache_clear()
     small = retention.decay_tables((-0.1, -0.2), 16, torch.device("cpu"), torch.float32)

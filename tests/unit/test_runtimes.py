@@ -17,8 +17,8 @@ from zoo.errors import ZooError
 from zoo.latency import TableSettings, build_table
 from zoo.latency.build import STATS, fixed_from_whole, record_cost
 from zoo.latency.device import timing_context
-from zoo.latency.rounds import Pending, measure_rounds
 from zoo.latency.runtime import RuntimeCall, RuntimeFailure, check_runtime, in_runtime, tensorrt_backend
+from zoo.latency.timing import Pending, measure_rounds
 from zoo.pruning.capture import Capture
 
 from ..helpers import TINY_PRUNE, prune_in_process

@@ -40,8 +40,8 @@ def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any =
     `unfused`, as ``<name>_eager`` as it is. `settings`: a :class:`~zoo.latency.NetworkTimingSettings` (None: its
     defaults).
     """
+    from ..latency.accuracy import time_networks
     from ..latency.measure import measured_form, prepare
-    from ..latency.networks import time_networks
     from ..latency.settings import NetworkTimingSettings
 
     device = next(table.model.parameters()).device

@@ -15,11 +15,10 @@ Imports only torch, timm, numpy, filelock and the standard library (``python -m 
 from .accuracy import NetworkResult, PredictionError, correct, prediction_error, random_plans
 from .build import build_table
 from .cache import LatencyCache, LatencyCacheWarning, default_cache_dir
-from .correction import Correction
 from .device import LatencyDeviceError, keep_freed_memory, resolve_device, resolve_dtype
 from .measure import Bench, LatencyStats, MeasureSettings, measure
 from .settings import NetworkTimingSettings, TableSettings
-from .table import LatencyTable
+from .table import Correction, LatencyTable
 
 __all__ = [
     "Bench", "Correction", "LatencyCache", "LatencyCacheWarning", "LatencyDeviceError", "LatencyStats", "LatencyTable",

@@ -1,10 +1,14 @@
-"""How well a table predicts measured end-to-end latency, and a correction where one helps.
+"""Whole networks timed side by side: interleaved rounds (A B C A B C ...) on the same inputs, under a table's
+conditions (device, dtype, layout, threads, runtime). A table's prediction check (:mod:`zoo.latency.accuracy`),
+``prune.py``'s final measurement and the benchmarks time networks this way.
+
+How well a table predicts measured end-to-end latency, and a correction where one helps.
 
 :func:`prediction_error` times the original network and pruned networks (:func:`zoo.pruning.surgery.apply_plan`, merged)
-in interleaved rounds (A B C ... A' ... each round, :func:`~zoo.latency.networks.time_networks`), with the table's
+in interleaved rounds (A B C ... A' ... each round, :func:`~zoo.latency.accuracy.time_networks`), with the table's
 device, dtype, layout, thread count and runtime. The original runs twice (A and A'); their relative difference is
 the **noise floor**: a prediction error below it cannot be told from measurement noise. :func:`correct` does this
-for random plans and fits a correction ``scale * raw + offset`` (:func:`~zoo.latency.correction.fit_correction`:
+for random plans and fits a correction ``scale * raw + offset`` (:func:`~zoo.latency.table.fit_correction`:
 kind scale or offset, chosen by leave-one-out error over the measured networks), kept only when it beats the raw
 prediction on networks it was not fit on by more than the noise floor; otherwise there is none (raw predictions
 are used).
@@ -19,12 +23,56 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..pruning.surgery import Segment
-from .correction import Correction, fit_correction
-from .measure import Bench
-from .networks import pruned_network, time_networks
+import torch
+from torch import nn
+
+from ..pruning.surgery import Segment, apply_plan
+from .cache import device_lock
+from .device import resolve_dtype, timing_context
+from .measure import Bench, measured_form, prepare, time_rounds
+from .runtime import in_runtime
 from .settings import NetworkTimingSettings
-from .table import LatencyTable
+from .table import Correction, LatencyTable, fit_correction
+
+
+def time_interleaved(callables: Sequence[Any], args: Sequence[Any], kwargs: Mapping[str, Any], device: torch.device,
+                     dtype: torch.dtype, threads: int, settings: NetworkTimingSettings, cuda_graph: bool = False,
+                     clock: str = "wall") -> list[Bench]:
+    """Time callables on the same inputs in interleaved rounds (A B C A B C ...); one bench per callable."""
+    benches = [Bench(fn, tuple(args), kwargs, device, cuda_graph, clock) for fn in callables]
+    with device_lock(device), timing_context(device, dtype, threads):
+        benches[0].warmup(settings.warmup_s)
+        for bench in benches:
+            bench.warmup(settings.net_warmup_s)
+        time_rounds(benches, (settings.min_rounds, settings.max_rounds), settings.runs_per_round, settings.rel_tol,
+                    settings.max_time_s, warm_calls=settings.warm_calls, order=settings.round_order)
+    return benches
+
+
+def time_networks(nets: Sequence[nn.Module], example: Any, forward_kwargs: Mapping[str, Any], table: LatencyTable,
+                  settings: NetworkTimingSettings, labels: Sequence[str] | None = None) -> list[Bench]:
+    """Time whole networks in interleaved rounds under the table's conditions (its runtime too: each network is
+    compiled or exported first, once per distinct network); one bench per network. `labels` name them in errors."""
+    device = next(iter(table.model.parameters())).device
+    dtype = resolve_dtype(table.condition["dtype"], device)
+    runtime, threads = table.settings.runtime, table.settings.threads
+    made: dict[int, Any] = {}
+    with timing_context(device, dtype, threads):
+        for i, net in enumerate(nets):
+            if id(net) not in made:
+                what = f"network {labels[i] if labels else i}"
+                made[id(net)] = in_runtime(net, (example,), forward_kwargs, runtime, device, threads, dtype, what)
+    return time_interleaved([made[id(net)] for net in nets], (example,), forward_kwargs, device, dtype, threads,
+                            settings, table.settings.cuda_graph, table.settings.clock)
+
+
+def pruned_network(table: LatencyTable, plan: Mapping[str, Any]) -> nn.Module:
+    """The table's model with `plan` applied (a copy), prepared like the table's segments."""
+    model = measured_form(apply_plan(table.model, dict(plan), inplace=False), table.settings)
+    channels_last = table.condition["layout"] == "channels_last"
+    return prepare(model, next(iter(table.model.parameters())).device, channels_last)
+
+
 
 
 @dataclass
@@ -184,4 +232,5 @@ def correct(table: LatencyTable, n_plans: int = 5, seed: int = 0, settings: Netw
     return error
 
 
-__all__ = ["NetworkResult", "PredictionError", "correct", "prediction_error", "random_plans"]
+__all__ = ["NetworkResult", "PredictionError", "correct", "prediction_error", "pruned_network", "random_plans",
+    "time_interleaved", "time_networks"]

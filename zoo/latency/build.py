@@ -30,15 +30,12 @@ from ..errors import ZooError
 from ..pruning.capture import Capture, capture_segments, describe, replay_model
 from ..pruning.surgery import Segment, build_segment, segments
 from .cache import LatencyCache, LatencyCacheWarning, device_lock
-from .context import context_overhead_record, measure_in_context
 from .device import resolve_device, resolve_dtype, timing_context
-from .keys import FIXED, OVERHEAD, WHOLE, condition_key, record_key
 from .measure import Bench, call_peak_memory, check_clock, measured_form, prepare
-from .protocol import choose_cuda_timing
-from .rounds import Pending, measure_rounds
 from .runtime import check_runtime
-from .settings import TableSettings
+from .settings import FIXED, OVERHEAD, WHOLE, TableSettings, condition_key, record_key
 from .table import LatencyTable, variant_label
+from .timing import Pending, choose_cuda_timing, context_overhead_record, measure_in_context, measure_rounds
 
 logger = logging.getLogger("zoo.latency")
 

@@ -1,5 +1,5 @@
 """The on-disk latency cache: one JSON file per measurement condition, its records (under the file's ``entries``)
-keyed by record key (:func:`~zoo.latency.keys.record_key`).
+keyed by record key (:func:`~zoo.latency.settings.record_key`).
 
 A condition is (device name, torch version, dtype, batch size, input size, layout, threads, workload, timing
 protocol, clock, form, runtime, host allocator). Writers

@@ -1,4 +1,7 @@
-"""Latency lookup tables: one record per (segment signature, variant), plus the parts never removed.
+"""The correction a table may carry: ``corrected = scale * raw + offset_ms`` for a whole-network prediction, and its
+fit to measured networks by leave-one-out error (:func:`fit_correction`).
+
+Latency lookup tables: one record per (segment signature, variant), plus the parts never removed.
 
 The prediction for a plan is ``fixed + sum over segments of cost(segment, variant chosen by the plan)``, where
 
@@ -18,13 +21,14 @@ The prediction for a plan is ``fixed + sum over segments of cost(segment, varian
 
 Identical segments (same architecture, inputs and variant) share one cache record across models and runs; see
 :mod:`zoo.latency.cache`. :func:`~zoo.latency.accuracy.correct` may fit a correction ``scale * raw + offset``
-(:class:`~zoo.latency.correction.Correction`) that :meth:`~LatencyTable.predict` and
+(:class:`~zoo.latency.table.Correction`) that :meth:`~LatencyTable.predict` and
 :meth:`~LatencyTable.segment_costs` apply. Tables are built by :func:`~zoo.latency.build.build_table`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,8 +36,54 @@ from torch import nn
 
 from ..errors import PlanError
 from ..pruning.surgery import Segment
-from .correction import Correction
 from .settings import TableSettings
+
+
+@dataclass(frozen=True)
+class Correction:
+    """``corrected = scale * raw + offset_ms`` for a whole-network prediction (kind: none, scale or offset)."""
+
+    kind: str = "none"
+    scale: float = 1.0
+    offset_ms: float = 0.0
+
+    def apply(self, raw_ms: float) -> float:
+        return self.scale * raw_ms + self.offset_ms
+
+
+def _fit(kind: str, predicted: Sequence[float], measured: Sequence[float]) -> Correction:
+    if kind == "scale":
+        return Correction("scale", statistics.median(m / p for p, m in zip(predicted, measured)), 0.0)
+    if kind == "offset":
+        return Correction("offset", 1.0, statistics.median(m - p for p, m in zip(predicted, measured)))
+    return Correction()
+
+
+def fit_correction(predicted: Sequence[float], measured: Sequence[float], margin: float = 0.0
+                   ) -> tuple[Correction, float]:
+    """The correction kind with the lowest leave-one-out mean abs relative error, and that error.
+
+    A correction is kept only when its leave-one-out error beats the raw prediction's error by more than `margin`
+    (a relative error, e.g. the noise floor: an improvement smaller than the measurement noise is not evidence);
+    otherwise 'none' is returned with the raw error.
+    """
+    n = len(predicted)
+    if n < 2:
+        return Correction(), float("nan")
+    loo: dict[str, float] = {}
+    for kind in ("none", "scale", "offset"):
+        errors = []
+        for i in range(n):
+            rest = [j for j in range(n) if j != i]
+            corr = _fit(kind, [predicted[j] for j in rest], [measured[j] for j in rest])
+            errors.append(abs(corr.apply(predicted[i]) / measured[i] - 1.0))
+        loo[kind] = statistics.fmean(errors)
+    best = min(("scale", "offset"), key=lambda kind: loo[kind])
+    if loo[best] < loo["none"] - margin - 1e-12:
+        return _fit(best, predicted, measured), loo[best]
+    return Correction(), loo["none"]
+
+
 
 
 def variant_label(segment: Segment, variant: frozenset[str]) -> str:
@@ -213,4 +263,4 @@ class LatencyTable:
         return "\n".join(lines)
 
 
-__all__ = ["LatencyTable", "variant_label"]
+__all__ = ["Correction", "LatencyTable", "fit_correction", "variant_label"]

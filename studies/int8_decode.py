@@ -19,8 +19,8 @@ perplexity's relative increase, upper 95 % bound over seeds, <= 2 %.
 
 Resumable: each finished part is stored with the fingerprint of its inputs; a rerun keeps matching parts.
 
-    python -m benchmarks run int8_decode --device cpu      # about 15 minutes on 2 cores
-    python -m benchmarks.int8_decode [--parts speed,quality] [--seeds 5] [--quick] [--resume FILE]
+    python -m studies.int8_decode                          # about 15 minutes on 2 cores
+    python -m studies.int8_decode [--parts speed,quality] [--seeds 5] [--quick] [--resume FILE]
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ from typing import Any
 import torch
 
 import zoo
-from benchmarks.common import Check, environment, judge, results_dir, write_result
-from benchmarks.int8_depth import python_job
+from benchmarks.common import Check, environment, judge, python_job, results_dir, write_result
 from zoo.files import json_digest
 from zoo.latency.device import timing_context
 from zoo.models.retnet import RecurrentDecoder

@@ -2,7 +2,7 @@
 
 One cold table build (fresh cache, the table protocol under test), then the original network and `--plans` random
 pruned networks are timed end to end in interleaved rounds with hooks at every segment's boundaries
-(:class:`zoo.latency.context.ContextBench`). For every network the prediction error splits exactly into
+(:class:`zoo.latency.timing.ContextBench`). For every network the prediction error splits exactly into
 
 * **segments**: the table's entry costs minus the same segments' times inside the network;
 * **rest**: the table's fixed part minus the network's time outside the segments (stem, head, glue);
@@ -17,14 +17,14 @@ benchmark's anchored error is), and per network the three segments with the larg
 isolated entries are timed once more (``--rebuild``) to show how much of the gap is drift between the build and the
 networks' measurement rather than isolation.
 
-    python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --batch-size 1 --plans 6 [--entries isolated]
-    python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --drift 120   # the machine's own speed over time
-    python -m benchmarks.latency_diagnosis --model retnet_small --drift 120 --drift-window 5 --alternate-cpus
-    python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --hooks 100   # the build's level vs a session's
-    python -m benchmarks.latency_diagnosis --model tresnet_m --sessions 2 --plans 12   # one table, K sessions
-    python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --neighbours 6   # the previous network's effect
-    python -m benchmarks.latency_diagnosis --model mobilenetv2_100 --part-drift 36 [--memory-hog]  # drift per part
-    python -m benchmarks.latency_diagnosis --page-faults 2048,512 2048,2048 1024,512   # a conv with glibc's
+    python -m studies.latency_diagnosis --model mobilenetv2_100 --batch-size 1 --plans 6 [--entries isolated]
+    python -m studies.latency_diagnosis --model mobilenetv2_100 --drift 120   # the machine's own speed over time
+    python -m studies.latency_diagnosis --model retnet_small --drift 120 --drift-window 5 --alternate-cpus
+    python -m studies.latency_diagnosis --model mobilenetv2_100 --hooks 100   # the build's level vs a session's
+    python -m studies.latency_diagnosis --model tresnet_m --sessions 2 --plans 12   # one table, K sessions
+    python -m studies.latency_diagnosis --model mobilenetv2_100 --neighbours 6   # the previous network's effect
+    python -m studies.latency_diagnosis --model mobilenetv2_100 --part-drift 36 [--memory-hog]  # drift per part
+    python -m studies.latency_diagnosis --page-faults 2048,512 2048,2048 1024,512   # a conv with glibc's
                                                             # thresholds and with freed memory kept, side by side
 """
 
@@ -50,12 +50,11 @@ import torch
 from benchmarks.latency_table import exact_rounds
 from zoo.files import write_json
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, prediction_error, random_plans
-from zoo.latency.context import ContextBench, hook_overhead_ms
+from zoo.latency.accuracy import pruned_network
 from zoo.latency.device import keep_freed_memory, timing_context
-from zoo.latency.drift import estimator_runs
 from zoo.latency.measure import ROUND_ORDERS, Bench, time_rounds
-from zoo.latency.networks import pruned_network
 from zoo.latency.table import variant_label
+from zoo.latency.timing import ContextBench, estimator_runs, hook_overhead_ms
 
 RESULTS = Path(__file__).parent / "results"
 

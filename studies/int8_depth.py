@@ -32,20 +32,17 @@ inputs (model, sizes, protocol, versions; for the digits seeds also the baseline
 retrains: its seeds are kept only if the baseline comes out bit for bit the same); a rerun keeps what matches and
 recomputes the rest, saying which.
 
-    python -m benchmarks run int8_depth --device cpu            # every CNN family (hours on 2 cores)
-    python -m benchmarks.int8_depth --models mobilenetv2_100 [--parts speed,quality] [--seeds 5] [--quick]
+    python -m studies.int8_depth --device cpu                   # every CNN family (hours on 2 cores)
+    python -m studies.int8_depth --models mobilenetv2_100 [--parts speed,quality] [--seeds 5] [--quick]
         [--resume results/int8_depth_cpu.json] [--workdir DIR] [--device cuda]
-    python -m benchmarks.int8_depth --summarise results/int8_depth_cpu.json   # verdicts again, no measuring
+    python -m studies.int8_depth --summarise results/int8_depth_cpu.json   # verdicts again, no measuring
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -53,14 +50,24 @@ from typing import Any
 import torch
 
 import zoo
-from benchmarks.common import Budget, Check, environment, families, judge, results_dir, smoke_model, write_result
+from benchmarks.common import (
+    Budget,
+    Check,
+    environment,
+    families,
+    judge,
+    python_job,
+    results_dir,
+    smoke_model,
+    write_result,
+)
 from benchmarks.runtime_tables import speed_plan
-from benchmarks.stats import compare, verdicts
+from studies.stats import compare, verdicts
 from zoo.files import json_digest
 from zoo.jobs.prune_config import INT8_PAIRS
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, prediction_error, random_plans
+from zoo.latency.accuracy import pruned_network, time_interleaved
 from zoo.latency.device import timing_context
-from zoo.latency.networks import pruned_network, time_interleaved
 from zoo.latency.runtime import in_runtime
 from zoo.pruning.importance import weights_digest
 
@@ -189,16 +196,6 @@ def speed_part(model: str, quick: bool, cache_dir: Path, device: str = "cpu") ->
 
 
 # ------------------------------------------------------------------------------------------------ quality
-def python_job(script: str, overrides: list[str], run_dir: Path, workdir: Path) -> dict[str, Any]:
-    """``python <script> overrides`` in `run_dir` (offline, no logger); its results.json."""
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, str(ROOT / script), *overrides, "logger=none", "trainer.progress=false",
-               f"hydra.run.dir={run_dir}", f"paths.log_dir={workdir / 'outputs'}"]
-    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{script} {' '.join(overrides)} failed ({proc.returncode}): "
-                           f"{(proc.stdout + proc.stderr)[-3000:]}")
-    return json.loads((run_dir / "results.json").read_text())
 
 
 def quality_overrides(model: str, quick: bool) -> list[str]:

@@ -7,7 +7,7 @@ whole (wall clock, the process from start to exit) and per phase (``results.json
 (previous, today, previous, today, ...) so the machine's drift hits both alike; the verdict compares the medians:
 today's default at most ``LIMIT`` times the previous one.
 
-    python -m benchmarks.prune_cost [--pairs 2] [--quick]
+    python -m studies.prune_cost [--pairs 2] [--quick]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ One cold table build in `--runtime` (fresh cache), then, for the original and ea
 
 * **whole**: the pruned network compiled or exported as one program (what a user deploys, what the suite measures);
 * **segmented**: the same network with every segment replaced by its own compiled/exported program, run in sequence
-  with hooks at the segment boundaries (:class:`zoo.latency.context.ContextBench`): each segment's time *in context*
+  with hooks at the segment boundaries (:class:`zoo.latency.timing.ContextBench`): each segment's time *in context*
   (the cache state the network leaves it, its weights evicted by the layers since) with one program call each;
 * **table**: the table's raw and anchored prediction, and per changed segment its table cost.
 
@@ -14,7 +14,7 @@ If the table's anchored prediction matches *whole*, its entries (chained, timed 
 the compiled network; if *segmented* minus *whole* is large, the runtime gains across segment boundaries (fusion,
 layout kept between programs), which a per-segment table cannot see.
 
-    python -m benchmarks.runtime_diagnosis --model mobilenetv2_100 --runtime compile --plans 4,6,12,0
+    python -m studies.runtime_diagnosis --model mobilenetv2_100 --runtime compile --plans 4,6,12,0
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from torch import nn
 
 from benchmarks.common import environment, write_result
 from zoo.latency import build_table, random_plans
-from zoo.latency.context import ContextBench, hook_overhead_ms
+from zoo.latency.accuracy import pruned_network
 from zoo.latency.device import timing_context
 from zoo.latency.measure import Bench, measured_form, prepare, time_rounds
-from zoo.latency.networks import pruned_network
 from zoo.latency.runtime import check_runtime, in_runtime
+from zoo.latency.timing import ContextBench, hook_overhead_ms
 from zoo.pruning.capture import capture_segments
 from zoo.pruning.surgery import build_segment
 

@@ -21,7 +21,7 @@ For each family, on a task that is not near its ceiling (real data that exists o
 A seed changes the calibration batches (so the importance and the plan scores), the random search and the
 fine-tune's data order. The default rule is the one ``conf/prune.yaml`` sets (fixed before the run; it was chosen
 by ``--select`` on development seeds and data the suite never tests on). The statistics, the targets, the tables
-and the plot: :mod:`benchmarks.prune_quality_report` (``--summarise`` recomputes them from a stored result).
+and the plot: :mod:`studies.prune_quality_report` (``--summarise`` recomputes them from a stored result).
 
 The families: every declared family (``zoo.list_families()``). Four have a task tuned here (``TUNED``: a member and
 size whose converged baseline fits a 2-core CPU, not at its ceiling; its name keys the stored cells); a family without
@@ -35,18 +35,19 @@ with the best mean rank over families, targets and stages is reported as the cho
 Each cell is stored in the work directory under a key of everything that determines it (family config, baseline
 weights, rule, seed, target, protocol), so an interrupted run continues and a changed input is recomputed.
 
-    python -m benchmarks.prune_quality [--quick] [--families a,b] [--seeds 5] [--first-seed 0] [--workdir DIR]
+    python -m studies.prune_quality [--quick] [--families a,b] [--seeds 5] [--first-seed 0] [--workdir DIR]
         [--device cpu] [--resume RESULT.json]   # --resume: keep the stored families whose inputs match
-    python -m benchmarks.prune_quality --confirmatory --workdir DIR --out results \
-        --resume results/prune_quality_confirmatory_cpu.json   # the declared run; resumes its committed families
-    python -m benchmarks.prune_quality --select [--families a,b] [--workdir DIR]
-    python -m benchmarks.prune_quality --summarise RESULT.json [--out DIR]   # statistics, verdicts, plot again
+    python -m studies.prune_quality --confirmatory --workdir DIR --out results \
+        --resume results/prune_quality_confirmatory_cpu.json.gz   # the declared run; resumes its committed families
+    python -m studies.prune_quality --select [--families a,b] [--workdir DIR]
+    python -m studies.prune_quality --summarise RESULT.json [--out DIR]   # statistics, verdicts, plot again
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gzip
 import json
 import math
 import statistics
@@ -60,8 +61,9 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import families as declared_families
-from benchmarks.common import judge, results_dir, smoke_model, write_result
-from benchmarks.prune_quality_report import (
+from benchmarks.common import judge, read_json, results_dir, smoke_model, write_result
+from benchmarks.prune_speedup import compose
+from studies.prune_quality_report import (
     STAGES,
     TARGETS,
     checks,
@@ -73,7 +75,6 @@ from benchmarks.prune_quality_report import (
     summarise_again,
     with_statistics,
 )
-from benchmarks.prune_speedup import compose
 
 __all__ = ["checks", "markdown", "overall", "run", "summarise_again", "with_statistics"]
 
@@ -323,8 +324,8 @@ class Family:
                   ) -> dict[str, Any]:
         """Quality of `plan` one-shot and after the short fine-tune (seeded by `seed`), per sample of `loader` (the
         validation split by default; `reference`: the baseline's outputs on it)."""
-        from zoo.pruning import surgery
         from zoo.jobs.finetune import finetune
+        from zoo.pruning import surgery
         from zoo.training.logger import NullLogger
 
         loader, reference = (self.data.val, self.reference) if loader is None else (loader, reference)
@@ -482,9 +483,9 @@ def at_target(tried: list[dict[str, Any]], wanted: float, tolerance: float = TOL
 def measure_plans(family: Family, plans: dict[str, dict[str, Any]], settings: dict[str, Any]
                   ) -> dict[str, dict[str, float]]:
     """Every distinct plan beside the baseline, in one interleaved session: latency (ms) and measured speed-up."""
-    from zoo.pruning import surgery
     from zoo.jobs.final_timing import measure_side_by_side
     from zoo.latency import NetworkTimingSettings
+    from zoo.pruning import surgery
 
     nets = {"baseline": family.baseline}
     nets.update({name: surgery.apply_plan(family.baseline, plan, inplace=False).eval() for name, plan in plans.items()})
@@ -726,14 +727,14 @@ def finished_families(path: str | Path) -> dict[str, dict[str, Any]]:
     """The families of a stored ``prune_quality`` result, by name (raises ValueError, with what is allowed, when the
     file is not one)."""
     try:
-        stored = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        stored = read_json(path)
+    except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile, json.JSONDecodeError) as exc:
         raise ValueError(f"--resume {path}: not a readable JSON file ({type(exc).__name__}: {exc}); allowed: a "
-                         "prune_quality.json this suite wrote") from None
+                         "prune_quality.json.gz this study wrote") from None
     suite = stored.get("suite") if isinstance(stored, dict) else None
     if suite != "prune_quality" or not isinstance(stored.get("families"), list):
         raise ValueError(f"--resume {path}: not a prune_quality result (its suite: {suite!r}); allowed: a "
-                         "prune_quality.json this suite wrote")
+                         "prune_quality.json.gz this study wrote")
     return {f["family"]: f for f in stored["families"] if isinstance(f, dict) and "family" in f}
 
 
@@ -748,7 +749,7 @@ def run(quick: bool = False, device: str = "auto", out: str | None = None, famil
         seeds: int | None = None, workdir: str | None = None, rules: list[str] | None = None, first_seed: int = 0,
         resume: str | None = None, name: str = "prune_quality") -> dict[str, Any]:
     """Every family's cells, statistics and verdicts (5 seeds from `first_seed`; 2 with `quick`), written to
-    ``<name>.json`` after each family. A later `first_seed` gives fresh seeds: a confirmatory run of a protocol
+    ``<name>.json.gz`` after each family. A later `first_seed` gives fresh seeds: a confirmatory run of a protocol
     declared after an earlier run's seeds were seen. `resume`: a stored result whose families are kept when their
     inputs (:func:`family_inputs`) match, and recomputed, saying why, when they do not: a run longer than a session
     continues from the result it committed. Every write holds the kept families, so an interrupted run loses none."""
@@ -796,14 +797,14 @@ def run(quick: bool = False, device: str = "auto", out: str | None = None, famil
         result["families"] = [done[k] for k in names if k in done]
         result["overall"] = overall(result)
         result["seconds"] = round(time.perf_counter() - start, 1)
-        write_result(name, result, out)  # after every family: a long run keeps what it finished
+        write_result(name, result, out, compress=True)  # after every family: a long run keeps what it finished
     result["families"] = [done[k] for k in names]
     result["overall"] = overall(result)
     result["seconds"] = round(time.perf_counter() - start, 1)
     figure = plot(result, results_dir(out) / f"{name}.png")
     result["plot"] = str(figure) if figure else None
     judge("prune_quality", result)
-    write_result(name, result, out)
+    write_result(name, result, out, compress=True)
     return result
 
 

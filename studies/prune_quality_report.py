@@ -1,7 +1,7 @@
 """The statistics, verdicts, tables and plot of a ``prune_quality`` result: everything computed from its stored
-cells, nothing measured (``python -m benchmarks.prune_quality --summarise RESULT.json`` runs only this part).
+cells, nothing measured (``python -m studies.prune_quality --summarise RESULT.json`` runs only this part).
 
-Statistics (:mod:`benchmarks.stats`): the default against every other rule, paired by seed at each target and stage, t
+Statistics (:mod:`studies.stats`): the default against every other rule, paired by seed at each target and stage, t
 test (or a paired bootstrap over the validation samples when the seeds do not vary), Holm-corrected over the family's
 comparisons: better, worse or tie. A sensitivity analysis (``span_sensitivity``, declared after the 2026-12-04 run,
 so never a verdict) repeats them without the cells interpolated between plans more than ``SPAN`` (10 %) from the
@@ -14,7 +14,6 @@ least three, the scorer's Spearman at 2.0x at least 0.8 in every family.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
@@ -22,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import stats
-from benchmarks.common import Check, judge, markdown_table, results_dir, verdicts, write_result
+from benchmarks.common import Check, judge, markdown_table, read_json, results_dir, verdicts, write_result
+from studies import stats
 
 TARGETS = (1.5, 2.0)
 STAGES = ("one_shot", "short")
@@ -256,13 +255,13 @@ def checks(result: dict[str, Any]) -> list[Check]:
 
 def summarise_again(path: str | Path, out: str | None = None) -> dict[str, Any]:
     """Recompute the statistics, verdicts and plot of a stored result from its cells (nothing is measured again)."""
-    result = json.loads(Path(path).read_text())
+    result = read_json(path)
     result["families"] = [with_statistics(family, result["default"]) for family in result["families"]]
     result["overall"] = overall(result)
     figure = plot(result, results_dir(out) / "prune_quality.png")
     result["plot"] = str(figure) if figure else None
     judge("prune_quality", result)
-    write_result("prune_quality", result, out)
+    write_result("prune_quality", result, out, compress=True)
     return result
 
 

@@ -1,0 +1,89 @@
+"""RetNet's training cost vs sequence length: a forward + backward + AdamW step in the parallel and the chunkwise
+form, its time and its peak memory (``torch.cuda.max_memory_allocated`` on CUDA; on the CPU the bytes of the tensors
+autograd saves for backward, the activation memory that grows with length).
+
+    python -m studies.retnet_training_cost [--quick] [--device cpu|cuda] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import zoo
+from benchmarks.retnet_decode import FULL, QUICK, time_calls, warm_up
+from zoo.files import write_json
+from zoo.models.retnet import RetNet
+
+
+def _saved_tensor_bytes(step: Callable[[], None]) -> int:
+    """Bytes of the distinct storages autograd saves for backward during `step`'s forward."""
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    return sum(storages.values())
+
+
+def bench_train(model: RetNet, cfg: dict, device: torch.device, batch: int) -> list[dict[str, Any]]:
+    rows = []
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.train()
+    for length in cfg["train_lengths"]:
+        ids = torch.randint(0, model.vocab_size, (batch, length + 1), device=device)
+        for mode in ("parallel", "chunkwise"):
+            def step(mode=mode, ids=ids):
+                logits = model(ids[:, :-1], mode=mode)
+                loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+            warm_up([step], min(cfg["warmup_s"], 0.2), device)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+                step()
+                peak, method = torch.cuda.max_memory_allocated(device), "cuda max_memory_allocated"
+            else:
+                peak, method = _saved_tensor_bytes(step), "bytes saved for backward"
+            seconds = statistics.median(time_calls(step, cfg["train_repeats"], device))
+            rows.append({"mode": mode, "length": length, "chunk_size": model.chunk_size, "step_ms": 1e3 * seconds,
+                         "peak_bytes": peak, "memory": method})
+    model.eval()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny smoke-test configuration")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("retnet_training_cost.json"), help="JSON result file")
+    args = parser.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    device = torch.device(args.device)
+    torch.set_num_threads(1) if device.type == "cpu" else None
+    torch.manual_seed(0)
+    model = zoo.create_model(cfg["model"], **cfg["overrides"]).to(device)
+    result = {"study": "retnet_training_cost", "model": cfg["model"], "device": str(device), "batch": args.batch,
+              "torch": torch.__version__, "rows": bench_train(model, cfg, device, args.batch)}
+    write_json(args.out, result)
+    for row in result["rows"]:
+        mib = row["peak_bytes"] / 2**20
+        print(f"{row['mode']:>9} {row['length']:>6} tokens: {row['step_ms']:.1f} ms, {mib:.1f} MiB")
+    return result
+
+
+if __name__ == "__main__":
+    main()
