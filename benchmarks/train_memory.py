@@ -108,7 +108,7 @@ def cuda_peak_mb(model: nn.Module, x: torch.Tensor, bf16: bool) -> float | None:
 
 RSS_SCRIPT = """
 import sys, torch, zoo
-from zoo.training.engine import peak_rss_mb
+from zoo.training.resources import peak_rss_mb
 name, size, batch, ckpt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 torch.set_num_threads(1)
 lm = zoo.get_entry(name).task == "language_model"

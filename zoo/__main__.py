@@ -1,4 +1,5 @@
-"""``python -m zoo list [pattern]``: a table of every registered model; ``python -m zoo info NAME``."""
+"""``python -m zoo list [pattern]``: a table of every registered model; ``python -m zoo info NAME``; ``python -m zoo
+report SWEEP_DIR``: a sweep's report (:mod:`zoo.jobs.sweep_report`)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     list_cmd.add_argument("--pretrained", action="store_true", help="list pretrained tags and their eval configs")
     info_cmd = sub.add_parser("info", help="one model's details as JSON")
     info_cmd.add_argument("name")
+    sub.add_parser("report", help="a sweep's report.md, report.csv and pareto.png (python -m zoo report --help)",
+                   add_help=False)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["report"]:  # its own options: the sweep report's command line
+        from .jobs.sweep_report import main as report_main
+
+        return report_main(argv[1:])
     args = parser.parse_args(argv)
     try:
         load_plugins()

@@ -127,7 +127,8 @@ def test_report_lists_failed_and_missing_jobs_and_refuses_mixed_devices(sweep, t
     (report_run,) = [read_run(f) for f in find_run_files(copy / "wandb")]
     assert report_run.run["name"] == "report" and report_run.exit_code == 0
     assert any("report/table/_type" in row for row in report_run.history)
-    cli = subprocess.run([sys.executable, "-m", "zoo.report", str(tmp_path / "nope")], capture_output=True, text=True)
+    cli = subprocess.run([sys.executable, "-m", "zoo", "report", str(tmp_path / "nope")], capture_output=True,
+                         text=True)
     assert cli.returncode == 2 and "does not exist" in cli.stderr
 
 

@@ -217,7 +217,7 @@ def test_the_trainer_uses_the_configured_share(tmp_path):
 
 
 def test_the_cpu_peak_covers_the_training_not_the_process():
-    from zoo.training.engine import peak_rss_mb, reset_peak_memory
+    from zoo.training.resources import peak_rss_mb, reset_peak_memory
 
     ballast = torch.ones(256 * 2**20 // 4)  # 256 MB, then freed
     ballast += 1

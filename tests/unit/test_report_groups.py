@@ -1,5 +1,5 @@
-"""zoo.report groups the jobs that repeat one config over seeds: mean and sample standard deviation in report.md
-and report.csv, error bars in pareto.png (checked against hand-computed numbers)."""
+"""The sweep report (`python -m zoo report`) groups the jobs that repeat one config over seeds: mean and sample
+standard deviation in report.md and report.csv, error bars in pareto.png (checked against hand-computed numbers)."""
 
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ SEED_KEYS = ("trainer.seed", "prune.seed")  # what a study repeats a config over
 
 def study_group(config: dict[str, Any]) -> str:
     """A hash of the determining config without its seeds: the jobs of a study that repeat one config over seeds
-    share it (``zoo.report`` reports their mean and spread)."""
+    share it (``python -m zoo report`` gives their mean and spread)."""
     kept = determining(config)
     for key in SEED_KEYS:
         _drop(kept, key)

@@ -1,4 +1,4 @@
-"""Turn a pruning sweep into one table and one plot: ``python -m zoo.report <sweep_dir>``.
+"""Turn a pruning sweep into one table and one plot: ``python -m zoo report <sweep_dir>``.
 
 Collects every job's ``results.json`` under the sweep directory, lists jobs that failed (``failed.json``) or
 have no result yet, and writes ``report.csv``, ``report.md`` (a table per model) and ``pareto.png``
@@ -311,7 +311,7 @@ class ReportCallback(SweepCallback):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zoo.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m zoo report", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir")
     parser.add_argument("--allow-mixed-devices", action="store_true")
     parser.add_argument("--wandb", action="store_true", help="also log the table and plot to W&B (offline)")

@@ -18,7 +18,8 @@ from ..training import distributed as dist_utils
 from ..training import state as ckpt
 from ..training.config import validate
 from ..training.data import DataBundle, build_loaders
-from ..training.engine import FitResult, fit, seed_everything
+from ..training.engine import FitResult, fit
+from ..training.resources import seed_everything
 from .model_spec import build_model, data_model_cfg, to_container
 
 _log = logging.getLogger(__name__)

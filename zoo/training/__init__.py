@@ -21,7 +21,7 @@ Library API::
   (``(1-w)*task + w*T^2*KL`` on softened logits, per token for LMs); :class:`Callback` hooks per step
   and epoch (``trainer.progress`` goes 0 -> 1, e.g. to blend activations towards identity). Returns a
   :class:`FitResult`. Checkpoints ``last``/``best`` in ``<output_dir>/checkpoints`` (:mod:`.state`).
-- :func:`evaluate`: metrics of a model on a loader (reduced over ranks).
+- :func:`evaluate` (:mod:`.evaluation`): metrics of a model on a loader (reduced over ranks).
 - :func:`model_name_from_checkpoint`: the model name in a checkpoint, for ``zoo.create_model(name, pretrained=p)``.
 - :func:`create_logger` (:mod:`.logger`): W&B (offline by default) or nothing.
 - ``zoo.jobs.train.run(cfg)``: a whole run from a composed Hydra config (what ``train.py`` does).
@@ -32,8 +32,10 @@ ConfigError. Language models get ``vocab_size=256`` unless overridden (smaller i
 
 from ..errors import CheckpointError, ConfigError, DataError, NonFiniteLossError, TrainingInterrupted
 from .data import DataBundle, build_loaders
-from .engine import Callback, FitResult, Trainer, evaluate, fit, seed_everything
+from .engine import Callback, FitResult, Trainer, fit
+from .evaluation import evaluate
 from .logger import NullLogger, WandbLogger, create_logger
+from .resources import seed_everything
 from .state import model_name_from_checkpoint
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The training engine: :func:`fit` trains an already-built model, :func:`evaluate` measures one.
+"""The training engine: :func:`fit` trains an already-built model (:mod:`.evaluation` measures one).
 
 Tasks: ``classification`` (cross-entropy, or timm's label-smoothing / soft-target losses with mixup/cutmix;
 metrics loss, acc1, acc5 in percent) and ``language_model`` (next-token cross-entropy over ``[B, T, V]`` logits;
@@ -18,11 +18,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import signal
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,8 @@ from ..signals import on_stop_signals
 from . import distributed as dist_utils
 from . import state as ckpt
 from .data import DataBundle, batches_per_epoch
+from .evaluation import default_monitor, distill_loss, evaluate
+from .resources import autocast, process_peak_memory, reset_peak_memory
 
 _log = logging.getLogger(__name__)
 
@@ -70,128 +71,6 @@ class FitResult:
     best_epoch: int | None = None
     memory: dict[str, Any] = field(default_factory=dict)  # peak memory of the training (process_peak_memory)
     converged: bool = False  # stopped by trainer.patience: the monitor stopped improving
-
-
-def process_peak_memory(device: torch.device) -> dict[str, float]:
-    """Peak memory of this training process: allocated tensors on CUDA (since :func:`reset_peak_memory`), resident
-    memory of the process on the CPU (its lifetime peak, as the OS counts it)."""
-    if device.type == "cuda":
-        return {"peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
-                "peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20}
-    return {"peak_rss_mb": peak_rss_mb()}
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory in MB: Linux's VmHWM (its own address space's high-water mark), else
-    ru_maxrss (which on Linux also carries over a parent's peak into a child started from it)."""
-    import resource
-    import sys
-
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
-
-
-def reset_peak_memory(device: torch.device) -> str:
-    """Start counting the peak anew: CUDA's allocator statistics; on Linux the process's resident high-water mark
-    (``/proc/self/clear_refs``). Returns what the peak covers: ``training`` or, where it cannot be reset,
-    ``process`` (the whole process's lifetime)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return "training"
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak resident set size (Linux 4.0+)
-        return "training"
-    except OSError:
-        return "process"
-
-
-def seed_everything(seed: int, deterministic: bool = True) -> None:
-    """Seed Python, NumPy and torch; with `deterministic`, ask torch for deterministic kernels."""
-    import random
-
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
-
-
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def distill_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``T^2 * KL(teacher || student)`` on logits softened by T, averaged over rows (samples or tokens)."""
-    vocab = student.shape[-1]
-    log_s = F.log_softmax(student.reshape(-1, vocab).float() / temperature, dim=-1)
-    log_t = F.log_softmax(teacher.reshape(-1, vocab).float() / temperature, dim=-1)
-    return F.kl_div(log_s, log_t, reduction="batchmean", log_target=True) * temperature**2
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, loader: Iterable, task: str, device: torch.device | str | None = None,
-             precision: str = "fp32", channels_last: bool = False,
-             limit_batches: int | None = None) -> dict[str, float]:
-    """Metrics of `model` on `loader`, summed over all ranks.
-
-    classification: ``loss``, ``acc1``, ``acc5`` (percent); language_model: ``loss`` (nats/token), ``ppl``, ``bpb``
-    (bits per byte of text, from the data set's ``bytes_per_token``), ``tokens_per_s``.
-    """
-    from timm.utils import accuracy
-
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, top1, top5, count
-    start = time.perf_counter()
-    for index, (inputs, targets) in enumerate(loader):
-        if limit_batches is not None and index >= limit_batches:
-            break
-        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        if channels_last and inputs.dim() == 4:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
-        with autocast(device, precision):
-            logits = model(inputs)
-        logits = logits.float()
-        if task == "language_model":
-            count = targets.numel()
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
-            totals += torch.stack([loss.double(), loss.new_zeros(()).double(), loss.new_zeros(()).double(),
-                                   torch.tensor(count, dtype=torch.float64, device=device)])
-        else:
-            count = targets.shape[0]
-            loss = F.cross_entropy(logits, targets, reduction="sum")
-            top1, top5 = accuracy(logits, targets, topk=(1, min(5, logits.shape[-1])))
-            totals += torch.tensor([loss.item(), top1.item() * count / 100, top5.item() * count / 100, count],
-                                   dtype=torch.float64, device=device)
-    elapsed = time.perf_counter() - start
-    model.train(was_training)
-    loss_sum, top1, top5, count = dist_utils.all_reduce_sum(totals).tolist()
-    count = max(count, 1.0)
-    if task == "language_model":
-        loss = loss_sum / count
-        per_token = getattr(getattr(loader, "dataset", None), "bytes_per_token", 1.0)
-        return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "bpb": loss / math.log(2) / per_token,
-                "tokens_per_s": count / max(elapsed, 1e-9)}
-    return {"loss": loss_sum / count, "acc1": 100.0 * top1 / count, "acc5": 100.0 * top5 / count}
-
-
-def default_monitor(task: str) -> tuple[str, str]:
-    """The metric that picks ``best`` (and that train.py returns to sweepers) and its direction."""
-    return ("val/acc1", "max") if task == "classification" else ("val/loss", "min")
 
 
 class Trainer:

@@ -1,0 +1,75 @@
+"""What a training process sets up and reads about itself: seeds and determinism (:func:`seed_everything`), mixed
+precision (:func:`autocast`), and its peak memory (:func:`process_peak_memory`: the process's resident set, and CUDA's
+peak where there is one)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+_log = logging.getLogger(__name__)
+
+
+def process_peak_memory(device: torch.device) -> dict[str, float]:
+    """Peak memory of this training process: allocated tensors on CUDA (since :func:`reset_peak_memory`), resident
+    memory of the process on the CPU (its lifetime peak, as the OS counts it)."""
+    if device.type == "cuda":
+        return {"peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
+                "peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20}
+    return {"peak_rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: Linux's VmHWM (its own address space's high-water mark), else
+    ru_maxrss (which on Linux also carries over a parent's peak into a child started from it)."""
+    import resource
+
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+def reset_peak_memory(device: torch.device) -> str:
+    """Start counting the peak anew: CUDA's allocator statistics; on Linux the process's resident high-water mark
+    (``/proc/self/clear_refs``). Returns what the peak covers: ``training`` or, where it cannot be reset,
+    ``process`` (the whole process's lifetime)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return "training"
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak resident set size (Linux 4.0+)
+        return "training"
+    except OSError:
+        return "process"
+
+
+def seed_everything(seed: int, deterministic: bool = True) -> None:
+    """Seed Python, NumPy and torch; with `deterministic`, ask torch for deterministic kernels."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
