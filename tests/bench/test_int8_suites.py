@@ -17,6 +17,7 @@ from ..helpers import env_for
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.serial  # its plans need a table whose ceiling reaches the target: timing, never beside a worker
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_int8_depth_quick_times_five_forms_side_by_side_and_resumes(tmp_path, device):
     """The INT8 + depth suite on the smallest task: five forms timed in one session (speed-ups against the float32
@@ -57,6 +58,7 @@ def test_int8_depth_quick_times_five_forms_side_by_side_and_resumes(tmp_path, de
         == row["quality"]["seeds"]  # the seed's runs were not repeated
 
 
+@pytest.mark.serial  # compares two estimators of one measured speed-up: timing, never beside a worker
 def test_int8_decode_quick_measures_both_decoders_and_keeps_what_it_measured(tmp_path):
     """The INT8 decode suite on retnet_tiny: both decoders timed, each seed's perplexities recomputed here from its
     trained model, the statistics from the seeds, and a rerun keeps the finished parts (same inputs)."""
