@@ -19,9 +19,6 @@ from zoo.jobs.prune_config import PruneConfig, objective_values, register_config
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 
-register_configs(CONFIG_DIR)
-register_resolvers()
-
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="prune")
 def main(cfg: DictConfig) -> float | tuple[float, ...] | None:
@@ -30,5 +27,11 @@ def main(cfg: DictConfig) -> float | tuple[float, ...] | None:
     return run_job(cfg, run, lambda results: objective_values(results, list(cfg.prune.objectives)))
 
 
+def setup() -> None:
+    """Register the config schemas and the model plugins (``$DEPTHZOO_MODULES``): inside the error boundary."""
+    register_configs(CONFIG_DIR)
+    register_resolvers()
+
+
 if __name__ == "__main__":
-    guard(main, PruneConfig)
+    guard(main, PruneConfig, setup)

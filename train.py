@@ -19,9 +19,6 @@ from zoo.training.config import TrainConfig, register_configs
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 
-register_configs(CONFIG_DIR)
-register_resolvers()
-
 
 def monitored_metric(results: dict) -> float | None:
     return results["metrics"].get(results["monitor"])
@@ -34,5 +31,11 @@ def main(cfg: DictConfig) -> float | None:
     return run_job(cfg, run, monitored_metric)
 
 
+def setup() -> None:
+    """Register the config schemas and the model plugins (``$DEPTHZOO_MODULES``): inside the error boundary."""
+    register_configs(CONFIG_DIR)
+    register_resolvers()
+
+
 if __name__ == "__main__":
-    guard(main, TrainConfig)
+    guard(main, TrainConfig, setup)

@@ -30,6 +30,7 @@ from typing import Any
 
 from benchmarks.common import exit_code
 from benchmarks.report import DEFAULT_BUDGET_S, SETS, digest, judge_file, merge_files, run_suites, statuses
+from zoo.errors import run_command as boundary
 from zoo.files import atomic_write
 
 SUITES = {
@@ -70,7 +71,7 @@ def on_cuda(device: str) -> bool:
     return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 
-def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def run_suites_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from benchmarks.common import suite_module, verdict_table
 
     unknown = [s for s in args.suites if s not in SUITES]
@@ -126,12 +127,12 @@ def main(argv: list[str] | None = None) -> int:
                            "first report's)")
     merge_cmd.add_argument("--out", required=True, help="where the merged report is written")
     args = parser.parse_args(argv)
+    return boundary(lambda: command(args, parser))
+
+
+def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.command == "merge":
-        try:
-            report, code = merge_files(args.reports, args.set, args.out)
-        except (ValueError, OSError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        report, code = merge_files(args.reports, args.set, args.out)
         print(digest(report))
         print(f"report: {args.out}")
         return code
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         report, code = judge_file(args.report, args.suite, args.out)
         print(digest(report))
         return code
-    return run_command(args, parser)
+    return run_suites_command(args, parser)
 
 
 if __name__ == "__main__":

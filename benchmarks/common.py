@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import torch
 
 import zoo
+from zoo.errors import ZooError
 from zoo.files import atomic_write, write_json
 from zoo.latency import NetworkTimingSettings, resolve_device, resolve_dtype
 from zoo.latency.accuracy import time_interleaved
@@ -97,11 +98,17 @@ LAB = "studies"  # where the research protocols live: a result of theirs is judg
 
 
 def suite_module(name: str) -> Any:
-    """The module of a suite (``benchmarks.<name>``) or of a study (``studies.<name>``) that owns a result's checks."""
+    """The module of a suite (``benchmarks.<name>``) or of a study (``studies.<name>``) that owns a result's checks;
+    a name that is neither raises :class:`BenchmarkInputError`."""
     from importlib.util import find_spec
 
-    package = "benchmarks" if find_spec(f"benchmarks.{name}") is not None else LAB
-    return importlib.import_module(f"{package}.{name}")
+    for package in ("benchmarks", LAB):
+        if isinstance(name, str) and name.isidentifier() and find_spec(f"{package}.{name}") is not None:
+            module = importlib.import_module(f"{package}.{name}")
+            if hasattr(module, "checks"):
+                return module
+    raise BenchmarkInputError(f"{name!r} is not a suite or a study with targets; `python -m benchmarks list` names "
+                              "the suites, studies/__init__.py the studies.")
 
 
 def judge(name: str, result: dict[str, Any]) -> dict[str, Any]:
@@ -235,10 +242,22 @@ def write_result(name: str, payload: dict[str, Any], out: str | Path | None = No
     return atomic_write(results_dir(out) / f"{name}.json.gz", lambda tmp: tmp.write_bytes(gzip.compress(text, 9)))
 
 
+class BenchmarkInputError(ZooError):
+    """A stored result or report that cannot be read or judged: missing, not JSON, or not of a suite's shape."""
+
+
 def read_json(path: str | Path) -> Any:
-    """A result file as written by :func:`write_result` (gzip-compressed when its name ends in ``.gz``)."""
-    data = Path(path).read_bytes()
-    return json.loads(gzip.decompress(data) if str(path).endswith(".gz") else data)
+    """A result file as written by :func:`write_result` (gzip-compressed when its name ends in ``.gz``); one that is
+    missing or not JSON raises :class:`BenchmarkInputError` saying so."""
+    allowed = "a report or result file that python -m benchmarks (or a study) wrote"
+    try:
+        data = Path(path).read_bytes()
+        return json.loads(gzip.decompress(data) if str(path).endswith(".gz") else data)
+    except OSError as exc:
+        raise BenchmarkInputError(f"{path} cannot be read ({exc.strerror or exc}); give {allowed}.") from None
+    except (ValueError, EOFError) as exc:  # JSON, UTF-8 and gzip decoding errors
+        raise BenchmarkInputError(f"{path} is not JSON ({type(exc).__name__}: {str(exc).splitlines()[0]}); give "
+                                  f"{allowed}.") from None
 
 
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:

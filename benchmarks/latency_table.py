@@ -39,6 +39,7 @@ import torch
 
 import zoo
 from benchmarks.common import Budget, Check, families, smoke_model, within_budget
+from zoo.errors import run_command
 from zoo.files import write_json
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, correct, prediction_error, random_plans
 from zoo.latency.measure import ROUND_ORDERS
@@ -434,4 +435,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_command(main))

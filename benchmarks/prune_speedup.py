@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import Check, families, family_of, markdown_table, smoke_model, write_result
+from zoo.errors import run_command
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SPEEDUP_SHARE = 0.9
@@ -121,4 +122,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_command(main))

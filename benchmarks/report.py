@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 import logging
 import sys
 import time
@@ -25,7 +24,16 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Budget, exit_code, judge, machine, read_json, results_dir, suite_module
+from benchmarks.common import (
+    BenchmarkInputError,
+    Budget,
+    exit_code,
+    judge,
+    machine,
+    read_json,
+    results_dir,
+    suite_module,
+)
 from zoo.files import write_json
 
 SETS = {  # named sets of suites: the GPU check is the same runner over suites that own their targets
@@ -74,9 +82,18 @@ def run_suites(names: list[str], set_name: str | None, quick: bool, device: str,
 
 
 def judge_section(name: str, section: dict[str, Any]) -> dict[str, Any]:
-    """A report's section with its status (and its result's verdicts) computed now."""
+    """A report's section with its status (and its result's verdicts) computed now; a result that is not of the
+    shape its suite writes raises :class:`~benchmarks.common.BenchmarkInputError`."""
+    if not isinstance(section, dict):
+        raise BenchmarkInputError(f"the section of suite {name!r} is not an object")
     if "result" in section:
-        section["status"] = judge(name, section["result"])["status"]
+        if not isinstance(section["result"], dict):
+            raise BenchmarkInputError(f"the result of suite {name!r} is not an object")
+        try:
+            section["status"] = judge(name, section["result"])["status"]
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise BenchmarkInputError(f"the result of suite {name!r} is not one that suite writes (its targets cannot "
+                                      f"be read: {type(exc).__name__} {exc})") from None
     else:
         section["status"] = "error" if "error" in section else "skipped"
     return section
@@ -111,15 +128,15 @@ def ran(section: dict[str, Any]) -> bool:
 def checked(name: str, report: Any) -> dict[str, Any]:
     """A copy of `report` in today's form, or ValueError saying what is wrong with it."""
     if not isinstance(report, dict):
-        raise ValueError(f"{name} is not a run report: it must be a JSON object with 'suites'")
+        raise BenchmarkInputError(f"{name} is not a run report: it must be a JSON object with 'suites'")
     suites = report.get("suites")
     if not isinstance(suites, dict) or not all(isinstance(s, dict) for s in suites.values()):
-        raise ValueError(f"{name} is not a run report: 'suites' must map each suite's name to its section")
+        raise BenchmarkInputError(f"{name} is not a run report: 'suites' must map each suite's name to its section")
     for suite in suites:
         try:
             suite_module(suite)
         except ImportError:
-            raise ValueError(f"{name} names an unknown suite {suite!r}") from None
+            raise BenchmarkInputError(f"{name} names an unknown suite {suite!r}") from None
     return copy.deepcopy(report)
 
 
@@ -131,25 +148,26 @@ def merge_reports(reports: list[tuple[str, Any]], set_name: str | None = None) -
     (``SAME_MACHINE``), quick beside full runs, ``set_name`` where a call did not run as it, a suite run by more than
     one call (which run counts would be a choice made after seeing both)."""
     if not reports:
-        raise ValueError("no reports to merge")
+        raise BenchmarkInputError("no reports to merge")
     reports = [(name, checked(name, r)) for name, r in reports]
     first_name, first = reports[0]
     for name, report in reports[1:]:
         for key in SAME_MACHINE:
             mine, theirs = first.get("environment", {}).get(key), report.get("environment", {}).get(key)
             if mine != theirs:
-                raise ValueError(f"{name} ran with {key}={theirs!r} but {first_name} with {mine!r}; only reports of "
-                                 f"one machine and one version of its libraries ({', '.join(SAME_MACHINE)}) are merged")
+                raise BenchmarkInputError(f"{name} ran with {key}={theirs!r} but {first_name} with {mine!r}; only "
+                                          f"reports of one machine and one version of its libraries "
+                                          f"({', '.join(SAME_MACHINE)}) are merged")
     if len({bool(r.get("quick")) for _, r in reports}) > 1:
-        raise ValueError("quick and full runs are not merged: their suites ran in different configurations")
+        raise BenchmarkInputError("quick and full runs are not merged: their suites ran in different configurations")
     sets = {r.get("set") for _, r in reports}
     if set_name is not None:
         if set_name not in SETS:
-            raise ValueError(f"unknown set {set_name!r}; allowed: {', '.join(SETS)}")
+            raise BenchmarkInputError(f"unknown set {set_name!r}; allowed: {', '.join(SETS)}")
         outside = [name for name, r in reports if r.get("set") != set_name]
         if outside:
-            raise ValueError(f"{', '.join(outside)} did not run as the set {set_name} (its suites ran in their own "
-                             "configuration); merge without --set")
+            raise BenchmarkInputError(f"{', '.join(outside)} did not run as the set {set_name} (its suites ran in "
+                                      "their own configuration); merge without --set")
     elif len(sets) == 1:
         set_name = sets.pop()
     requested = list(SETS[set_name]) if set_name else list(dict.fromkeys(
@@ -158,7 +176,8 @@ def merge_reports(reports: list[tuple[str, Any]], set_name: str | None = None) -
     for suite in requested:
         runs = [name for name, r in reports if ran(r["suites"].get(suite, {}))]
         if len(runs) > 1:
-            raise ValueError(f"suite {suite} ran in more than one report ({', '.join(runs)}); merge one run of it")
+            raise BenchmarkInputError(f"suite {suite} ran in more than one report ({', '.join(runs)}); merge one run "
+                                      "of it")
         sections = [(name, r) for name, r in reports if suite in r["suites"]]
         name, report = next(((n, r) for n, r in sections if ran(r["suites"][suite])),
                             sections[-1] if sections else (None, None))
@@ -176,10 +195,7 @@ def merge_files(paths: list[str], set_name: str | None, out: str | Path) -> tupl
     its exit status."""
     reports = []
     for path in paths:
-        try:
-            reports.append((str(path), json.loads(Path(path).read_text())))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not JSON ({exc})") from None
+        reports.append((str(path), read_json(path)))
     from zoo.files import write_json
 
     report = merge_reports(reports, set_name)
@@ -214,14 +230,20 @@ def digest(report: dict[str, Any]) -> str:
 
 def judge_file(path: str | Path, suite: str | None = None, out: str | Path | None = None) -> tuple[dict, int]:
     """``python -m benchmarks judge``: a stored report (or one suite's result file, named by its ``suite`` /
-    ``benchmark`` key or `suite`) judged again; written to `out` when given. Returns it and the exit status."""
+    ``benchmark`` key or `suite`) judged again; written to `out` when given. Returns it and the exit status. A file
+    that is missing, not JSON or not of a suite's shape raises :class:`~benchmarks.common.BenchmarkInputError`."""
     stored = read_json(path)
+    if not isinstance(stored, dict):
+        raise BenchmarkInputError(f"{path} holds a JSON {type(stored).__name__}, not a report or a suite's result "
+                                  "(an object)")
     if "suites" in stored:
+        if not isinstance(stored["suites"], dict):
+            raise BenchmarkInputError(f"{path}: its 'suites' is not an object of suite -> section")
         report = judge_report(stored)
     else:
         name = suite or stored.get("suite") or stored.get("benchmark")
         if name is None:
-            raise ValueError(f"{path} names no suite; pass --suite NAME")
+            raise BenchmarkInputError(f"{path} names no suite (no 'suite' key); pass --suite NAME")
         report = judge_report({"set": None, "suites": {name: {"result": stored, "seconds": None}}})
     if out is not None:
         write_json(out, report)

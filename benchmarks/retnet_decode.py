@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import zoo
 from benchmarks.common import Budget, Check, judge, verdicts, within_budget
 from benchmarks.transformer import KVCacheTransformer, count_params, parameter_matched_transformer
+from zoo.errors import run_command
 from zoo.files import write_json
 from zoo.latency.device import synchronize
 from zoo.models.retnet import RecurrentDecoder, RetNet
@@ -470,4 +471,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_command(main))

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import Budget, Check, environment, families, judge, smoke_model, verdicts, write_result
+from zoo.errors import run_command
 from zoo.latency import (
     NetworkTimingSettings,
     TableSettings,
@@ -305,4 +306,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_command(main))

@@ -12,7 +12,7 @@ searched plan: what depth pruning does to memory).
 The models: the reference member of every declared family whose models can checkpoint (``set_grad_checkpointing``).
 Targets (issue 18), for every family that declares the ``grad_checkpointing`` capability (TResNet-M and BiT-50x1
 today): checkpointing (every block, or the first half) cuts the activation memory by >= 40 % at <= 35 % throughput
-cost; outputs with and without checkpointing are identical (tests/test_features.py).
+cost; outputs with and without checkpointing are identical (tests/unit/test_features.py).
 
     python -m benchmarks.train_memory [--quick] [--device cpu] [--budget-gb 16]
 
@@ -44,6 +44,7 @@ from benchmarks.common import (
     verdicts,
     write_result,
 )
+from zoo.errors import run_command
 from zoo.latency import resolve_device
 from zoo.models.registry import model_class
 
@@ -287,11 +288,15 @@ def markdown(result: dict[str, Any]) -> str:
     return table + "\n\n" + note + "\n\n" + "\n".join(lines)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--budget-gb", type=float, default=16.0)
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(markdown(run(args.quick, args.device, args.out, args.budget_gb)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_command(main))

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from benchmarks.common import Check
+from zoo.errors import run_command
 from zoo.files import write_json
 from zoo.latency.device import synchronize
 
@@ -141,4 +142,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_command(main))

@@ -15,6 +15,7 @@ import torch
 
 import zoo
 from benchmarks.common import Check, environment, families, interleaved, markdown_table, smoke_model, write_result
+from zoo.errors import run_command
 
 EAGER_LIMIT, FUSED_LIMIT = 1.05, 1.0
 
@@ -77,4 +78,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_command(main))

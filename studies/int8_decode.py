@@ -37,6 +37,7 @@ import torch
 
 import zoo
 from benchmarks.common import Check, environment, judge, python_job, results_dir, write_result
+from zoo.errors import run_command
 from zoo.files import json_digest
 from zoo.latency.device import timing_context
 from zoo.models.retnet import RecurrentDecoder
@@ -241,4 +242,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_command(main))

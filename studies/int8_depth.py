@@ -63,6 +63,7 @@ from benchmarks.common import (
 )
 from benchmarks.runtime_tables import speed_plan
 from studies.stats import compare, verdicts
+from zoo.errors import run_command
 from zoo.files import json_digest
 from zoo.jobs.prune_config import INT8_PAIRS
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, prediction_error, random_plans
@@ -526,4 +527,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_command(main))

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from benchmarks.latency_table import exact_rounds
+from zoo.errors import run_command
 from zoo.files import write_json
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, prediction_error, random_plans
 from zoo.latency.accuracy import pruned_network
@@ -600,4 +601,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_command(main))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import Check, judge, markdown_table, write_result
+from zoo.errors import run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 1.5
@@ -101,4 +102,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_command(main))

@@ -75,6 +75,7 @@ from studies.prune_quality_report import (
     summarise_again,
     with_statistics,
 )
+from zoo.errors import run_command
 
 __all__ = ["checks", "markdown", "overall", "run", "summarise_again", "with_statistics"]
 
@@ -885,4 +886,4 @@ def confirmatory_problem(args: argparse.Namespace) -> str | None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_command(main))

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import zoo
 from benchmarks.retnet_decode import FULL, QUICK, time_calls, warm_up
+from zoo.errors import run_command
 from zoo.files import write_json
 from zoo.models.retnet import RetNet
 
@@ -86,4 +87,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_command(main))

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from benchmarks.common import environment, write_result
+from zoo.errors import run_command
 from zoo.latency import build_table, random_plans
 from zoo.latency.accuracy import pruned_network
 from zoo.latency.device import timing_context
@@ -147,4 +148,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_command(main))

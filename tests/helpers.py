@@ -102,7 +102,7 @@ def run_in_process(script: str, *args: str) -> Outcome:
             root = logging.getLogger()
             root.addHandler(handler)
             try:
-                guard(module.main, schema)
+                guard(module.main, schema, module.setup)
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             finally:

@@ -8,7 +8,7 @@ import json
 import sys
 
 from . import list_models, model_info
-from .errors import UnknownModelError, ZooError
+from .errors import UnknownModelError, run_command
 from .models.registry import load_plugins
 from .weights.tags import known_tags, resolve_tag, split_name
 
@@ -68,16 +68,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return report_main(argv[1:])
     args = parser.parse_args(argv)
-    try:
+
+    def command() -> int:
         load_plugins()
         if args.command == "list":
             (print_tags if args.pretrained else print_table)(args.pattern)
         else:
             print(json.dumps(model_info(args.name), indent=2))
-    except ZooError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return run_command(command)
 
 
 if __name__ == "__main__":

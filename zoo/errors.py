@@ -1,9 +1,14 @@
 """Every error (and warning) depthzoo raises on purpose, in one place: each says what was wrong and what is allowed.
 
 User errors derive from :class:`ZooError` (a ``ValueError``): the entry points turn them into one line and exit
-status 2. :class:`Interrupted` is SIGINT/SIGTERM (exit status 128 + the signal). The modules that raise an error
-re-export it, so ``from zoo.search import BudgetError`` keeps working.
+status 2. :class:`Interrupted` is SIGINT/SIGTERM (exit status 128 + the signal). :func:`run_command` is the one error
+boundary of every command line.
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 
 class ZooError(ValueError):
@@ -78,6 +83,10 @@ class LatencyCacheWarning(UserWarning):
     """A cache file could not be used (corrupt, stale or unreadable); its entries are measured again."""
 
 
+class InputSizeError(ZooError):
+    """An input a model cannot take (a wrong channel count, rank or size), named with the size the model takes."""
+
+
 class BudgetError(ZooError):
     """The latency (or memory) budget cannot be met even by removing everything removable."""
 
@@ -103,3 +112,34 @@ class TrainingInterrupted(Interrupted):
 
 class ExportError(ZooError):
     """An export that cannot be made or does not reproduce the model (zoo.export)."""
+
+
+# -- the boundary of every command line
+
+BUG = ("error: the command stopped on an unexpected error, a bug in depthzoo (the traceback above); please report it "
+       "with the command you ran")
+
+
+def run_command(main: Callable[[], Any]) -> int:
+    """One command line's error boundary, the same for every door (``python -m zoo``, ``python -m zoo.latency``,
+    ``python -m benchmarks``, each suite and study): a user error (:class:`ZooError`) is one line, ``error: ...``, on
+    stderr and exit status 2; Ctrl-C is exit status 130; anything else is a bug: its traceback, a line that says so,
+    exit status 1. A ``SystemExit`` (argparse's usage errors: 2) passes through. Returns the exit status (what `main`
+    returned when it is an int, else 0)."""
+    import sys
+    import traceback
+
+    try:
+        code = main()
+    except ZooError as exc:
+        text = str(exc).strip()
+        print(f"error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception:  # noqa: BLE001 - the boundary: whatever is left is a bug, shown in full
+        traceback.print_exc()
+        print(BUG, file=sys.stderr)
+        return 1
+    return code if isinstance(code, int) else 0

@@ -95,3 +95,29 @@ def read_sealed_json(path: str | Path) -> dict[str, Any]:
     if stored != _seal(data):
         raise CorruptFileError(f"{path} does not match its checksum: it was truncated, edited or corrupted.")
     return data
+
+
+def check_writable(folder: Any, key: str) -> None:
+    """A folder the run will write into must be one (or be creatable) and take a file. The test writes and removes a
+    file in the folder, or, where it does not exist yet, a folder in its nearest existing parent: nothing is left
+    behind, and a folder that exists but cannot be written (read-only, immutable, full) is refused before any work
+    rather than when the run first saves something (raises ConfigError naming `key`)."""
+    from .errors import ConfigError
+
+    path = Path(str(folder)).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{key}={folder} is a file, not a folder; give a folder you can write to.")
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{key}={folder} cannot be created: {parent} is a file; give a folder you can write to.")
+    try:
+        if parent == path:
+            with tempfile.NamedTemporaryFile(prefix=".depthzoo-write-check-", dir=path):
+                pass
+        else:
+            tempfile.TemporaryDirectory(prefix=".depthzoo-write-check-", dir=parent).cleanup()
+    except OSError as exc:
+        raise ConfigError(f"{key}={folder} cannot be written ({exc.strerror} in {parent}); give a folder you can "
+                          f"write to.") from None

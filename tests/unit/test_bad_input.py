@@ -192,9 +192,10 @@ PRUNE_CASES = [
     (["prune.device=tpux"], "Unknown device 'tpux'. Allowed devices are 'auto', 'cpu', 'cuda' and 'cuda:N'."),
     (["prune.search=annealing"], "prune.search='annealing'; allowed: interaction, dp, kbest, local, greedy, random"),
     (["prune.importance=taylor"], "prune.importance='taylor'; allowed: loss, tempered, similarity, finetune"),
-    (["prune.workload=decode"], "needs a recurrent language model"),
+    (["prune.workload=decode"], "needs a language model with a decode state"),
     (["prune.export=tflite"], "prune.export='tflite'; allowed: null, onnx, torch_export, hf"),
-    (["prune.export=hf"], "prune.export=hf writes a Hugging Face model folder; mobilenetv2_050 has no such form"),
+    (["prune.export=hf"], "prune.export=hf is not possible for model=mobilenetv2_050 (the mobilenetv2 family): "
+                          "writes a Hugging Face model folder"),
     (["prune.objectives=[val/ppl]"], "prune.objectives=['val/ppl']: give one or more of metric"),
     (["prune.objectives=[]"], "prune.objectives=[]: give one or more of"),
     (["prune.dtype=float16"], "float16"),

@@ -229,7 +229,7 @@ def test_given_plan_file_and_bad_plan_file(digits_prune, tmp_path):
     (["prune.device=cuda:7"], "cuda"),
     (["prune.search=annealing"], "allowed: interaction, dp, kbest"),
     (["prune.target_latency_ms=0.00001"], "ask for prune.target_latency_ms above"),
-    (["prune.workload=decode"], "recurrent language model"),
+    (["prune.workload=decode"], "needs a language model with a decode state"),
 ])
 def test_bad_input_is_a_clear_error(digits_prune, overrides, message, tmp_path):
     base, _ = digits_prune

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ExportError
+from ..models.depth import run_example
 
 FORMATS = ("onnx", "torch_export", "hf")
 FORMS = ("parallel", "recurrent")
@@ -137,6 +138,11 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
     if format == "onnx" and dtype not in (torch.float32, torch.float64):
         raise ExportError(f"ONNX export is checked in onnxruntime, which has no {dtype} kernels for these models; "
                           f"export model.float() (or use format='torch_export').")
+    if example is None and form == "parallel" and not hasattr(model, "example_input"):
+        raise ExportError(f"zoo.export makes its example input from a zoo model's example_input(); "
+                          f"{type(model).__name__} has none: pass example=... (a tensor or a tuple of the inputs).")
+    if quantize is not None and calibration is not None:
+        check_calibration(model, calibration, input_size)
     was_training = model.training
     try:
         axes = Axes(dynamic_batch, dynamic_size)
@@ -251,6 +257,27 @@ def _export(model: nn.Module, path: Path, format: str, example: Any, batch_size:
     return report
 
 
+def check_calibration(model: nn.Module, calibration: Any, input_size: Sequence[int] | None) -> None:
+    """Calibration data for INT8: one or more input batches, each a tensor of the model's input shape (any batch
+    size); anything else is an :class:`ExportError` naming what is allowed (never a silent fallback)."""
+    expected = tuple(model.example_input(1, input_size).shape[1:]) if hasattr(model, "example_input") else None
+    form = f"[B, {', '.join(map(str, expected))}]" if expected else "the model's input"
+    if isinstance(calibration, (str, bytes, torch.Tensor)) or not hasattr(calibration, "__len__"):
+        raise ExportError(f"calibration is a list of input batches, each a tensor {form}; got "
+                          f"{type(calibration).__name__}.")
+    if len(calibration) == 0:
+        raise ExportError(f"calibration=[] holds no batch: INT8 ranges come from the data it is calibrated on. Give "
+                          f"one or more input batches, each a tensor {form}, or leave calibration=None to calibrate on "
+                          f"the example input.")
+    for index, batch in enumerate(calibration):
+        first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+        if not torch.is_tensor(first):
+            raise ExportError(f"calibration batch {index} is a {type(first).__name__}; each batch is a tensor {form}.")
+        if expected is not None and (first.dim() != len(expected) + 1 or tuple(first.shape[1:]) != expected):
+            raise ExportError(f"calibration batch {index} has shape {tuple(first.shape)}; each batch is a tensor "
+                              f"{form} (the input size being exported).")
+
+
 def _inputs(model: nn.Module, program: nn.Module, example: Any, batch_size: int,
             input_size: Sequence[int] | None) -> tuple[Any, ...]:
     if example is not None:
@@ -261,8 +288,12 @@ def _inputs(model: nn.Module, program: nn.Module, example: Any, batch_size: int,
     generator = torch.Generator().manual_seed(0)
     if base.dtype.is_floating_point:
         dtype = next(model.parameters()).dtype
-        return (torch.randn(base.shape, generator=generator).to(device=base.device, dtype=dtype),)
-    return (torch.randint(0, model.vocab_size, base.shape, generator=generator).to(base.device),)
+        inputs = (torch.randn(base.shape, generator=generator).to(device=base.device, dtype=dtype),)
+    else:
+        inputs = (torch.randint(0, model.vocab_size, base.shape, generator=generator).to(base.device),)
+    with torch.no_grad():
+        run_example(model, inputs, input_size)  # an input size the model cannot take: one clear error, here
+    return inputs
 
 
 def _export_int8(model: nn.Module, path: Path, format: str, example: Any, batch_size: int,

@@ -118,6 +118,25 @@ def hydra_context() -> dict[str, Any]:
     return {"overrides": overrides}
 
 
+def jobs_sharing_cores() -> tuple[int, str]:
+    """How many jobs of this launch run on this machine at once, and what says so: torchrun's local processes, a
+    multirun's parallel workers (the joblib launcher's ``n_jobs``; -1: one per core), else 1."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if local.isdigit() and int(local) > 1:
+        return int(local), "torchrun's local processes"
+    if not in_multirun():
+        return 1, "alone"
+    from hydra.core.hydra_config import HydraConfig
+
+    launcher = HydraConfig.get().launcher
+    n_jobs = launcher.get("n_jobs") if "joblib" in str(launcher.get("_target_", "")) else None
+    if n_jobs is None:
+        return 1, "one job at a time"
+    cores = os.cpu_count() or 1
+    workers = cores + 1 + int(n_jobs) if int(n_jobs) < 0 else int(n_jobs)  # joblib's reading of n_jobs
+    return max(1, workers), "the joblib launcher's n_jobs"
+
+
 def in_multirun() -> bool:
     return "job_num" in hydra_context()
 
@@ -342,15 +361,27 @@ def explain_composition_error(exc: BaseException, keys: list[str]) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def guard(main: Callable[[], Any], schema: type) -> None:
-    """Call a ``@hydra.main`` function so that composition errors become one message and exit status 2."""
+def guard(main: Callable[[], Any], schema: type, setup: Callable[[], Any] | None = None) -> None:
+    """Call a ``@hydra.main`` function so that composition errors become one message and exit status 2.
+
+    `setup` runs first, inside the same boundary: it registers the config schemas and imports the model plugins
+    (``$DEPTHZOO_MODULES``), so a plugin that does not import is one line and exit status 2 too. A user error that
+    escapes the run (:class:`~zoo.errors.ZooError`) is one line and exit 2; anything else still shows its traceback
+    and says it is a bug (exit 1)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
+
+    from ..errors import BUG
 
     previous = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing and exiting 1
     try:
+        if setup is not None:
+            setup()
         main()
+    except ZooError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        raise SystemExit(2) from None
     except (HydraException, OmegaConfBaseException) as exc:
         if previous == "1":  # the user asked for Hydra's full tracebacks
             raise
@@ -362,6 +393,12 @@ def guard(main: Callable[[], Any], schema: type) -> None:
         print(f"error: cannot create the run directory {exc.filename or ''} ({exc.strerror}); set hydra.run.dir "
               f"(or hydra.sweep.dir) to a folder you can write to.", file=sys.stderr)
         raise SystemExit(2) from None
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except Exception:
+        traceback.print_exc()
+        print(BUG, file=sys.stderr)
+        raise SystemExit(1) from None
     finally:
         if previous is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)

@@ -112,12 +112,14 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
     from ..latency.device import resolve_device
     from ..training import build_loaders, create_logger, seed_everything
     from ..training import distributed as dist_utils
-    from .cli import hydra_context
+    from ..training.resources import set_threads
+    from .cli import hydra_context, jobs_sharing_cores
     from .model_spec import data_model_cfg
     from .runs import SEED_KEYS, fingerprint, flatten, study_group
 
     dist = dist_utils.info()
     timings: dict[str, float] = {}
+    threads = set_threads(cfg.trainer.get("threads"), *jobs_sharing_cores())
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     weights = cfg.checkpoint if cfg.checkpoint else None
     device = resolve_device(cfg.trainer.device, dist.local_rank, warn_fallback=False)
@@ -186,6 +188,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         results["runtimes"] = runtimes
         results["target_check"] = target_check(cfg, results, corrections)
         results["world_size"] = dist.world
+        results["threads"] = threads
         results["finetune_memory"] = getattr(pruned, "finetune_memory", {})
         results["fingerprint"] = fingerprint(config)
         results["config_group"] = study_group(config)

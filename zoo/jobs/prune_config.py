@@ -86,12 +86,6 @@ def register_configs(config_dir: str | Path | None = None) -> None:
     ConfigStore.instance().store(name="prune_schema", node=PruneConfig)
 
 
-def _is_recurrent(entry: Any) -> bool:
-    """Whether a registered model has a recurrent state (its class says so; built on the meta device)."""
-    with torch.device("meta"):
-        return bool(getattr(entry.builder(), "recurrent", False))
-
-
 PRUNE_RANGES = (  # (key, lowest, highest, lowest excluded?): see zoo.training.config.RANGES
     ("prune.target_speedup", 1.0, None, True), ("prune.target_latency_ms", 0.0, None, True),
     ("prune.max_memory_mb", 0.0, None, True), ("prune.batch_size", 1, None, False),
@@ -133,10 +127,11 @@ def objective_values(results: dict[str, Any], objectives: list[str]) -> float | 
 
 
 def validate_prune(cfg: Any) -> None:
-    """Checks before any long work: budget, choices, ranges, device, the files it names (raises ZooError)."""
+    """Checks before any long work: budget, choices, ranges, device, what the model's family can be deployed to, the
+    files it names and the folders it writes (raises ZooError)."""
     from ..latency.device import resolve_device, resolve_dtype
-    from ..models.registry import get_entry, model_class
-    from ..training.config import check_ranges, check_writable
+    from ..models.registry import get_entry
+    from ..training.config import check_ranges
 
     p = cfg.prune
     if p.target_latency_ms is None and p.target_speedup is None:
@@ -147,9 +142,6 @@ def validate_prune(cfg: Any) -> None:
     if p.search not in SEARCHES:
         raise ZooError(f"prune.search={p.search!r}; allowed: {', '.join(SEARCHES)}.")
     task_metrics = ("val/ppl",) if get_entry(cfg.model.name).task == "language_model" else ("val/acc1", "val/acc5")
-    if p.quantize is not None and get_entry(cfg.model.name).task != "classification":
-        raise ZooError(f"prune.quantize={p.quantize} covers image classifiers (onnxruntime's static INT8); "
-                       f"model={cfg.model.name} is a {get_entry(cfg.model.name).task}: use prune.quantize=null.")
     if cfg.finetune.qat and p.quantize is None:
         raise ZooError("finetune.qat=true trains the pruned network for the INT8 model it ships; it needs "
                        "prune.quantize=int8 (or finetune.qat=false).")
@@ -158,12 +150,9 @@ def validate_prune(cfg: Any) -> None:
     if unknown or not p.objectives:
         raise ZooError(f"prune.objectives={list(p.objectives)}: give one or more of {', '.join(OBJECTIVES)} (what a "
                        f"job returns to a sweeper, in the order of hydra.sweeper.direction).")
-    if p.workload not in ("forward", "decode"):
+    if p.workload not in WORKLOADS:
         raise ZooError(f"prune.workload={p.workload!r}; allowed: forward (the whole forward pass) or decode "
                        "(one recurrent decode step of a language model such as RetNet).")
-    if p.workload == "decode" and not _is_recurrent(get_entry(cfg.model.name)):
-        raise ZooError(f"prune.workload=decode needs a recurrent language model; model={cfg.model.name} has no "
-                       "recurrent state. Use prune.workload=forward.")
     if p.export is not None:
         from ..deploy.export import FORMATS, _require
 
@@ -171,18 +160,66 @@ def validate_prune(cfg: Any) -> None:
             raise ZooError(f"prune.export={p.export!r}; allowed: null, {', '.join(FORMATS)}.")
         if p.export == "onnx":
             _require("onnx", "onnxscript", "onnxruntime")
-        if p.export == "hf" and not hasattr(model_class(cfg.model.name), "hf_form"):
-            raise ZooError(f"prune.export=hf writes a Hugging Face model folder; {cfg.model.name} has no such form "
-                           f"(a RetNet has: a flash-linear-attention model). Use prune.export=onnx or torch_export.")
     if p.plan:
         read_plan_file(p.plan)
     if cfg.checkpoint:
         check_baseline_source(cfg)
-    if p.cache_dir:
-        check_writable(p.cache_dir, "prune.cache_dir")
     table_settings(p)
     measure_settings(p)
+    check_capabilities(cfg)  # what the family cannot do at all, before what this machine lacks
     check_runtimes(p, resolve_device(p.device), resolve_dtype(p.dtype, resolve_device(p.device)))
+    check_folders(cfg)
+
+
+WORKLOADS = ("forward", "decode")
+
+
+def deploy_requests(cfg: Any) -> list[tuple[str, str, str]]:
+    """(kind, value, the setting that asks for it) of everything this run will deploy the model to: its workload, its
+    quantisation, each runtime it is timed in (planned and reported; an INT8 runtime counts as its float runtime plus
+    the quantisation) and its export format."""
+    p = cfg.prune
+    requests = [("workload", p.workload, "prune.workload")]
+    if p.quantize is not None:
+        requests.append(("quantize", p.quantize, "prune.quantize"))
+    for runtime in dict.fromkeys([planning_runtime(p), *reported_runtimes(p)]):
+        key = "prune.runtime" if runtime == planning_runtime(p) else "prune.runtime_report"
+        requests.append(("runtime", runtime.removesuffix("_int8"), key))
+    if p.export is not None:
+        requests.append(("export", p.export, "prune.export"))
+    return requests
+
+
+def check_capabilities(cfg: Any) -> None:
+    """Everything the run deploys the model to against its family's declared capabilities
+    (:attr:`zoo.models.registry.Family.deploy`): refused here, with the family's reason, rather than after the
+    baseline, table, search and fine-tune. Options that given weights decide (a checkpoint, published weights) are
+    checked when the model is built."""
+    from ..models.registry import get_entry, get_family
+
+    name = cfg.model.name
+    family = get_family(get_entry(name).family)
+    weights_given = bool(cfg.checkpoint) or cfg.model.get("pretrained") not in (None, False, "false")
+    options = None if weights_given else dict(cfg.model.get("overrides") or {})
+    for kind, value, key in deploy_requests(cfg):
+        if value not in family.deploy[kind]:
+            continue  # a value the code does not know: its own check names the allowed ones (all known are declared)
+        why = family.refusal(kind, value, options)
+        if why is not None:
+            raise ZooError(f"{key}={value} is not possible for model={name} (the {family.name} family): {why}.")
+
+
+def check_folders(cfg: Any) -> None:
+    """Every folder the run writes into can be written now: its outputs and baselines (``paths.log_dir``), its caches
+    (``prune.cache_dir``, by default under ``paths.log_dir``) and the latency cache with the device timing lock
+    (``$DEPTHZOO_CACHE``, by default ``~/.cache/depthzoo``)."""
+    from ..files import check_writable
+    from ..latency.cache import CACHE_ENV, cache_root
+
+    check_writable(cfg.paths.log_dir, "paths.log_dir")
+    check_writable(cfg.prune.cache_dir or Path(cfg.paths.log_dir) / "cache",
+                   "prune.cache_dir" if cfg.prune.cache_dir else "paths.log_dir (its cache folder)")
+    check_writable(cache_root(), f"${CACHE_ENV} (the latency cache and the device timing lock)")
 
 
 def check_runtimes(p: Any, device: torch.device, dtype: torch.dtype) -> None:

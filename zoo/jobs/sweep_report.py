@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from ..errors import ReportError
+from ..errors import ReportError, run_command
 from ..files import atomic_write
 from .cli import SweepCallback
 
@@ -316,15 +316,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-mixed-devices", action="store_true")
     parser.add_argument("--wandb", action="store_true", help="also log the table and plot to W&B (offline)")
     args = parser.parse_args(argv)
-    try:
+
+    def command() -> int:
         result = make_report(args.sweep_dir, args.allow_mixed_devices, args.wandb)
-    except ReportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(Path(result["paths"]["report.md"]).read_text())
-    for problem in result["problems"]:
-        print(f"warning: job {problem['job']} {problem['status']}: {problem['reason']}", file=sys.stderr)
-    return 0
+        print(Path(result["paths"]["report.md"]).read_text())
+        for problem in result["problems"]:
+            print(f"warning: job {problem['job']} {problem['status']}: {problem['reason']}", file=sys.stderr)
+        return 0
+
+    return run_command(command)
 
 
 if __name__ == "__main__":

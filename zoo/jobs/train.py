@@ -19,7 +19,7 @@ from ..training import state as ckpt
 from ..training.config import validate
 from ..training.data import DataBundle, build_loaders
 from ..training.engine import FitResult, fit
-from ..training.resources import seed_everything
+from ..training.resources import seed_everything, set_threads
 from .model_spec import build_model, data_model_cfg, to_container
 
 _log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def check_resume_target(resume_path: Path | None, model_name: str) -> None:
 
 
 def write_results(path: Path, cfg: Any, data: DataBundle, model: nn.Module, result: FitResult,
-                  config: dict[str, Any]) -> dict[str, Any]:
+                  config: dict[str, Any], threads: dict[str, Any]) -> dict[str, Any]:
     """``results.json`` (sealed, with the config's fingerprint): model, data, final val metrics, best monitored
     value, epochs, time, checkpoints, params."""
     from ..files import write_sealed_json
@@ -59,6 +59,7 @@ def write_results(path: Path, cfg: Any, data: DataBundle, model: nn.Module, resu
         "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
         "params": sum(p.numel() for p in model.parameters()),
         "data_info": {k: v for k, v in data.info.items() if isinstance(v, (int, float, str))},
+        "threads": threads,
         "fingerprint": fingerprint(config),
     }
     write_sealed_json(path, results)
@@ -126,7 +127,10 @@ def run(cfg: Any) -> dict[str, Any]:
 def train(cfg: Any, config: dict[str, Any], output_dir: Path, resume_path: Path | None, create_logger: Any,
           group: str | None) -> dict[str, Any]:
     """The training itself, in a claimed directory: W&B is finished before ``results.json`` is written."""
+    from .cli import jobs_sharing_cores
+
     dist = dist_utils.info()
+    threads = set_threads(cfg.trainer.get("threads"), *jobs_sharing_cores())
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     device = resolve_device(cfg.trainer.device, dist.local_rank, warn_fallback=False)
     data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=data_model_cfg(cfg.model),
@@ -142,7 +146,7 @@ def train(cfg: Any, config: dict[str, Any], output_dir: Path, resume_path: Path 
         dist_utils.cleanup()
         raise
     logger.finish(exit_code=0)
-    results = write_results(output_dir / "results.json", cfg, data, model, result, config) if dist.is_main \
+    results = write_results(output_dir / "results.json", cfg, data, model, result, config, threads) if dist.is_main \
         else {"metrics": result.metrics, "monitor": result.monitor}
     dist_utils.barrier()
     dist_utils.cleanup()

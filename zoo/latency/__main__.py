@@ -15,13 +15,13 @@ Example: ``python -m zoo.latency model=mobilenetv2_100 batch_size=32 device=cuda
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ZooError
+from ..errors import ZooError, run_command
+from ..files import check_writable, write_json
 from .settings import TableSettings
 
 _TABLE = TableSettings()  # the defaults are prune.py's, declared once
@@ -84,6 +84,23 @@ def check(cfg: LatencyConfig) -> LatencyConfig:
         folder = Path(cfg.json).expanduser().resolve().parent
         if not folder.is_dir():
             raise ZooError(f"json={cfg.json}: folder {folder} does not exist; create it or write elsewhere.")
+        check_writable(folder, "json (its folder)")
+    from ..models.registry import get_entry, get_family
+    from .cache import CACHE_ENV, cache_root, default_cache_dir
+    from .device import resolve_device, resolve_dtype
+    from .runtime import check_runtime
+
+    family = get_family(get_entry(cfg.model).family)  # an unknown model: the closest names
+    why = family.refusal("runtime", cfg.runtime.removesuffix("_int8"))
+    if why is None and cfg.runtime.endswith("_int8"):
+        why = family.refusal("quantize", "int8")
+    if why is not None:
+        raise ZooError(f"runtime={cfg.runtime} is not possible for model={cfg.model} (the {family.name} family): "
+                       f"{why}.")
+    device = resolve_device(cfg.device)
+    check_runtime(cfg.runtime, device, resolve_dtype(cfg.dtype, device))
+    check_writable(cfg.cache_dir or default_cache_dir(), "cache_dir" if cfg.cache_dir else f"${CACHE_ENV}")
+    check_writable(cache_root(), f"${CACHE_ENV} (the device timing lock)")
     return cfg
 
 
@@ -107,25 +124,25 @@ def run(cfg: LatencyConfig) -> dict[str, Any]:
         print(f"leave-one-out error of the chosen correction: {error.loo_error:.1%}")
         summary["correction"] = error.summary()
     if cfg.json:
-        with open(cfg.json, "w") as f:
-            json.dump(summary, f, indent=1, default=str)
+        write_json(cfg.json, summary)  # atomically
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line, inside the error boundary (:func:`zoo.errors.run_command`); returns the exit status."""
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help", "help") for a in argv):
         print(__doc__)
         return 0
-    try:
-        from ..models.registry import load_plugins
+    from ..models.registry import load_plugins
 
-        load_plugins()
-        run(parse_args(argv))
-    except ZooError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    load_plugins()
+    run(parse_args(argv))
     return 0
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import PlanError
+from ..errors import InputSizeError, PlanError
 
 UNIT_KINDS = ("block", "act", "retention", "ffn")
 
@@ -165,6 +165,22 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
+def run_example(model: nn.Module, example: Any, input_size: Sequence[int] | None = None) -> Any:
+    """``model(example)``, with an input the model cannot take (a wrong channel count, rank or size) refused as a
+    :class:`~zoo.errors.InputSizeError` that names the input size the model takes, not PyTorch's raw error."""
+    try:
+        return model(*example) if isinstance(example, tuple) else model(example)
+    except (RuntimeError, ValueError, IndexError) as exc:
+        if isinstance(exc, InputSizeError):
+            raise
+        takes = tuple(getattr(model, "default_cfg", {}).get("input_size", ()) or ())
+        given = tuple(input_size) if input_size is not None else tuple(getattr(example, "shape", ())[1:])
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputSizeError(f"input_size={given} does not fit {getattr(model, 'zoo_name', type(model).__name__)} "
+                             f"({first}); it takes {takes or 'its own input size'} per sample "
+                             f"({'tokens' if len(takes) == 1 else 'channels, height, width'}).") from None
+
+
 @torch.no_grad()
 def depth_units(model: nn.Module, input_size: Sequence[int] | None = None) -> list[DepthUnit]:
     """The model's depth units with shapes, stride, parameter count and signature filled in.
@@ -185,7 +201,7 @@ def depth_units(model: nn.Module, input_size: Sequence[int] | None = None) -> li
     was_training = model.training
     try:
         model.eval()
-        model(model.example_input(1, input_size))
+        run_example(model, model.example_input(1, input_size), input_size)
     finally:
         model.train(was_training)
         for h in handles:

@@ -45,6 +45,24 @@ CAPABILITIES = {  # what a family can declare; tests and benchmarks select famil
 }
 
 
+# What a family can be deployed to, declared once per family: for each kind (the deploy runtimes its latency table can
+# be timed in, the export formats, quantisation, the pruning workloads) every value is either supported (None) or
+# refused with the reason and what to do instead. prune.py's validation refuses from this table before any work, and a
+# test checks that every family names every runtime, format and workload the code knows, so a new one cannot be
+# forgotten. Values that depend on a model's options are checked by `option_checks` (options -> reason or None).
+DEPLOY_KINDS = ("runtime", "export", "quantize", "workload")
+_NO_HF = ("writes a Hugging Face model folder, which only a language model with one (RetNet, as a "
+          "flash-linear-attention model) has: use prune.export=onnx or torch_export")
+_NO_DECODE = ("times one recurrent decode step, which needs a language model with a decode state: use "
+              "prune.workload=forward")
+CLASSIFIER_DEPLOY = {  # an image classifier of convolutions: every runtime, ONNX and torch.export, INT8, forward
+    "runtime": {"eager": None, "compile": None, "onnxruntime": None, "tensorrt": None},
+    "export": {"onnx": None, "torch_export": None, "hf": _NO_HF},
+    "quantize": {"int8": None},
+    "workload": {"forward": None, "decode": _NO_DECODE},
+}
+
+
 @dataclass(frozen=True)
 class Family:
     """What a model family declares about itself, once, beside its models: tests and benchmarks iterate these
@@ -52,6 +70,8 @@ class Family:
 
     reference: the member benchmarks time at full size. small: the member tests build, with `small_options` (builder
     options that keep the family's depth structure and make it fast) at `test_input_size` ((C, H, W) or (tokens,)).
+    deploy: per kind of :data:`DEPLOY_KINDS`, each value supported (None) or refused with its reason.
+    option_checks: ``"kind:value"`` -> a function of the model's options giving the reason it is refused, or None.
     """
 
     name: str
@@ -61,9 +81,27 @@ class Family:
     test_input_size: tuple[int, ...]
     small_options: dict[str, Any] = field(default_factory=dict)
     capabilities: frozenset[str] = frozenset()
+    deploy: dict[str, dict[str, str | None]] = field(default_factory=lambda: CLASSIFIER_DEPLOY)
+    option_checks: dict[str, Callable[[dict[str, Any]], str | None]] = field(default_factory=dict)
 
     def has(self, capability: str) -> bool:
         return capability in self.capabilities
+
+    def refusal(self, kind: str, value: str, options: dict[str, Any] | None = None) -> str | None:
+        """Why this family cannot do `value` of `kind` (a runtime, export format, quantisation, workload), or None
+        when it can. A value the family does not declare is refused: nothing is assumed."""
+        declared = self.deploy.get(kind, {})
+        if value not in declared:
+            return (f"the {self.name} family does not declare {kind} {value!r} (it declares "
+                    f"{', '.join(declared) or 'none'})")
+        if declared[value] is not None:
+            return declared[value]
+        check = self.option_checks.get(f"{kind}:{value}")
+        return check(options or {}) if check is not None and options is not None else None
+
+    def supported(self, kind: str) -> list[str]:
+        """The values of `kind` this family supports (whatever its options)."""
+        return [value for value, why in self.deploy.get(kind, {}).items() if why is None]
 
 
 _FAMILIES: dict[str, Family] = {}
@@ -90,9 +128,11 @@ def register_model(family: str, task: str = "classification", **default_cfg: Any
 
 def register_family(name: str, *, task: str = "classification", reference: str, small: str,
                     test_input_size: tuple[int, ...], small_options: dict[str, Any] | None = None,
-                    capabilities: tuple[str, ...] = ()) -> Family:
+                    capabilities: tuple[str, ...] = (), deploy: dict[str, dict[str, str | None]] | None = None,
+                    option_checks: dict[str, Callable[[dict[str, Any]], str | None]] | None = None) -> Family:
     """Declare a family (after its models are registered): its task, its reference and small members, a fast test
-    input and its capabilities (keys of :data:`CAPABILITIES`). A family is declared once."""
+    input, its capabilities (keys of :data:`CAPABILITIES`) and what it can be deployed to (`deploy`, by
+    :data:`DEPLOY_KINDS`; an image classifier's default: :data:`CLASSIFIER_DEPLOY`). A family is declared once."""
     unknown = sorted(set(capabilities) - set(CAPABILITIES))
     if unknown:
         raise ValueError(f"Unknown capabilities {unknown} for family {name!r}; allowed: {', '.join(CAPABILITIES)}.")
@@ -100,12 +140,19 @@ def register_family(name: str, *, task: str = "classification", reference: str, 
         raise ValueError(f"Unknown task {task!r}; allowed: {', '.join(TASKS)}.")
     if name in _FAMILIES:
         raise ValueError(f"Family {name!r} is declared already; a family is declared once.")
+    if deploy is None and task != "classification":
+        raise ValueError(f"Family {name!r} is a {task}: declare what it can be deployed to (deploy=..., by "
+                         f"{', '.join(DEPLOY_KINDS)}); only image classifiers have a default.")
+    deploy = CLASSIFIER_DEPLOY if deploy is None else deploy
+    if sorted(deploy) != sorted(DEPLOY_KINDS):
+        raise ValueError(f"Family {name!r} declares deploy kinds {sorted(deploy)}; give each of "
+                         f"{', '.join(DEPLOY_KINDS)}.")
     for member in (reference, small):
         entry = _REGISTRY.get(member)
         if entry is None or entry.family != name or entry.task != task:
             raise ValueError(f"Family {name!r} names {member!r}, which is not one of its registered {task} models.")
     family = Family(name, task, reference, small, tuple(test_input_size), dict(small_options or {}),
-                    frozenset(capabilities))
+                    frozenset(capabilities), deploy, dict(option_checks or {}))
     _FAMILIES[name] = family
     return family
 

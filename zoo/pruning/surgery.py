@@ -259,6 +259,9 @@ def _validate_plan(plan: dict[str, Any]) -> None:
         raise PlanError(f"Unknown plan keys {sorted(unknown)}; allowed: {', '.join(PLAN_KEYS)}.")
     if not all(isinstance(name, str) for name in plan.get("remove", [])):
         raise PlanError(f"A plan's 'remove' list holds unit names (strings); got {plan['remove']!r}.")
+    for key in ("merge", "blend"):
+        if key in plan and not isinstance(plan[key], bool):
+            raise PlanError(f"A plan's {key!r} is true or false; got {plan[key]!r}.")
 
 
 def _combined(model: nn.Module, removed: list[str], merge: bool, blend: bool) -> dict[str, Any]:
@@ -316,6 +319,8 @@ def remove_units(model: nn.Module, names: list[str] | tuple[str, ...], inplace: 
     The same as ``apply_plan(model, {"remove": names, "merge": False})``: the convs around a removed activation stay
     separate (BatchNorm folded) and the plan is recorded, so a saved model reloads exactly.
     """
+    if isinstance(names, str) or not isinstance(names, (list, tuple)):
+        raise PlanError(f"remove_units takes a list of unit names (zoo.depth_units(model)); got {names!r}.")
     return apply_plan(model, {"remove": list(names), "merge": False}, inplace=inplace)
 
 

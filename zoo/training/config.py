@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..files import check_writable
 
 IMAGE_DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
 TEXT_DATASETS = ("bytes", "text")
@@ -82,6 +83,7 @@ class TrainerConfig:
     limit_train_batches: int | None = None
     limit_val_batches: int | None = None
     device: str = "auto"
+    threads: int | None = None  # torch threads of training and calibration; null: the cores / the jobs sharing them
     precision: str = "fp32"
     channels_last: bool = False
     grad_checkpointing: Any = False  # true | false | the share of blocks to checkpoint, in (0, 1]
@@ -293,7 +295,7 @@ def check_keys(cfg: Any, schema: type) -> None:
 # (dotted key, lowest, highest, bounds excluded?) for every numeric setting with a range; a key whose value is null
 # is not checked. One table, so that every bound is stated once and reported the same way.
 RANGES = (
-    ("trainer.max_epochs", 1, None, False), ("trainer.patience", 1, None, False),
+    ("trainer.max_epochs", 1, None, False), ("trainer.patience", 1, None, False), ("trainer.threads", 1, None, False),
     ("trainer.accum_steps", 1, None, False),
     ("trainer.log_every", 1, None, False), ("trainer.eval_every", 0, None, False),
     ("trainer.limit_train_batches", 1, None, False), ("trainer.limit_val_batches", 1, None, False),
@@ -373,14 +375,3 @@ def validate(cfg: Any, schema: type | None = None) -> None:
         names = [f"{prefix}/{m}" for prefix in ("val", "val_ema") for m in METRICS[task_of(cfg.data.name)]]
         _choice(cfg.trainer.monitor, tuple(names), "trainer.monitor")
     check_writable(cfg.paths.log_dir, "paths.log_dir")
-
-
-def check_writable(folder: Any, key: str) -> None:
-    """A folder the run will write into must be one, or be creatable (it is created now: runs write there anyway)."""
-    path = Path(str(folder)).expanduser()
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{key}={folder} is a file, not a folder.")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"{key}={folder} cannot be created ({exc.strerror}); give a writable folder.") from None

@@ -44,6 +44,12 @@ def create_model(
     """
     if out_indices is not None and not features_only:
         raise ModelOptionError("out_indices is for the backbone form: pass features_only=True as well.")
+    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int) or
+                                    num_classes < 0):
+        raise ModelOptionError(f"num_classes={num_classes!r}: give the number of classes, an integer >= 0 (0: no "
+                               f"classifier, the pooled features), or None for the architecture's own.")
+    if not isinstance(name, str):
+        raise ModelOptionError(f"create_model takes a model name (str), e.g. 'mobilenetv2_100'; got {name!r}.")
     arch, tag = split_name(name)
     get_entry(arch)  # an unknown name fails first, with the closest names
     if isinstance(pretrained, str) and pretrained in ("true", "True"):

@@ -474,6 +474,32 @@ def retnet_6_7b(**kwargs: Any) -> RetNet:
     return _create("retnet_6_7b", **kwargs)
 
 
+_EAGER_ONLY = ("RetNet's forward checks its token ids on the host, a data-dependent branch that torch.compile and "
+               "torch.export cannot trace, so its latency table is timed in eager PyTorch: use prune.runtime=eager "
+               "(and ship an exported program with prune.export=onnx or torch_export)")
+RETNET_DEPLOY = {
+    "runtime": {"eager": None, "compile": _EAGER_ONLY, "onnxruntime": _EAGER_ONLY, "tensorrt": _EAGER_ONLY},
+    "export": {"onnx": None, "torch_export": None, "hf": None},
+    "quantize": {"int8": "prune.quantize=int8 covers image classifiers (onnxruntime's static INT8); a RetNet decodes "
+                         "with 8-bit weights through generate(..., quantize='int8') instead: use prune.quantize=null"},
+    "workload": {"forward": None, "decode": None},
+}
+
+
+def hf_refusal(options: dict[str, Any]) -> str | None:
+    """Why a RetNet built with these options cannot be written as a flash-linear-attention model folder (None: it
+    can): the conditions :func:`~zoo.models.retnet.convert.fla_form` checks on the model, known from the options."""
+    if options.get("rope", "torchscale") != "neox":
+        return ("a flash-linear-attention model rotates halves (rope=neox); this RetNet is built with torchscale's "
+                "interleaved rotary: add +model.overrides.rope=neox (models loaded from fla checkpoints have it)")
+    if options.get("decay", "torchscale") != "torchscale":
+        return "fla's RetNet has torchscale's decays; this one is built with decay=linspace"
+    if float(options.get("rope_theta", 10000.0)) != 10000.0:
+        return f"fla's RetNet rotates with base 10000; this one is built with rope_theta={options['rope_theta']}"
+    return None
+
+
 register_family("retnet", task="language_model", reference="retnet_small", small="retnet_tiny", test_input_size=(16,),
-                capabilities=("published_weights", "decode"))
+                capabilities=("published_weights", "decode"), deploy=RETNET_DEPLOY,
+                option_checks={"export:hf": hf_refusal})
 
