@@ -48,6 +48,7 @@ SUITES = {
                    "outputs vs eager fp32",
     "prune_search": "DP plans at 1.5x and 2.0x on synthetic inputs, merged, fused and timed beside the unpruned "
                     "network (GPU)",
+    "shared_machine": "a 2-job joblib study of prune.py against the same two jobs in sequence (threads per job)",
     "fla": "flash-linear-attention's fused retention kernels vs the PyTorch path (CUDA)",
 }
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"

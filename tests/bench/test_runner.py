@@ -127,3 +127,15 @@ def test_a_set_run_over_several_calls_merges_into_one_judged_report(tmp_path):
         assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr[-2000:]
         assert not (tmp_path / "merged.json").exists()
     assert "one version of its libraries" in proc.stderr or "not a run report" in proc.stderr
+
+
+def test_shared_machine_quick_times_the_three_modes(tmp_path):
+    """Two tiny prune.py jobs, in sequence and as joblib studies: every mode ran and its ratio is its own time over
+    the sequential pair's (smoke: no timing asserted)."""
+    from benchmarks.shared_machine import MODES, run
+
+    result = run(quick=True, out=str(tmp_path))
+    assert set(result["seconds"]) == set(MODES) and all(s > 0 for s in result["seconds"].values())
+    for mode in MODES[1:]:
+        assert result["ratio"][mode] == round(result["seconds"][mode] / result["seconds"]["sequential"], 3)
+    assert result["status"] in ("passed", "failed") and (tmp_path / "shared_machine.json").is_file()

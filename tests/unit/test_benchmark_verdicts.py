@@ -385,3 +385,21 @@ def test_int8_depth_runs_tensorrt_on_a_gpu_and_says_why_it_cannot_here(tmp_path)
         assert kind is None and "no CUDA device" in why
         result = run(quick=True, device="cuda", out=tmp_path / "out")
         assert result["skipped"] == why and not (tmp_path / "out").exists()
+
+
+def test_shared_machine_compares_a_joblib_study_with_the_same_jobs_in_sequence(tmp_path):
+    """The suite's three modes are the same two jobs: one after the other (separate run directories), a joblib study
+    of both with today's default threads, and the same study with every job taking every core; its verdict is the
+    joblib study's time over the sequential pair's against 1.1."""
+    from benchmarks.shared_machine import TARGETS, checks, cores, mode_commands
+
+    sequential = mode_commands("sequential", [], tmp_path)
+    assert len(sequential) == 2 and [c[-1] for c in sequential] == [f"hydra.run.dir={tmp_path / f'run{t}'}"
+                                                                    for t in TARGETS]
+    (study,) = mode_commands("joblib", [], tmp_path)
+    (greedy,) = mode_commands("joblib_all_cores", [], tmp_path)
+    assert "-m" in study and "hydra/launcher=joblib" in study and "hydra.launcher.n_jobs=2" in study
+    assert [a for a in greedy if a not in study] == [f"trainer.threads={cores()}"]
+    assert [c.verdict for c in checks({"ratio": {"joblib": 1.05}})] == [True]
+    assert [c.verdict for c in checks({"ratio": {"joblib": 1.3}})] == [False]
+    assert [c.verdict for c in checks({"ratio": {}})] == [None]
