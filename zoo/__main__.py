@@ -52,12 +52,31 @@ def print_tags(pattern: str = "*") -> None:
     print(f"{len(names)} pretrained tags")
 
 
+def print_prunable(pattern: str) -> None:
+    """For every timm model matching `pattern`, whether it can be depth-pruned: its removable blocks and sub-layers,
+    or why not (each traced on the meta device: seconds for a few models, minutes for all of timm)."""
+    from .models.timm_any import PREFIX, prunable
+
+    pattern = pattern if pattern.startswith(PREFIX) else PREFIX + ("*" if pattern in ("*", "timm") else pattern)
+    rows = prunable(pattern)
+    header = f"{'model':<48} {'prunable':<8} {'blocks':>6} {'sublayers':>9}  why not"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(f"{row['model']:<48} {'yes' if row['prunable'] else 'no':<8} {row['blocks']:>6} {row['sublayers']:>9}  "
+              f"{row['reason'] or ''}")
+    print(f"{sum(r['prunable'] for r in rows)} of {len(rows)} timm models can be depth-pruned "
+          f"(python prune.py model=timm model.name=<name>)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     list_cmd = sub.add_parser("list", help="table of registered models")
     list_cmd.add_argument("pattern", nargs="?", default="*", help="shell-style filter, e.g. 'mobilenetv2_*'")
     list_cmd.add_argument("--pretrained", action="store_true", help="list pretrained tags and their eval configs")
+    list_cmd.add_argument("--prunable", action="store_true", help="timm models (pattern: timm/<shell pattern>) that "
+                          "can be depth-pruned, with their discovered units")
     info_cmd = sub.add_parser("info", help="one model's details as JSON")
     info_cmd.add_argument("name")
     sub.add_parser("report", help="a sweep's report.md, report.csv and pareto.png (python -m zoo report --help)",
@@ -71,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def command() -> int:
         load_plugins()
-        if args.command == "list":
+        if args.command == "list" and args.prunable:
+            print_prunable(args.pattern)
+        elif args.command == "list":
             (print_tags if args.pretrained else print_table)(args.pattern)
         else:
             print(json.dumps(model_info(args.name), indent=2))

@@ -30,7 +30,9 @@ def family_overrides(family: zoo.models.registry.Family) -> list[str]:
     """A tiny prune config of the family's small member on its task's embedded data."""
     data = ["data=bytes", "data.seq_len=16"] if family.task == "language_model" else ["data.image_size=16"]
     options = [f"+model.overrides.{k}={v}" for k, v in family.small_options.items()]
-    return [f"model={family.small}", *data, *options, *QUICK]
+    model = ["model=timm", f"model.name={family.small.removeprefix('timm/')}"] if family.small.startswith("timm/") \
+        else [f"model={family.small}"]
+    return [*model, *data, *options, *QUICK]
 
 
 SETTING = {"runtime": "prune.runtime", "export": "prune.export", "quantize": "prune.quantize",
@@ -39,7 +41,7 @@ SETTING = {"runtime": "prune.runtime", "export": "prune.export", "quantize": "pr
 
 def declared_refusals() -> list[tuple[str, str, str, str]]:
     """(family, kind, value, reason) of every "cannot" in every family's capability table."""
-    return [(f.name, kind, value, why) for f in zoo.list_families() for kind in DEPLOY_KINDS
+    return [(f.name, kind, value, why) for f in zoo.list_families(dynamic=True) for kind in DEPLOY_KINDS
             for value, why in f.deploy[kind].items() if why is not None]
 
 
@@ -53,7 +55,7 @@ def test_every_family_declares_every_runtime_format_quantisation_and_workload():
 
     known = {"runtime": {r.removesuffix("_int8") for r in RUNTIMES}, "export": set(FORMATS),
              "quantize": set(QUANTIZE), "workload": set(WORKLOADS)}
-    for family in zoo.list_families():
+    for family in zoo.list_families(dynamic=True):
         for kind in DEPLOY_KINDS:
             assert set(family.deploy[kind]) == known[kind], (family.name, kind)
     assert len(declared_refusals()) >= 8  # the table has refusals to enforce

@@ -58,12 +58,13 @@ def run(cfg: Any) -> dict[str, Any]:
     Under torchrun every rank runs this; rank 0 claims the directory and the others follow its verdict."""
     from ..files import read_sealed_json
     from ..training import distributed as dist_utils
-    from ..training.config import validate
+    from ..training.config import canonical_model_name, validate
     from .cli import new_dir_hint, run_files
     from .model_spec import to_container
     from .runs import claimed_by_main, fingerprint, with_inputs
 
     dist = dist_utils.setup()
+    canonical_model_name(cfg)
     validate(cfg, PruneConfig)
     validate_prune(cfg)
     config = with_inputs(to_container(cfg))
@@ -128,6 +129,8 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
     with phase(timings, "baseline"):
         baseline, baseline_path = load_or_train_baseline(cfg, data, config)
         baseline.eval()
+        if hasattr(baseline, "zoo_depth_note"):
+            _log.info("%s: %s", cfg.model.name, baseline.zoo_depth_note)
         given_plan = read_plan(cfg.prune.plan, baseline) if cfg.prune.plan else None
     logger = create_logger(job_logger_cfg(cfg), config=config, group=hydra_context().get("group"), is_main=dist.is_main)
     try:
@@ -189,6 +192,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         results["target_check"] = target_check(cfg, results, corrections)
         results["world_size"] = dist.world
         results["threads"] = threads
+        results["depth_units"] = getattr(baseline, "zoo_depth_note", "declared by the model's family")
         results["finetune_memory"] = getattr(pruned, "finetune_memory", {})
         results["fingerprint"] = fingerprint(config)
         results["config_group"] = study_group(config)

@@ -167,6 +167,10 @@ def validate_prune(cfg: Any) -> None:
     table_settings(p)
     measure_settings(p)
     check_capabilities(cfg)  # what the family cannot do at all, before what this machine lacks
+    entry = get_entry(cfg.model.name)
+    if entry.precheck is not None:  # a model whose depth units are discovered: it traces and has one to remove
+        image = cfg.data.get("image_size")
+        entry.precheck(dict(cfg.model.get("overrides") or {}), (3, image, image) if image else None)
     check_runtimes(p, resolve_device(p.device), resolve_dtype(p.dtype, resolve_device(p.device)))
     check_folders(cfg)
 

@@ -16,7 +16,7 @@ from torch import nn
 from ..latency.device import resolve_device
 from ..training import distributed as dist_utils
 from ..training import state as ckpt
-from ..training.config import validate
+from ..training.config import canonical_model_name, validate
 from ..training.data import DataBundle, build_loaders
 from ..training.engine import FitResult, fit
 from ..training.resources import seed_everything, set_threads
@@ -106,6 +106,7 @@ def run(cfg: Any) -> dict[str, Any]:
     from .runs import claimed_by_main, with_inputs
 
     dist = dist_utils.setup()
+    canonical_model_name(cfg)
     validate(cfg)
     config = with_inputs(to_container(cfg))
     output_dir = Path(cfg.paths.output_dir)

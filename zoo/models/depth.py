@@ -24,7 +24,15 @@ from torch import nn
 
 from ..errors import InputSizeError, PlanError
 
-UNIT_KINDS = ("block", "act", "retention", "ffn")
+UNIT_KINDS = ("block", "act", "retention", "ffn", "sublayer")
+
+
+class PassThrough(nn.Identity):
+    """What a removed unit becomes: its input, whatever else it is called with (a block of a traced model may be called
+    with extra arguments, such as an attention mask). An ``nn.Identity``, so a removed unit is recognised as one."""
+
+    def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        return x
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,8 @@ class DepthUnit:
         or an activation).
     mergeable: (acts) both neighbouring convs fold their BatchNorm, so with the activation gone they merge
         exactly into one conv; False across GroupNorm/LayerNorm or a non-linear module such as SE.
-    merge: (acts) module paths of the conv+norm before and after the activation.
+    merge: (acts) module paths of the conv+norm before and after the activation; (sublayers, found in a traced
+        model's transformer blocks: :mod:`zoo.models.discovery`) the modules of the residual branch, in call order.
     in_shape/out_shape: per-sample shapes for the input size given to :func:`depth_units`.
     """
 
@@ -170,7 +179,7 @@ def run_example(model: nn.Module, example: Any, input_size: Sequence[int] | None
     :class:`~zoo.errors.InputSizeError` that names the input size the model takes, not PyTorch's raw error."""
     try:
         return model(*example) if isinstance(example, tuple) else model(example)
-    except (RuntimeError, ValueError, IndexError) as exc:
+    except (RuntimeError, ValueError, IndexError, AssertionError) as exc:
         if isinstance(exc, InputSizeError):
             raise
         takes = tuple(getattr(model, "default_cfg", {}).get("input_size", ()) or ())

@@ -23,16 +23,26 @@ _logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """A registered architecture: its builder and its default (pretrained) configuration."""
+    """A registered architecture: its builder and its default (pretrained) configuration. `precheck`: what can be
+    known of a model before any work, from its options alone (raises a ZooError with the reason; None: nothing)."""
 
     name: str
     family: str
     builder: Callable[..., nn.Module]
     default_cfg: dict[str, Any] = field(default_factory=dict)
     task: str = "classification"  # or "language_model": what data and loss the model takes
+    precheck: Callable[[dict[str, Any]], None] | None = None
 
 
 _REGISTRY: dict[str, ModelEntry] = {}
+_RESOLVERS: list[Callable[[str], ModelEntry | None]] = []  # names made on first use (``timm/<arch>``)
+_RESOLVED: dict[str, ModelEntry] = {}
+
+
+def register_resolver(resolve: Callable[[str], ModelEntry | None]) -> None:
+    """Add a function that makes the entry of a name no builder registered (None for a name it does not know):
+    ``timm/<arch>`` for every timm model. Its entries are made on first use and not listed by :func:`list_models`."""
+    _RESOLVERS.append(resolve)
 
 
 TASKS = ("classification", "language_model")
@@ -83,6 +93,7 @@ class Family:
     capabilities: frozenset[str] = frozenset()
     deploy: dict[str, dict[str, str | None]] = field(default_factory=lambda: CLASSIFIER_DEPLOY)
     option_checks: dict[str, Callable[[dict[str, Any]], str | None]] = field(default_factory=dict)
+    dynamic: bool = False  # its members are made on first use (any timm model), not declared one by one
 
     def has(self, capability: str) -> bool:
         return capability in self.capabilities
@@ -129,10 +140,12 @@ def register_model(family: str, task: str = "classification", **default_cfg: Any
 def register_family(name: str, *, task: str = "classification", reference: str, small: str,
                     test_input_size: tuple[int, ...], small_options: dict[str, Any] | None = None,
                     capabilities: tuple[str, ...] = (), deploy: dict[str, dict[str, str | None]] | None = None,
-                    option_checks: dict[str, Callable[[dict[str, Any]], str | None]] | None = None) -> Family:
+                    option_checks: dict[str, Callable[[dict[str, Any]], str | None]] | None = None,
+                    dynamic: bool = False) -> Family:
     """Declare a family (after its models are registered): its task, its reference and small members, a fast test
     input, its capabilities (keys of :data:`CAPABILITIES`) and what it can be deployed to (`deploy`, by
-    :data:`DEPLOY_KINDS`; an image classifier's default: :data:`CLASSIFIER_DEPLOY`). A family is declared once."""
+    :data:`DEPLOY_KINDS`; an image classifier's default: :data:`CLASSIFIER_DEPLOY`). A family is declared once.
+    `dynamic`: its members are made on first use by a resolver (:func:`register_resolver`), not registered."""
     unknown = sorted(set(capabilities) - set(CAPABILITIES))
     if unknown:
         raise ValueError(f"Unknown capabilities {unknown} for family {name!r}; allowed: {', '.join(CAPABILITIES)}.")
@@ -147,22 +160,25 @@ def register_family(name: str, *, task: str = "classification", reference: str, 
     if sorted(deploy) != sorted(DEPLOY_KINDS):
         raise ValueError(f"Family {name!r} declares deploy kinds {sorted(deploy)}; give each of "
                          f"{', '.join(DEPLOY_KINDS)}.")
-    for member in (reference, small):
+    for member in () if dynamic else (reference, small):
         entry = _REGISTRY.get(member)
         if entry is None or entry.family != name or entry.task != task:
             raise ValueError(f"Family {name!r} names {member!r}, which is not one of its registered {task} models.")
     family = Family(name, task, reference, small, tuple(test_input_size), dict(small_options or {}),
-                    frozenset(capabilities), deploy, dict(option_checks or {}))
+                    frozenset(capabilities), deploy, dict(option_checks or {}), dynamic)
     _FAMILIES[name] = family
     return family
 
 
-def list_families(capability: str | None = None, task: str | None = None) -> list[Family]:
-    """The declared families (sorted by name), those with `capability` and of `task` when given."""
+def list_families(capability: str | None = None, task: str | None = None, dynamic: bool = False) -> list[Family]:
+    """The declared families (sorted by name), those with `capability` and of `task` when given; with `dynamic`, also
+    the families whose members are made on first use (``timm``: any timm model), which tests and benchmarks that run
+    every declared family leave out."""
     if capability is not None and capability not in CAPABILITIES:
         raise ValueError(f"Unknown capability {capability!r}; allowed: {', '.join(CAPABILITIES)}.")
     return [f for _, f in sorted(_FAMILIES.items())
-            if (capability is None or f.has(capability)) and (task is None or f.task == task)]
+            if (capability is None or f.has(capability)) and (task is None or f.task == task)
+            and (dynamic or not f.dynamic)]
 
 
 def get_family(name: str) -> Family:
@@ -207,14 +223,27 @@ def list_models(pattern: str = "*") -> list[str]:
 
 
 def is_model(name: str) -> bool:
-    return name in _REGISTRY
+    """Whether `name` is a registered model or one a resolver makes (``timm/<arch>``)."""
+    if name in _REGISTRY or name in _RESOLVED:
+        return True
+    try:
+        return any(resolve(name) is not None for resolve in _RESOLVERS)
+    except UnknownModelError:
+        return False
 
 
 def get_entry(name: str) -> ModelEntry:
     """The registry entry for `name` (the plugin modules are imported first when it is not registered yet: a
     checkpoint of a plugin family loads with ``$DEPTHZOO_MODULES`` set); an unknown name raises with the closest
     registered names."""
+    if name in _RESOLVED:
+        return _RESOLVED[name]
     if name not in _REGISTRY:
+        for resolve in _RESOLVERS:
+            entry = resolve(name)
+            if entry is not None:
+                _RESOLVED[name] = entry
+                return entry
         load_plugins()
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=5, cutoff=0.4)

@@ -32,7 +32,8 @@ from torch import nn
 
 from ..deploy.fuse import fold_bn_into_conv
 from ..errors import PlanError
-from ..models.depth import BlockSpec, Chain, ConvOp, check_removable
+from ..models.depth import BlockSpec, Chain, ConvOp, PassThrough, check_removable
+from ..models.discovery import zero_branch
 
 
 class ChainBlock(nn.Module):
@@ -302,8 +303,11 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
             block = _block_of(name, block_names)
             acts_by_block.setdefault(block, set()).add(name[len(block) + 1:])
     for name in removed:
-        if units[name].kind != "act":
-            model.set_submodule(name, nn.Identity())
+        if units[name].kind == "sublayer":
+            if not any(b in removed for b in block_names if name.startswith(b + ".")):
+                zero_branch(model, units[name].merge)
+        elif units[name].kind != "act":
+            model.set_submodule(name, PassThrough())
     for block_name, acts in acts_by_block.items():
         if block_name in removed:
             continue
@@ -356,13 +360,17 @@ class Segment:
         return choices + ([frozenset({self.name})] if self.removable else [])
 
 
+INSIDE = ("act", "sublayer")  # units that live inside a block: the block's segment varies over them
+
+
 def segments(model: nn.Module) -> list[Segment]:
-    """The model's segments, in order: each residual unit with the act units inside it."""
+    """The model's segments, in order: each residual unit with the units inside it (mergeable activations; the
+    sub-layers of a traced transformer block)."""
     specs = model.depth_unit_specs()
-    owners = [u for u in specs if u.kind != "act"]
+    owners = [u for u in specs if u.kind not in INSIDE]
     acts: dict[str, list[str]] = {u.name: [] for u in owners}
     for unit in specs:
-        if unit.kind == "act" and unit.mergeable:
+        if (unit.kind == "act" and unit.mergeable) or unit.kind == "sublayer":
             acts[_block_of(unit.name, list(acts))].append(unit.name)
     return [Segment(u.name, tuple(acts[u.name]), u.removable) for u in owners]
 
@@ -370,12 +378,16 @@ def segments(model: nn.Module) -> list[Segment]:
 def build_segment(model: nn.Module, segment: Segment, removed: frozenset[str], merge: bool = True) -> nn.Module:
     """The segment's module after removing `removed` (a copy; the model is untouched)."""
     if segment.name in removed:
-        return nn.Identity()
+        return PassThrough()
     module = copy.deepcopy(model.get_submodule(segment.name))
     if not removed:
         return module
-    relative = {name[len(segment.name) + 1:] for name in removed}
-    return rebuild_block(module, relative, merge)
+    units = {u.name: u for u in model.depth_unit_specs()}
+    prefix = segment.name + "."
+    for name in [n for n in removed if units[n].kind == "sublayer"]:
+        zero_branch(module, [m[len(prefix):] for m in units[name].merge])
+    relative = {name[len(prefix):] for name in removed if units[name].kind == "act"}
+    return rebuild_block(module, relative, merge) if relative else module
 
 
 __all__ = ["Chain", "ChainBlock", "ConvOp", "LinearRun", "LinearisingAct", "Segment", "apply_plan", "build_segment",

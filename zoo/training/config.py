@@ -24,10 +24,13 @@ MONITOR_MODES = ("max", "min")
 
 @dataclass
 class ModelConfig:
-    """`name`: a registered zoo model; `tag`: a pretrained tag (timm's, e.g. ``ra_in1k``: its weights with
-    ``pretrained: true`` and its eval config always); `num_classes: null` takes the data set's class count."""
+    """`name`: a registered zoo model, or with ``source: timm`` (``model=timm``) any timm model by its timm name, its
+    depth units discovered from its graph (``timm/<name>`` is the same); `tag`: a pretrained tag (timm's, e.g.
+    ``ra_in1k``: its weights with ``pretrained: true`` and its eval config always); `num_classes: null` takes the data
+    set's class count."""
 
     name: str = "mobilenetv2_050"
+    source: str = "zoo"
     tag: str | None = None
     pretrained: Any = False
     num_classes: int | None = None
@@ -165,6 +168,23 @@ def register_configs(config_dir: str | Path | None = None) -> None:
     for name in zoo.list_models():
         if name not in with_files:
             store.store(group="model", name=name, node=ModelConfig(name=name))
+    # model=timm: any timm model; its model.name (???: required) is timm's name of it
+    store.store(group="model", name="timm", node=ModelConfig(name="???", source="timm"))
+
+
+MODEL_SOURCES = ("zoo", "timm")
+
+
+def canonical_model_name(cfg: Any) -> None:
+    """``model=timm model.name=convnext_atto`` names the registry's ``timm/convnext_atto``: set once, at the run's
+    start, so every later reader (checks, caches, fingerprints, checkpoints) sees one name."""
+    from omegaconf import open_dict
+
+    source = cfg.model.get("source", "zoo")
+    _choice(source, MODEL_SOURCES, "model.source")
+    if source == "timm" and not str(cfg.model.name).startswith("timm/"):
+        with open_dict(cfg):
+            cfg.model.name = f"timm/{cfg.model.name}"
 
 
 SCHEDULERS = ("cosine", "tanh", "step", "multistep", "plateau", "poly", "wsd", "none", "constant")

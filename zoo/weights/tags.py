@@ -26,10 +26,16 @@ def split_name(name: str) -> tuple[str, str | None]:
     return arch, (tag or None)
 
 
+def timm_arch(arch: str) -> str:
+    """timm's name of an architecture: a zoo name as it is, ``timm/<arch>`` (any timm model) without the prefix."""
+    return arch.removeprefix("timm/")
+
+
 def _timm_cfgs(arch: str) -> dict[str, dict[str, Any]]:
     """timm's pretrained configs of `arch` that name published weights, by tag, in timm's order (default first)."""
     from timm.models import get_arch_pretrained_cfgs, is_model
 
+    arch = timm_arch(arch)
     if not is_model(arch):
         return {}
     cfgs = {}
@@ -81,7 +87,7 @@ def hub_id(arch: str, tag: str | None) -> str:
     cfg = resolve_tag(arch, tag)
     hub = cfg.get("hf_hub_id") or ""
     if hub.endswith("/"):  # timm writes "timm/" and appends the model name and tag
-        hub = f"{hub}{arch}.{cfg['tag']}"
+        hub = f"{hub}{timm_arch(arch)}.{cfg['tag']}"
     if not hub:
         raise UnknownTagError(f"{arch}.{cfg['tag']} is published only by URL ({cfg.get('url')}), not on the "
                               f"Hugging Face Hub; download it and pass the file as pretrained=...")
@@ -101,7 +107,7 @@ def source_tag(arch: str, pretrained: Any) -> str | None:
     if pretrained in (None, False) or not isinstance(pretrained, (str, Path)):
         return None
     text = str(pretrained).removeprefix("hf-hub:").rstrip("/")
-    prefix = f"timm/{arch}."
+    prefix = f"timm/{timm_arch(arch)}."
     if text.startswith(prefix) and text[len(prefix):] in tag_cfgs(arch):
         return text[len(prefix):]
     local = Path(text).expanduser()
