@@ -694,13 +694,13 @@ def seed_problem(first_seed: int, seeds: int) -> str | None:
 
 
 def family_code() -> str:
-    """The digest of the code that computes a family's cells: the whole ``zoo`` package and the benchmark modules the
-    suite runs (a resumed family was computed by the same code)."""
+    """The digest of the code that computes a family's cells: the whole ``zoo`` package, this study and the benchmark
+    modules it runs (a resumed family was computed by the same code)."""
     import zoo
 
-    here = Path(__file__).resolve().parent
-    return files_digest(Path(zoo.__file__).resolve().parent, here / "prune_quality.py", here / "common.py",
-                        here / "prune_speedup.py")
+    here, suites = Path(__file__).resolve().parent, Path(__file__).resolve().parents[1] / "benchmarks"
+    return files_digest(Path(zoo.__file__).resolve().parent, here / "prune_quality.py", suites / "common.py",
+                        suites / "prune_speedup.py")
 
 
 def family_inputs(name: str, overrides: list[str], seeds: list[int], rules: list[str], targets: tuple[float, ...],
