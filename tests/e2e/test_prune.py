@@ -230,3 +230,22 @@ def test_the_default_run_keeps_its_measured_target(tmp_path):
     assert results["search"] == "interaction" and check["wanted_speedup"] == 1.5 and check["tolerance"] == 0.05
     assert abs(results["measured_speedup"] / 1.5 - 1) <= 0.05, check
     assert check["met"] is True
+
+
+def test_prune_py_and_train_py_take_any_timm_model_by_its_name(tmp_path):
+    """``python prune.py model=timm model.name=resnet18`` and ``python train.py model=timm model.name=resnet18`` as a
+    user runs them: the discovered model trained, pruned, saved and reloaded by its timm name."""
+    out = run_prune(*TINY[1:], "model=timm", "model.name=resnet18", "logger=none", "prune.target_speedup=1.3",
+                    base=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["model"] == "timm/resnet18" and "discovered from the graph" in results["depth_units"]
+    assert zoo.load(results["checkpoint"]).zoo_plan["remove"] == results["plan"]["remove"]
+    from ..helpers import run_train
+
+    trained = run_train("model=timm", "model.name=resnet18", "data.image_size=16", "trainer.max_epochs=1",
+                        "trainer.limit_train_batches=2", "trainer.progress=false", "logger=none",
+                        run_dir=tmp_path / "train")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert json.loads((tmp_path / "train" / "results.json").read_text())["model"] == "timm/resnet18"
+

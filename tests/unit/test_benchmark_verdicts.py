@@ -403,3 +403,27 @@ def test_shared_machine_compares_a_joblib_study_with_the_same_jobs_in_sequence(t
     assert [c.verdict for c in checks({"ratio": {"joblib": 1.05}})] == [True]
     assert [c.verdict for c in checks({"ratio": {"joblib": 1.3}})] == [False]
     assert [c.verdict for c in checks({"ratio": {}})] == [None]
+
+
+def test_timm_prune_counts_architectures_and_families_that_met_the_target_in_every_seed():
+    """An architecture counts when every seed met the measured target; its family once; a refused run is listed with
+    its reason, never counted; the cost target is the discovered run's time over the declared one's."""
+    from benchmarks.timm_prune import checks, summarise
+
+    def row(arch, family, seed, met=True, **extra):
+        return {"arch": arch, "family": family, "seed": seed, "blocks": 4, "sublayers": 0, "seconds": 10.0,
+                **({"measured_speedup": 1.5, "met": met, "ceiling": 2.0, "acc_before": 90.0, "acc_after": 88.0}
+                   if "refused" not in extra else {}), **extra}
+
+    rows = [row(f"a{i}", f"fam{i % 8}", s) for i in range(12) for s in range(3)]
+    rows += [row("slow", "fam0", 0), row("slow", "fam0", 1, met=False)]
+    rows += [row("never", "fam9", 0, refused="BudgetError: cannot be reached")]
+    result = {"target": 1.5, "rows": rows, "summary": summarise(rows), "cost": {"ratio": 1.2}}
+    verdicts = {c.label: (c.measured, c.verdict) for c in checks(result)}
+    assert list(verdicts.values()) == [(12, True), (8, True), (1.2, True)]
+    never = next(s for s in result["summary"] if s["arch"] == "never")
+    assert never["met"] == 0 and never["refused"] == "BudgetError: cannot be reached" and never["speedup"] == "-"
+    assert next(s for s in result["summary"] if s["arch"] == "a0")["top1_after"] == "88.00 (0.00)"
+    result["rows"] = [r for r in rows if r["arch"] != "a11"]
+    result["summary"] = summarise(result["rows"])
+    assert [c.verdict for c in checks(result)][:2] == [False, True]

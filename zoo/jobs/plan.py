@@ -212,6 +212,11 @@ def choose_plan(cfg: Any, table: Any, options: list[list[Choice]], model_inputs:
     return plan, result
 
 
+def ceiling_speedup(table: Any, options: list[list[Choice]]) -> float:
+    """The table's predicted speed-up of its fastest plan: the most a search can ask of this network."""
+    return table.predict({"remove": []}) / (table.fixed_cost() + fastest_plan(options).latency)
+
+
 @dataclass
 class TargetAttempt:
     """One plan of the measured-target loop: the speed-up it was searched for (predicted), its predicted and measured

@@ -26,6 +26,7 @@ from .final_timing import build_job_table, export_pruned, measure_side_by_side, 
 from .finetune import finetune, qat_finetune
 from .plan import (
     build_options,
+    ceiling_speedup,
     choose_plan,
     corrected_plan,
     importance_of,
@@ -192,6 +193,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         results["target_check"] = target_check(cfg, results, corrections)
         results["world_size"] = dist.world
         results["threads"] = threads
+        results["ceiling_speedup"] = round(ceiling_speedup(table, options), 3)
         results["depth_units"] = getattr(baseline, "zoo_depth_note", "declared by the model's family")
         results["finetune_memory"] = getattr(pruned, "finetune_memory", {})
         results["fingerprint"] = fingerprint(config)
