@@ -48,10 +48,6 @@ SUITES = {
                    "outputs vs eager fp32",
     "prune_search": "DP plans at 1.5x and 2.0x on synthetic inputs, merged, fused and timed beside the unpruned "
                     "network (GPU)",
-    "timm_prune": "timm architectures pruned by model=timm model.name=<name> on digits, over seeds: units, ceiling, "
-                  "measured speed-up, top-1 before and after; the discovered MobileNetV2's whole run against the "
-                  "declared one's",
-    "shared_machine": "a 2-job joblib study of prune.py against the same two jobs in sequence (threads per job)",
     "fla": "flash-linear-attention's fused retention kernels vs the PyTorch path (CUDA)",
 }
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"

@@ -297,10 +297,9 @@ def gpu_settings(quick: bool) -> tuple[TableSettings, NetworkTimingSettings, int
 def table_for(cond: Condition, device: str, quick: bool) -> Any:
     """The table of `cond` (cached under ``$TMPDIR/gpu_check``)."""
     settings, _, size = gpu_settings(quick)
-    settings = replace(settings, cuda_timing=cond.cuda_timing, cuda_graph=cond.cuda_graph)
+    settings = replace(settings, cuda_timing=cond.cuda_timing, cuda_graph=cond.cuda_graph, runtime=cond.runtime)
     return build_table(zoo.create_model(cond.model).eval(), batch_size=cond.batch, input_size=size, device=device,
-                       dtype=cond.dtype, channels_last=cond.channels_last, settings=settings, cache_dir=CACHE_DIR,
-                       runtime=cond.runtime)
+                       dtype=cond.dtype, channels_last=cond.channels_last, settings=settings, cache_dir=CACHE_DIR)
 
 
 def condition_build(cond: Condition, device: str, quick: bool) -> dict[str, Any]:

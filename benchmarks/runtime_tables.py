@@ -30,6 +30,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +149,7 @@ def bench_model(name: str, device: str, runtimes: list[str], n_plans: dict[str, 
         for runtime in runtimes:
             start = time.perf_counter()
             tables[runtime] = build_table(name, batch_size=batch_size, input_size=input_size, device=device,
-                                          cache_dir=cache_dir, settings=settings, runtime=runtime)
+                                          cache_dir=cache_dir, settings=replace(settings, runtime=runtime))
             print(f"{name} {runtime}: table of {tables[runtime].n_records} entries in {time.perf_counter() - start:.0f}"
                   " s", flush=True)
             for target in TARGETS:

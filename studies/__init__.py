@@ -8,5 +8,8 @@ rules as a suite's (``python -m benchmarks judge FILE``).
 - ``prune_cost``: what the whole default ``prune.py`` costs, cold, against the previous default, in turns.
 - ``latency_diagnosis``: where a latency table's error comes from (drift, neighbours, hooks, sessions, parts).
 - ``runtime_diagnosis``: one network timed whole and segment by segment in a deploy runtime.
+- ``timm_prune``: which timm architectures prune to a measured target by ``model=timm``, over seeds, and what
+  discovery costs against a declared family.
+- ``shared_machine``: what two prune jobs cost when a joblib study runs them at once on one machine.
 - ``stats``: the paired tests and corrections the studies share.
 """

@@ -44,6 +44,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +173,7 @@ def speed_part(model: str, quick: bool, cache_dir: Path, device: str = "cpu") ->
     table_settings, network_settings = timing_settings(quick)
     size = 64 if quick else SPEED_SIZE
     tables = {name: build_table(model, batch_size=1, input_size=size, device=device, cache_dir=str(cache_dir),
-                                settings=table_settings, runtime=runtimes_on(torch.device(device).type)[name])
+                                settings=replace(table_settings, runtime=runtimes_on(torch.device(device).type)[name]))
               for name in TABLES}
     target = QUICK_TARGET if quick else TARGET
     plans = {name: speed_plan(table, target) for name, table in tables.items()}

@@ -46,7 +46,6 @@ weights, rule, seed, target, protocol), so an interrupted run continues and a ch
 from __future__ import annotations
 
 import argparse
-import copy
 import gzip
 import json
 import math
@@ -264,18 +263,19 @@ class Family:
     def search(self, rule: str, target: float, seed: int, correct: bool = True) -> dict[str, Any]:
         """The rule's plan for `target` with this seed's calibration batches, and (with `correct`) every plan the
         measured-target loop tried, each with its measured speed-up."""
-        from zoo.jobs.plan import build_options, choose_plan, corrected_plan, importance_of, model_search_inputs
+        from zoo.jobs.plan import Target, build_options, choose_plan, corrected_plan, importance_of, model_search_inputs
 
         cfg, data = self.seeded(seed, rule, target)
         damages, _ = importance_of(cfg, self._plain(cfg), self.baseline, self.table, data)
         options = build_options(self.table, damages)
         start = time.perf_counter()
         inputs = model_search_inputs(cfg, self.baseline, self.table, data, options)
-        plan, result = choose_plan(cfg, self.table, options, inputs)
+        target_ = Target.of(cfg.prune)
+        plan, result = choose_plan(cfg, target_, self.table, options, inputs)
         found = {"search_s": round(time.perf_counter() - start, 3),
                  "evaluations": getattr(inputs.get("loss_of"), "evaluations", 0), "plan": plain_plan(plan)}
         if correct:
-            _, tried = corrected_plan(cfg, self.table, options, inputs, self.baseline, plan, result)
+            _, tried = corrected_plan(cfg, target_, self.table, options, inputs, self.baseline, plan, result)
             tried += bracketing(cfg, self.table, options, inputs, self.baseline, tried)
             found["tried"] = [{**c.record(), "plan": plain_plan(c.plan)} for c in tried]
         return found
@@ -421,7 +421,7 @@ def bracketing(cfg: Any, table: Any, options: list, inputs: dict[str, Any], base
     predicted beyond all of them on that side (slower when they overshot, faster when they fell short), at most
     ``BRACKET_TIMINGS`` times. A plan's speed-up moves in steps (a block is removed or kept), so scaling the target
     by the miss can give the same plan every time; the plans below and above the target are interpolated."""
-    from zoo.jobs.plan import TargetAttempt, choose_plan, measured_speedup, predicted_speedup
+    from zoo.jobs.plan import Target, TargetAttempt, choose_plan, measured_speedup, predicted_speedup
     from zoo.jobs.prune_config import measure_settings
     from zoo.pruning.search import BudgetError
 
@@ -437,10 +437,8 @@ def bracketing(cfg: Any, table: Any, options: list, inputs: dict[str, Any], base
         plan = result = None
         for step in BRACKET_STEPS:
             searched_for = max(1.0 + 1e-3, edge * (1.0 - step)) if above else edge * (1.0 + step)
-            retarget = copy.deepcopy(cfg)
-            retarget.prune.target_speedup, retarget.prune.target_latency_ms = searched_for, None
             try:
-                plan, result = choose_plan(retarget, table, options, inputs)
+                plan, result = choose_plan(cfg, Target.of(cfg.prune).at_speedup(searched_for), table, options, inputs)
             except BudgetError:
                 plan = None
                 break

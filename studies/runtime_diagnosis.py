@@ -31,7 +31,7 @@ from torch import nn
 
 from benchmarks.common import environment, write_result
 from zoo.errors import run_command
-from zoo.latency import build_table, random_plans
+from zoo.latency import TableSettings, build_table, random_plans
 from zoo.latency.accuracy import pruned_network
 from zoo.latency.device import timing_context
 from zoo.latency.measure import Bench, measured_form, prepare, time_rounds
@@ -77,7 +77,7 @@ def diagnose(model: str, runtime: str, picks: list[int], n_plans: int = 20, roun
     check_runtime(runtime, device)
     with tempfile.TemporaryDirectory() as cache_dir:
         table = build_table(model, batch_size=1, input_size=input_size, device="cpu", cache_dir=cache_dir,
-                            runtime=runtime)
+                            settings=TableSettings(runtime=runtime))
     plans = random_plans(table.segments, n_plans, seed=1, merge=table.merge)
     chosen = [("original", {"remove": [], "merge": table.merge})] + [(f"plan {i}", plans[i]) for i in picks]
     names = [seg.name for seg in table.segments]

@@ -127,32 +127,3 @@ def test_a_set_run_over_several_calls_merges_into_one_judged_report(tmp_path):
         assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr[-2000:]
         assert not (tmp_path / "merged.json").exists()
     assert "one version of its libraries" in proc.stderr or "not a run report" in proc.stderr
-
-
-def test_shared_machine_quick_times_the_three_modes(tmp_path):
-    """Two tiny prune.py jobs, in sequence and as joblib studies: every mode ran and its ratio is its own time over
-    the sequential pair's (smoke: no timing asserted)."""
-    from benchmarks.shared_machine import MODES, run
-
-    result = run(quick=True, out=str(tmp_path))
-    assert set(result["seconds"]) == set(MODES) and all(s > 0 for s in result["seconds"].values())
-    for mode in MODES[1:]:
-        assert result["ratio"][mode] == round(result["seconds"][mode] / result["seconds"]["sequential"], 3)
-    assert result["status"] in ("passed", "failed") and (tmp_path / "shared_machine.json").is_file()
-
-
-def test_timm_prune_quick_prunes_timm_models_and_times_the_cost_pair(tmp_path):
-    """Two tiny timm architectures through prune.py model=timm (a CNN by blocks, a DeiT by blocks and sub-layers):
-    one row each with its units, and the discovered and declared MobileNetV2 timed (smoke: no timing asserted); a
-    second run with --resume keeps every row."""
-    from benchmarks.timm_prune import run
-
-    first = run(quick=True, out=str(tmp_path), workdir=str(tmp_path / "work"))
-    rows = {r["arch"]: r for r in first["rows"]}
-    assert rows["resnet18"]["blocks"] == 5 and rows["deit_tiny_patch16_224"]["sublayers"] == 24
-    for row in rows.values():
-        assert row["exit"] == 0 and row["measured_speedup"] > 0 and 0 <= row["acc_after"] <= 100, row
-    assert first["cost"]["ratio"] == round(first["cost"]["median_s"]["discovered"] /
-                                           first["cost"]["median_s"]["declared"], 3)
-    again = run(quick=True, out=str(tmp_path / "again"), resume=str(tmp_path / "timm_prune_quick.json"))
-    assert again["rows"] == first["rows"] and again["cost"] == first["cost"]

@@ -5,6 +5,7 @@ the record."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,15 +21,15 @@ QUICK_TIMING = NetworkTimingSettings(warmup_s=0.1, net_warmup_s=0.0, min_rounds=
 
 
 def test_an_onnxruntime_table_is_its_own_condition_predicts_the_whole_network_and_is_corrected(tmp_path):
-    kwargs = dict(input_size=16, device="cpu", cache_dir=str(tmp_path), settings=FAST)
-    table = build_table("mobilenetv2_035", runtime="onnxruntime", **kwargs)
+    kwargs = dict(input_size=16, device="cpu", cache_dir=str(tmp_path), settings=replace(FAST, runtime="onnxruntime"))
+    table = build_table("mobilenetv2_035", **kwargs)
     assert table.condition["runtime"] == "onnxruntime" and table.condition["runtime_version"].startswith("onnxruntime")
     assert table.settings.entries == "isolated"  # nothing to time in context inside a session
     measured = [k for k, src in table.sources.items() if src == "measured"]
     assert all(table.records[k]["runtime_build_s"] > 0 for k in measured if k != table.fixed_key)
     assert table.runtime_build_s > 0 and "runtime onnxruntime" in table.describe_condition()
     # the original's prediction is the whole network's own measurement (the fixed part is derived from it)
-    again = build_table("mobilenetv2_035", runtime="onnxruntime", **kwargs)
+    again = build_table("mobilenetv2_035", **kwargs)
     assert again.n_measured == 0
     cached = LatencyCache(table.condition, str(tmp_path)).load()
     assert "whole network" in cached[table.fixed_key]["what"]

@@ -391,7 +391,7 @@ def test_shared_machine_compares_a_joblib_study_with_the_same_jobs_in_sequence(t
     """The suite's three modes are the same two jobs: one after the other (separate run directories), a joblib study
     of both with today's default threads, and the same study with every job taking every core; its verdict is the
     joblib study's time over the sequential pair's against 1.1."""
-    from benchmarks.shared_machine import TARGETS, checks, cores, mode_commands
+    from studies.shared_machine import TARGETS, checks, cores, mode_commands
 
     sequential = mode_commands("sequential", [], tmp_path)
     assert len(sequential) == 2 and [c[-1] for c in sequential] == [f"hydra.run.dir={tmp_path / f'run{t}'}"
@@ -408,7 +408,7 @@ def test_shared_machine_compares_a_joblib_study_with_the_same_jobs_in_sequence(t
 def test_timm_prune_counts_architectures_and_families_that_met_the_target_in_every_seed():
     """An architecture counts when every seed met the measured target; its family once; a refused run is listed with
     its reason, never counted; the cost target is the discovered run's time over the declared one's."""
-    from benchmarks.timm_prune import checks, summarise
+    from studies.timm_prune import checks, summarise
 
     def row(arch, family, seed, met=True, **extra):
         return {"arch": arch, "family": family, "seed": seed, "blocks": 4, "sublayers": 0, "seconds": 10.0,

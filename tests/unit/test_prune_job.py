@@ -87,18 +87,20 @@ def test_measured_target_loop_searches_again_for_the_miss(digits_prune, monkeypa
     table = build_job_table(cfg, baseline, data)
     damages, _ = planning.importance_of(cfg, config, baseline, table, data)
     options = planning.build_options(table, damages)
-    plan, result = planning.choose_plan(cfg, table, options)
+    target = planning.Target.of(cfg.prune)
+    plan, result = planning.choose_plan(cfg, target, table, options)
     monkeypatch.setattr(planning, "measured_speedup", lambda table, baseline, plan, settings: (
         10.0, 0.9 * table.predict({"remove": []}) / table.predict(plan)))
-    kept, tried = planning.corrected_plan(cfg, table, options, {}, baseline, plan, result)
+    kept, tried = planning.corrected_plan(cfg, target, table, options, {}, baseline, plan, result)
     assert len(tried) >= 2 and tried[0].plan == plan
     assert tried[1].searched_for == pytest.approx(tried[0].predicted * 1.5 / tried[0].measured)
     assert abs(kept.miss) <= cfg.prune.target_tolerance and abs(kept.miss) < abs(tried[0].miss)
     once = compose([*TINY, "prune.search=dp", "prune.target_corrections=0"], base / "loop")
-    kept, tried = planning.corrected_plan(once, table, options, {}, baseline, plan, result)
+    kept, tried = planning.corrected_plan(once, planning.Target.of(once.prune), table,
+                                           options, {}, baseline, plan, result)
     assert len(tried) == 1 and kept.plan == plan and kept.miss == pytest.approx(-0.1, abs=0.02)
     monkeypatch.setattr(planning, "choose_plan", lambda *args, **kwargs: (plan, result))
-    kept, tried = planning.corrected_plan(cfg, table, options, {}, baseline, plan, result)
+    kept, tried = planning.corrected_plan(cfg, target, table, options, {}, baseline, plan, result)
     assert len(tried) == 1 and kept.plan == plan  # the corrected search gave the plan already timed: not timed again
 
 
@@ -125,12 +127,12 @@ def test_a_target_just_beyond_the_tables_ceiling_gets_the_fastest_plan(digits_pr
     fastest = table.fixed_cost() + sum(min(c.latency for c in seg) for seg in options)
     ceiling = table.predict({"remove": []}) / fastest
     cfg.prune.target_speedup = ceiling * (1 + cfg.prune.target_tolerance / 2)
-    plan, result = planning.choose_plan(cfg, table, options)
+    plan, result = planning.choose_plan(cfg, planning.Target.of(cfg.prune), table, options)
     assert result.method == "fastest" and table.predict(plan) == pytest.approx(fastest)
     assert all(c.latency >= options[i][pick].latency for i, pick in enumerate(result.choices) for c in options[i])
     cfg.prune.target_speedup = ceiling * (1 + 2 * cfg.prune.target_tolerance)
     with pytest.raises(BudgetError, match=f"gives at most {ceiling:.2f}x"):
-        planning.choose_plan(cfg, table, options)
+        planning.choose_plan(cfg, planning.Target.of(cfg.prune), table, options)
 
 
 @pytest.mark.parametrize("factor, search", [(1.06, "dp"), (0.94, "dp"), (1.06, "random")])
@@ -160,7 +162,8 @@ def test_prune_quality_brackets_a_target_every_tried_plan_misses(digits_prune, m
     speedup = lambda plan: table.predict({"remove": []}) / table.predict(plan)  # noqa: E731
     monkeypatch.setattr(planning, "measured_speedup", lambda table, baseline, plan, settings: (10.0,
                         factor * speedup(plan)))
-    plan, result = planning.choose_plan(cfg, table, options)  # predicted >= 1.5: measured 6 % off
+    target = planning.Target.of(cfg.prune)
+    plan, result = planning.choose_plan(cfg, target, table, options)  # predicted >= 1.5: measured 6 % off
     first = planning.TargetAttempt(1.5, speedup(plan), factor * speedup(plan), 1.5, plan, result)
     if abs(first.miss) <= TOLERANCE or (first.miss > 0) != (factor > 1):
         pytest.skip("the tiny table's plan landed at the target: nothing to bracket")
@@ -283,3 +286,24 @@ def test_recovery_steps_judge_the_finalists_after_training(digits_prune, tmp_pat
     recovered = results["search_result"]["recovered"]
     assert results["search_result"]["method"] == "interaction" and recovered is not None
     assert math.isfinite(recovered) and recovered > 0
+
+
+def test_a_target_is_read_once_and_one_expression_gives_the_wanted_speedup():
+    """prune.target_latency_ms wins over prune.target_speedup; the corrected search asks for a speed-up only; the
+    budget a search gets is the table's baseline over the wanted speed-up, less the fixed cost."""
+    from zoo.jobs.plan import Target, budget_for
+
+    both = Target(speedup=1.5, latency_ms=4.0, tolerance=0.1, corrections=1)
+    assert Target(speedup=1.5).wanted_speedup(10.0) == 1.5 and both.wanted_speedup(10.0) == 2.5
+    corrected = both.at_speedup(1.8)
+    assert corrected.wanted_speedup(10.0) == 1.8 and corrected.latency_ms is None and corrected.tolerance == 0.1
+    assert both.asked() == "prune.target_latency_ms=4.0" and corrected.asked() == "prune.target_speedup=1.8"
+
+    class Table:  # the two numbers a budget reads from a latency table
+        def predict(self, plan):
+            return 10.0
+
+        def fixed_cost(self):
+            return 1.0
+
+    assert budget_for(both, Table()) == (4.0, 3.0) and budget_for(Target(speedup=2.0), Table()) == (5.0, 4.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +96,7 @@ def test_the_fixed_part_outside_eager_is_the_whole_network_less_its_intact_segme
                     "and torch-tensorrt or onnxruntime's TensorRT EP")
 def test_tensorrt_table_on_a_gpu(tmp_path):
     table = build_table("mobilenetv2_035", input_size=64, batch_size=8, device="cuda", cache_dir=str(tmp_path),
-                        settings=FAST, runtime="tensorrt")
+                        settings=replace(FAST, runtime="tensorrt"))
     assert table.condition["runtime"] == "tensorrt" and table.predict() > 0
 
 
@@ -137,10 +138,10 @@ def test_the_compile_int8_runtime_runs_inductors_int8_program():
 
 def test_an_int8_table_is_its_own_condition(tmp_path):
     # plainresnet8: a handful of entries (every entry is exported and, for INT8, quantised: MobileNetV2 takes minutes)
-    fp32 = build_table("plainresnet8", input_size=16, device="cpu", cache_dir=str(tmp_path), settings=FAST,
-                       runtime="onnxruntime")
-    int8 = build_table("plainresnet8", input_size=16, device="cpu", cache_dir=str(tmp_path), settings=FAST,
-                       runtime="onnxruntime_int8")
+    fp32 = build_table("plainresnet8", input_size=16, device="cpu", cache_dir=str(tmp_path),
+                       settings=replace(FAST, runtime="onnxruntime"))
+    int8 = build_table("plainresnet8", input_size=16, device="cpu", cache_dir=str(tmp_path),
+                       settings=replace(FAST, runtime="onnxruntime_int8"))
     assert int8.condition["runtime"] == "onnxruntime_int8" and int8.n_measured > 0  # not fp32's records
     assert len(list(tmp_path.glob("*.json"))) == 2 and int8.predict() > 0 and fp32.predict() > 0
 

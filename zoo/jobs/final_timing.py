@@ -28,7 +28,7 @@ def build_job_table(cfg: Any, baseline: nn.Module, data: Any, runtime: str | Non
         kwargs = {"input_size": (1,), "workload": "decode", "forward_kwargs": {"mode": "recurrent", "state": state}}
     return build_table(baseline, batch_size=p.batch_size, device=p.device, dtype=p.dtype,
                        channels_last=p.channels_last, threads=p.threads, cache_dir=p.cache_dir, merge=p.merge,
-                       settings=table_settings(p), runtime=runtime or planning_runtime(p), **kwargs)
+                       settings=table_settings(p, runtime), **kwargs)
 
 
 def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any = None, unfused: bool = True

@@ -3,11 +3,10 @@ target as measured (the plan timed beside the baseline, searched again for the m
 
 from __future__ import annotations
 
-import copy
 import itertools
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -120,11 +119,42 @@ def build_options(table: Any, damages: list[dict[frozenset[str], float]], max_me
     return options
 
 
-def budget_for(cfg: Any, table: Any) -> tuple[float, float]:
-    """(target end-to-end latency, budget left for the prunable segments) in ms."""
+@dataclass(frozen=True)
+class Target:
+    """What a prune job asks for, read once from ``prune.*``: a speed-up or an end-to-end latency in ms (the latency
+    wins when both are given), how close the measured result must come (``tolerance``, relative) and how many times
+    the search may run again for the miss (``corrections``)."""
+
+    speedup: float | None = 1.5
+    latency_ms: float | None = None
+    tolerance: float = 0.05
+    corrections: int = 3
+
+    @classmethod
+    def of(cls, prune_cfg: Any) -> Target:
+        """The target of a ``prune`` config group."""
+        return cls(prune_cfg.target_speedup, prune_cfg.target_latency_ms, prune_cfg.target_tolerance,
+                   prune_cfg.target_corrections)
+
+    def wanted_speedup(self, baseline_ms: float) -> float:
+        """The speed-up over a network of `baseline_ms` that meets this target."""
+        return baseline_ms / self.latency_ms if self.latency_ms else float(self.speedup)
+
+    def at_speedup(self, speedup: float) -> Target:
+        """This target asking for `speedup` instead (the measured-target loop's corrected search)."""
+        return replace(self, speedup=speedup, latency_ms=None)
+
+    def asked(self) -> str:
+        """The setting that asked for this target, as the user wrote it."""
+        return (f"prune.target_latency_ms={self.latency_ms}" if self.latency_ms
+                else f"prune.target_speedup={self.speedup}")
+
+
+def budget_for(target: Target, table: Any) -> tuple[float, float]:
+    """(target end-to-end latency, budget left for the prunable segments) in ms, as the table predicts them."""
     baseline = table.predict({"remove": []})
-    target = cfg.prune.target_latency_ms or baseline / cfg.prune.target_speedup
-    return target, target - table.fixed_cost()
+    goal = baseline / target.wanted_speedup(baseline)
+    return goal, goal - table.fixed_cost()
 
 
 def plan_loss(cfg: Any, baseline: nn.Module, table: Any, batches: list) -> PlanLoss:
@@ -174,15 +204,15 @@ def model_search_inputs(cfg: Any, baseline: nn.Module, table: Any, data: Any, op
     return inputs
 
 
-def choose_plan(cfg: Any, table: Any, options: list[list[Choice]], model_inputs: dict[str, Any] | None = None
-                ) -> tuple[dict[str, Any], Any]:
-    """Run the configured search; an unreachable budget names the best achievable speed-up.
+def choose_plan(cfg: Any, target: Target, table: Any, options: list[list[Choice]],
+                model_inputs: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
+    """Run the configured search for `target`; an unreachable budget names the best achievable speed-up.
 
     A target beyond the table's predicted ceiling by at most ``prune.target_tolerance`` (the table's own error is a
     few per cent), or one so near it that the DP's rounding to ``prune.bins`` steps finds no plan, gets the fastest
     plan, and the measured-target loop decides whether it reaches the target. Searches that remove whole segments
     only (sleb, angular, reverse) keep their own error."""
-    target, budget = budget_for(cfg, table)
+    goal, budget = budget_for(target, table)
     try:
         result = search(cfg.prune.search, options, budget, bins=cfg.prune.bins, seed=cfg.prune.seed,
                         **(model_inputs or {}))
@@ -193,19 +223,17 @@ def choose_plan(cfg: Any, table: Any, options: list[list[Choice]], model_inputs:
         fastest = table.fixed_cost() + result.latency
         baseline = table.predict({"remove": []})
         best = baseline / fastest
-        if fastest <= target * (1.0 + cfg.prune.target_tolerance):
-            why = (f"within prune.bins={cfg.prune.bins} steps of the table's fastest plan" if fastest <= target else
-                   f"{100 * (fastest / target - 1.0):.1f} % beyond the table's fastest plan, within "
-                   f"prune.target_tolerance={cfg.prune.target_tolerance:.3g}")
+        if fastest <= goal * (1.0 + target.tolerance):
+            why = (f"within prune.bins={cfg.prune.bins} steps of the table's fastest plan" if fastest <= goal else
+                   f"{100 * (fastest / goal - 1.0):.1f} % beyond the table's fastest plan, within "
+                   f"prune.target_tolerance={target.tolerance:.3g}")
             _log.warning("the target (%.3f ms predicted) is %s (%.3f ms, %.2fx): the fastest plan is taken and "
-                         "measured", target, why, fastest, best)
+                         "measured", goal, why, fastest, best)
             return {"remove": result.removed(options), "merge": cfg.prune.merge}, result
-        instead = (f"ask for prune.target_latency_ms above {fastest:.3f}" if cfg.prune.target_latency_ms
+        instead = (f"ask for prune.target_latency_ms above {fastest:.3f}" if target.latency_ms
                    else f"ask for prune.target_speedup below {best:.2f}")
-        asked = (f"prune.target_latency_ms={cfg.prune.target_latency_ms}" if cfg.prune.target_latency_ms
-                 else f"prune.target_speedup={cfg.prune.target_speedup}")
         raise BudgetError(
-            f"{asked} cannot be reached: removing and merging every removable unit gives at most {best:.2f}x "
+            f"{target.asked()} cannot be reached: removing and merging every removable unit gives at most {best:.2f}x "
             f"({baseline:.3f} -> {fastest:.3f} ms predicted); {instead}."
         ) from None
     plan = {"remove": result.removed(options), "merge": cfg.prune.merge}
@@ -252,12 +280,12 @@ def measured_speedup(table: Any, baseline: nn.Module, plan: dict[str, Any], sett
     return timed["baseline"][estimate], timed["baseline"][estimate] / timed["pruned"][estimate]
 
 
-def corrected_plan(cfg: Any, table: Any, options: list[list[Choice]], model_inputs: dict[str, Any],
+def corrected_plan(cfg: Any, target: Target, table: Any, options: list[list[Choice]], model_inputs: dict[str, Any],
                    baseline: nn.Module, plan: dict[str, Any], result: Any) -> tuple[TargetAttempt, list[TargetAttempt]]:
-    """Keep the target as measured: the plan is timed beside the baseline; while its measured speed-up misses the
-    wanted one (``prune.target_speedup``, or the measured baseline over ``prune.target_latency_ms``) by more than
-    half of ``prune.target_tolerance``, the search runs again for a predicted speed-up scaled by the miss, at most
-    ``prune.target_corrections`` times. Returns the plan closest to the wanted speed-up and every plan tried.
+    """Keep `target` as measured: the plan is timed beside the baseline; while its measured speed-up misses the
+    wanted one (:meth:`Target.wanted_speedup` of the measured baseline) by more than half the target's tolerance,
+    the search runs again for a predicted speed-up scaled by the miss, at most ``target.corrections`` times.
+    Returns the plan closest to the wanted speed-up and every plan tried.
 
     The table predicts speed-ups within a few per cent (docs/latency.md); this loop removes that error from the
     result, at the cost of one timing per plan tried (weights do not change latency, so plans are timed unpruned)."""
@@ -266,17 +294,15 @@ def corrected_plan(cfg: Any, table: Any, options: list[list[Choice]], model_inpu
     tried: list[TargetAttempt] = []
     while True:
         base_ms, measured = measured_speedup(table, baseline, plan, settings)
-        wanted = cfg.prune.target_speedup if not cfg.prune.target_latency_ms else base_ms / cfg.prune.target_latency_ms
+        wanted = target.wanted_speedup(base_ms)
         tried.append(TargetAttempt(searched_for, predicted_speedup(table, plan), measured, wanted, plan, result))
         _log.info("plan for %.3fx predicted: %.3fx measured (wanted %.3fx, %+.1f %%)", searched_for,
                   measured, wanted, 100 * tried[-1].miss)
-        if abs(tried[-1].miss) <= cfg.prune.target_tolerance / 2 or len(tried) > cfg.prune.target_corrections:
+        if abs(tried[-1].miss) <= target.tolerance / 2 or len(tried) > target.corrections:
             break
         searched_for = tried[-1].predicted * wanted / measured
-        retarget = copy.deepcopy(cfg)
-        retarget.prune.target_speedup, retarget.prune.target_latency_ms = searched_for, None
         try:
-            plan, result = choose_plan(retarget, table, options, model_inputs)
+            plan, result = choose_plan(cfg, target.at_speedup(searched_for), table, options, model_inputs)
         except BudgetError as exc:
             _log.warning("no plan for the corrected target %.3fx (%s): keeping the closest plan tried", searched_for,
                          exc)
@@ -286,20 +312,20 @@ def corrected_plan(cfg: Any, table: Any, options: list[list[Choice]], model_inpu
                       searched_for)
             break
     best = min(tried, key=lambda c: abs(c.miss))
-    if abs(best.miss) > cfg.prune.target_tolerance:
+    if abs(best.miss) > target.tolerance:
         _log.warning("no plan within prune.target_tolerance=%.3g of the wanted %.3fx was found (closest: %.3fx "
-                     "measured); the plan closest to it is kept", cfg.prune.target_tolerance, best.wanted,
+                     "measured); the plan closest to it is kept", target.tolerance, best.wanted,
                      best.measured)
     return best, tried
 
 
-def target_check(cfg: Any, results: dict[str, Any], corrections: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """Whether the final measurement met the target: the measured speed-up within ``prune.target_tolerance`` of the
-    wanted one (``prune.target_speedup``, or the measured baseline over ``prune.target_latency_ms``), and the plans
-    the measured-target loop tried (None: the plan was given or resumed, not searched now)."""
-    base_ms = results["baseline"]["latency_ms"]
-    wanted = cfg.prune.target_latency_ms and base_ms / cfg.prune.target_latency_ms or cfg.prune.target_speedup
+def target_check(target: Target, results: dict[str, Any], corrections: list[dict[str, Any]] | None
+                 ) -> dict[str, Any]:
+    """Whether the final measurement met `target`: the measured speed-up within its tolerance of the wanted one (of
+    the measured baseline), and the plans the measured-target loop tried (None: the plan was given or resumed, not
+    searched now)."""
+    wanted = target.wanted_speedup(results["baseline"]["latency_ms"])
     miss = results["measured_speedup"] / wanted - 1.0
     return {"wanted_speedup": wanted, "measured_speedup": results["measured_speedup"], "miss": miss,
-            "tolerance": cfg.prune.target_tolerance, "met": abs(miss) <= cfg.prune.target_tolerance,
+            "tolerance": target.tolerance, "met": abs(miss) <= target.tolerance,
             "corrections": corrections}

@@ -25,6 +25,7 @@ from .baseline import evaluate_baseline, load_or_train_baseline
 from .final_timing import build_job_table, export_pruned, measure_side_by_side, report_runtimes
 from .finetune import finetune, qat_finetune
 from .plan import (
+    Target,
     build_options,
     ceiling_speedup,
     choose_plan,
@@ -121,6 +122,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
 
     dist = dist_utils.info()
     timings: dict[str, float] = {}
+    target = Target.of(cfg.prune)
     threads = set_threads(cfg.trainer.get("threads"), *jobs_sharing_cores())
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     weights = cfg.checkpoint if cfg.checkpoint else None
@@ -153,9 +155,10 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
                     with phase(timings, "search"):
                         options = build_options(table, damages, cfg.prune.max_memory_mb)
                         model_inputs = model_search_inputs(cfg, baseline, table, data, options)
-                        plan, result = choose_plan(cfg, table, options, model_inputs)
+                        plan, result = choose_plan(cfg, target, table, options, model_inputs)
                     with phase(timings, "target_check"):
-                        kept, tried = corrected_plan(cfg, table, options, model_inputs, baseline, plan, result)
+                        kept, tried = corrected_plan(cfg, target, table, options, model_inputs, baseline, plan,
+                                                     result)
                         plan, result, corrections = kept.plan, kept.result, [c.record() for c in tried]
                     write_json(plan_file, plan)
                 else:
@@ -190,7 +193,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         results["baseline"].update(source=str(baseline_path), metrics_cached=base_cached,
                                    tag=getattr(baseline, "zoo_tag", None))
         results["runtimes"] = runtimes
-        results["target_check"] = target_check(cfg, results, corrections)
+        results["target_check"] = target_check(target, results, corrections)
         results["world_size"] = dist.world
         results["threads"] = threads
         results["ceiling_speedup"] = round(ceiling_speedup(table, options), 3)

@@ -341,11 +341,14 @@ def _settings(kind: type, values: Any, key: str) -> Any:
     return kind(**dict(values or {}))
 
 
-def table_settings(p: Any) -> Any:
-    """The latency table's settings from ``prune.table`` (defaults where unset)."""
+def table_settings(p: Any, runtime: str | None = None) -> Any:
+    """The latency table's settings from ``prune.table`` (defaults where unset) in `runtime` (default the planning
+    runtime, :func:`planning_runtime`; ``prune.table.runtime`` is refused by :func:`check_runtimes`)."""
+    from dataclasses import replace
+
     from ..latency import TableSettings
 
-    return _settings(TableSettings, p.table, "prune.table")
+    return replace(_settings(TableSettings, p.table, "prune.table"), runtime=runtime or planning_runtime(p))
 
 
 def measure_settings(p: Any) -> Any:

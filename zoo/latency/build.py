@@ -201,15 +201,14 @@ def build_table(
     workload: str = "forward",
     forward_kwargs: Mapping[str, Any] | None = None,
     example_input: Any = None,
-    runtime: str | None = None,
 ) -> LatencyTable:
     """Build (or load from the cache) the latency table of `model` (a zoo model or a registered name).
 
     The model is copied, moved to `device` and put in eval mode; records missing from the cache are measured
     now in interleaved rounds and merged into the cache file. The prediction model: :mod:`zoo.latency.table`; the
-    `workload` / `forward_kwargs` / `example_input` hooks: this module's docstring. `runtime` (default
-    ``settings.runtime``, eager): the deploy runtime the records are timed in (:mod:`zoo.latency.runtime`); one that
-    is missing here is refused before any work.
+    `workload` / `forward_kwargs` / `example_input` hooks: this module's docstring. The deploy runtime the records
+    are timed in is ``settings.runtime`` (:mod:`zoo.latency.runtime`; eager by default); one that is missing here is
+    refused before any work.
     """
     start = time.perf_counter()
     settings = settings or TableSettings()
@@ -217,8 +216,6 @@ def build_table(
         raise ZooError(f"batch_size={batch_size!r} must be an integer >= 1.")
     if threads is not None:
         settings = replace(settings, threads=threads)
-    if runtime is not None:
-        settings = replace(settings, runtime=runtime)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     check_clock(settings.clock, dev, settings.threads)

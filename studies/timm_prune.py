@@ -13,8 +13,8 @@ Targets: at least 12 architectures from at least 8 timm families prune to the me
 ``prune.py`` of ``timm/mobilenetv2_050`` (discovered) within 1.5x the time of the declared ``mobilenetv2_050``'s
 (median of alternating pairs).
 
-    python -m benchmarks.timm_prune --out results [--seeds 3] [--resume results/timm_prune_cpu.json]   # hours
-    python -m benchmarks.timm_prune --quick        # two tiny architectures, one seed, one cost pair (minutes)
+    python -m studies.timm_prune --out results [--seeds 3] [--resume results/timm_prune_cpu.json]   # hours
+    python -m studies.timm_prune --quick        # two tiny architectures, one seed, one cost pair (minutes)
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ suite times, side by side in one run and each in a fresh output folder and laten
 - ``joblib_all_cores``: the same with ``trainer.threads=<cores>``, every job taking every core (PyTorch's default
   before the setting existed).
 
-Target: the joblib study takes at most 1.1x the sequential pair. ``python -m benchmarks run shared_machine`` (about 10
-minutes on 2 cores); ``--quick``: tiny jobs (a smoke test).
+Target: the joblib study takes at most 1.1x the sequential pair.
+``python -m studies.shared_machine --out results`` (about 10 minutes on 2 cores); ``--quick``: tiny jobs (a smoke test).
 """
 
 from __future__ import annotations
