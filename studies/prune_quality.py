@@ -382,8 +382,8 @@ def files_digest(*paths: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-SEARCH_CODE = ("zoo.search", "zoo.importance", "zoo.jobs.plan")   # what a plan depends on
-QUALITY_CODE = ("zoo.surgery", "zoo.jobs.finetune")               # what a plan's quality depends on, besides training
+SEARCH_CODE = ("zoo.pruning.search", "zoo.pruning.importance", "zoo.jobs.plan")  # what a plan depends on
+QUALITY_CODE = ("zoo.pruning.surgery", "zoo.jobs.finetune")  # what a plan's quality depends on, besides training
 
 
 def plain_plan(plan: dict[str, Any]) -> dict[str, Any]:

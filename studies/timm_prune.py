@@ -6,8 +6,8 @@ Per architecture and seed, one table row: the units discovered (removable blocks
 predicted speed-up ceiling, the measured speed-up at the 1.5x target and whether it is within
 ``prune.target_tolerance``, top-1 before (the unpruned baseline) and after (pruned and fine-tuned), and the run's
 time. A run that is refused (a model that cannot reach the target) is a row with its reason. Every row is kept in the
-result file as it is made, with the fingerprint of its inputs: ``--resume FILE`` keeps the rows whose inputs match and
-runs the rest.
+result file as it is made, with the fingerprint of its inputs (settings, versions, device and a digest of the code a
+run executes): ``--resume FILE`` keeps the rows whose inputs match and runs the rest.
 
 Targets: at least 12 architectures from at least 8 timm families prune to the measured target in every seed; the whole
 ``prune.py`` of ``timm/mobilenetv2_050`` (discovered) within 1.5x the time of the declared ``mobilenetv2_050``'s
@@ -89,7 +89,17 @@ def row_inputs(arch: str, overrides: list[str], seed: int, common: list[str]) ->
     from benchmarks.common import machine
 
     return {"arch": arch, "overrides": overrides, "seed": seed, "common": common, "torch": torch.__version__,
-            "timm": timm.__version__, "python": platform.python_version(), "device": machine("cpu").get("device")}
+            "timm": timm.__version__, "python": platform.python_version(), "device": machine("cpu").get("device"),
+            "code": run_code()}
+
+
+def run_code() -> str:
+    """A digest of the code a prune.py run executes (``zoo/``, ``prune.py``, ``conf/``): a row made by other code is
+    not kept. Docstrings and comments are not part of it."""
+    from studies.prune_quality import files_digest
+
+    conf = json_digest({str(f.relative_to(ROOT)): f.read_text() for f in sorted((ROOT / "conf").rglob("*.yaml"))})
+    return f"{files_digest(ROOT / 'zoo', ROOT / 'prune.py')}-{conf}"
 
 
 def one_row(arch: str, overrides: list[str], seed: int, common: list[str], root: Path) -> dict[str, Any]:
@@ -136,9 +146,9 @@ def run(quick: bool = False, device: str = "cpu", out: str | None = None, seeds:
     root = Path(workdir or tempfile.mkdtemp(prefix="timm_prune-"))
     name = "timm_prune_quick" if quick else "timm_prune"
     result: dict[str, Any] = {"suite": "timm_prune", "quick": quick, "target": TARGET, "common": common,
-                              "seeds": seeds, "rows": []}
-    for arch, overrides in archs.items():
-        for seed in range(seeds):
+                              "seeds": seeds, "code": run_code(), "rows": []}
+    for seed in range(seeds):  # seed-major: a partial result covers every architecture once before any twice
+        for arch, overrides in archs.items():
             key = json_digest(row_inputs(arch, overrides, seed, common), 16)
             row = stored.get(key) or {**one_row(arch, overrides, seed, common, root), "key": key}
             took = "kept" if key in stored else f"{row['seconds']} s"
@@ -154,11 +164,12 @@ def run(quick: bool = False, device: str = "cpu", out: str | None = None, seeds:
 
 
 def stored_cost(resume: str | None, common: list[str]) -> dict[str, Any] | None:
-    """The cost pairs of a stored result made with the same common settings (else None: measured again)."""
+    """The cost pairs of a stored result made with the same common settings and code (else None: measured again)."""
     if not resume:
         return None
     stored = read_json(resume)
-    return stored.get("cost") if stored.get("common") == common and stored.get("cost") else None
+    same = stored.get("common") == common and stored.get("code") == run_code()
+    return stored.get("cost") if same and stored.get("cost") else None
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -310,6 +310,15 @@ def test_prune_quality_code_digest_ignores_prose_only(tmp_path, monkeypatch):
     assert digests["same"] == digests["prose"] != digests["code"]
 
 
+def test_prune_quality_digests_name_modules_that_exist():
+    """The modules whose code keys prune_quality's cells are the ones the layers hold today: a module renamed or moved
+    must be renamed here too (else every resumed study fails at its first cell)."""
+    from studies.prune_quality import QUALITY_CODE, SEARCH_CODE, code_digest
+
+    for modules in (SEARCH_CODE, QUALITY_CODE):
+        assert len(code_digest(*modules)) == 16
+
+
 def test_int8_depth_keeps_stored_parts_only_at_the_same_target(tmp_path):
     """A stored part was planned for its file's target: resumed at another target it is dropped, not reused. At the
     same target, the file's other models are carried over untouched by a run of one model (with the versions that
