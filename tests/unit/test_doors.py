@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -228,5 +229,39 @@ def test_a_job_records_its_threads_and_why(tmp_path):
     try:
         auto = set_threads(None, sharing=4, why="a test")
         assert auto["from"] == "OMP_NUM_THREADS" and auto["threads"] == int(os.environ["OMP_NUM_THREADS"])
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_jobs_waiting_for_a_shared_baseline_lend_their_cores(tmp_path):
+    """A job that finds the baseline's lock held marks itself waiting until it gets it; the holder counts the live
+    waiters (a dead one's marker is dropped) and takes their cores while it trains, and gives them back. A thread count
+    asked for (trainer.threads) is never changed."""
+    import threading
+    import time
+
+    from zoo.training.resources import WaitedLock, set_threads, share_cores
+
+    path = tmp_path / ".lock"
+    before = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        with WaitedLock(path) as holder:
+            holder.waiting.mkdir()
+            (holder.waiting / f"{socket.gethostname().replace('-', '_')}-{2**22 + 1}").touch()  # no such process
+            got = threading.Event()
+            waiter = threading.Thread(target=lambda: WaitedLock(path).__enter__() and got.set(), daemon=True)
+            waiter.start()
+            deadline = time.monotonic() + 10
+            while holder.waiters() != 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert holder.waiters() == 1 and not got.is_set()
+            assert len(list(holder.waiting.iterdir())) == 1  # the dead process's marker is gone
+            set_threads(None, sharing=2, why="a test")
+            assert share_cores(holder.waiters()) == cores and torch.get_num_threads() == cores
+            assert share_cores(0) == max(1, cores // 2)
+            set_threads(1, sharing=2)
+            assert share_cores(1) == 1
+        assert got.wait(10) and not list(holder.waiting.iterdir())  # the waiter got the lock and unmarked itself
     finally:
         torch.set_num_threads(before)

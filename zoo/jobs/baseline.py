@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ from torch import nn
 
 from ..errors import ZooError
 from ..pruning.importance import weights_digest
+from ..training.engine import Callback
+from ..training.resources import WaitedLock, share_cores
 
 _log = logging.getLogger(__name__)
 
@@ -59,8 +62,25 @@ def finished_baseline(directory: Path, config: dict) -> Path | None:
         return None
 
 
-def train_baseline(cfg: Any, data: Any, config: dict, directory: Path) -> Path:
-    """Train (or resume the interrupted training of) the baseline in `directory`; mark it complete. Returns best."""
+class LendCores(Callback):
+    """While the baseline trains, the jobs waiting for it (`lock`'s waiters) lend this job their cores; checked at
+    most once a second, given back at the end."""
+
+    def __init__(self, lock: WaitedLock):
+        self.lock, self.next_check = lock, 0.0
+
+    def on_train_start(self, trainer: Any) -> None:
+        self.on_step_end(trainer)
+
+    def on_step_end(self, trainer: Any) -> None:
+        if time.monotonic() >= self.next_check:
+            share_cores(self.lock.waiters())
+            self.next_check = time.monotonic() + 1.0
+
+
+def train_baseline(cfg: Any, data: Any, config: dict, directory: Path, lock: WaitedLock | None = None) -> Path:
+    """Train (or resume the interrupted training of) the baseline in `directory`; mark it complete. Returns best.
+    With `lock`, the jobs waiting on it lend their cores (:class:`LendCores`)."""
     from omegaconf import OmegaConf
 
     from ..errors import RunConflictError
@@ -94,8 +114,11 @@ def train_baseline(cfg: Any, data: Any, config: dict, directory: Path) -> Path:
     model = build_model(cfg.model, data)
     hint = " Run the same command again: the baseline's training resumes where it stopped."
     trainer_cfg = OmegaConf.merge(cfg.trainer, {"save_checkpoints": True})  # the cache is its checkpoints
-    result = fit(model, data, cfg.optim, trainer_cfg, None, output_dir=directory, config=config, resume_from=resume,
-                 resume_hint=hint)
+    try:
+        result = fit(model, data, cfg.optim, trainer_cfg, None, output_dir=directory, config=config,
+                     resume_from=resume, resume_hint=hint, callbacks=[LendCores(lock)] if lock else [])
+    finally:
+        share_cores(0)
     best = result.best_checkpoint or result.last_checkpoint
     write_sealed_json(directory / "trained.json", {
         "fingerprint": fingerprint(own), "checkpoint": str(best.relative_to(directory)),
@@ -134,9 +157,9 @@ def load_or_train_baseline(cfg: Any, data: Any, config: dict) -> tuple[nn.Module
     if dist_utils.info().enabled:
         return load(distributed_baseline(cfg, directory, config)), str(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(directory / ".lock")):
+    with WaitedLock(directory / ".lock") as lock:  # the jobs of a study that share it wait here, and lend their cores
         own = baseline_config(config)
-        best = finished_baseline(directory, own) or train_baseline(cfg, data, config, directory)
+        best = finished_baseline(directory, own) or train_baseline(cfg, data, config, directory, lock)
     return load(best), str(best)
 
 

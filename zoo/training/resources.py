@@ -1,6 +1,7 @@
 """What a training process sets up and reads about itself: seeds and determinism (:func:`seed_everything`), mixed
-precision (:func:`autocast`), and its peak memory (:func:`process_peak_memory`: the process's resident set, and CUDA's
-peak where there is one)."""
+precision (:func:`autocast`), its peak memory (:func:`process_peak_memory`: the process's resident set, and CUDA's
+peak where there is one), and its share of the machine's cores (:func:`set_threads`; :func:`share_cores` and
+:class:`WaitedLock` while other jobs wait for its work)."""
 
 from __future__ import annotations
 
@@ -94,4 +95,85 @@ def set_threads(requested: int | None, sharing: int = 1, why: str = "alone") -> 
     else:
         threads, source = max(1, cores // max(1, sharing)), f"auto: the cores / {max(1, sharing)} job(s) ({why})"
     torch.set_num_threads(threads)
+    _SHARE.clear()
+    if requested is None and sharing > 1:  # ours to change while the jobs sharing the cores wait (share_cores)
+        _SHARE.update(cores=cores, sharing=sharing, threads=threads)
     return {"threads": threads, "cores": cores, "jobs_sharing_cores": max(1, sharing), "from": source}
+
+
+_SHARE: dict[str, int] = {}  # set by set_threads when the thread count is the cores shared out, not asked for
+
+
+def share_cores(idle_jobs: int) -> int:
+    """Take the cores of `idle_jobs` jobs that wait for this one (on a shared baseline): threads become the cores
+    divided by the jobs still working. Only a count that :func:`set_threads` shared out itself changes (never one set
+    by ``trainer.threads``); ``share_cores(0)`` gives the cores back. Returns the threads now set."""
+    if not _SHARE:
+        return torch.get_num_threads()
+    threads = max(1, _SHARE["cores"] // max(1, _SHARE["sharing"] - idle_jobs))
+    if threads != torch.get_num_threads():
+        _log.info("threads: %d (%d of %d jobs sharing the cores wait for this one)", threads, idle_jobs,
+                  _SHARE["sharing"])
+        torch.set_num_threads(threads)
+    return threads
+
+
+class WaitedLock:
+    """A file lock around work that other jobs wait for (a cached baseline). A process that finds it held marks
+    itself waiting (``<lock>.waiting/<host>-<pid>``) until it gets it, so the holder can count the jobs on this
+    machine that wait for it (:meth:`waiters`) and take their cores (:func:`share_cores`)."""
+
+    def __init__(self, path: str | Path):
+        from filelock import FileLock
+
+        self.lock = FileLock(str(path))
+        self.waiting = Path(f"{path}.waiting")
+
+    def __enter__(self) -> WaitedLock:
+        from filelock import Timeout
+
+        try:
+            self.lock.acquire(timeout=0)
+        except Timeout:
+            marker = self.waiting / f"{_host()}-{os.getpid()}"
+            try:
+                self.waiting.mkdir(exist_ok=True)
+                marker.touch()
+            except OSError:
+                marker = None  # no marker: the holder does not count this job, nothing else changes
+            try:
+                self.lock.acquire()
+            finally:
+                if marker is not None:
+                    marker.unlink(missing_ok=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+    def waiters(self) -> int:
+        """The live processes on this machine waiting for the lock (markers of dead ones are removed)."""
+        count = 0
+        for marker in self.waiting.glob(f"{_host()}-*") if self.waiting.is_dir() else ():
+            pid = marker.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and _alive(int(pid)):
+                count += 1
+            else:
+                marker.unlink(missing_ok=True)
+        return count
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname().replace("-", "_")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
