@@ -9,6 +9,7 @@ from pathlib import Path
 import zoo
 
 PACKAGE = Path(zoo.__file__).parent
+ROOT = PACKAGE.parent
 
 # The layers, bottom up: each is a package of zoo (or, at the bottom, the small shared files at its top). A module may
 # import from its own package and from the packages below it, never from one above.
@@ -95,3 +96,22 @@ def test_lower_layers_never_import_higher_ones():
     upward = [f"{m} ({package_of(m)}) imports {t} ({package_of(t)})" for m, targets in graph().items() if m
               for t in targets if t and package_of(t) in rank and rank[package_of(t)] > rank[package_of(m)]]
     assert not upward, upward
+
+
+def test_every_result_file_is_cited_or_in_the_manifest():
+    """Evidence has one home: every file in results/ is named by a page (README, docs/, results/README.md), by its
+    name or by one of the manifest's name patterns (``<model>``, ``[_<date>]`` and ``*`` stand for any text)."""
+    import re
+
+    results = ROOT / "results"
+    pages = "\n".join(p.read_text() for p in [ROOT / "README.md", results / "README.md", *ROOT.glob("docs/*.md")])
+    patterns = []
+    rows = [line.split("|")[1] for line in (results / "README.md").read_text().splitlines() if line.startswith("| ")]
+    for name in (name for row in rows for name in re.findall(r"`([^`]+)`", row)):  # the manifest's file column
+        if re.search(r"[<*\[]", name):
+            regex = re.escape(name).replace(r"\*", ".*")
+            regex = re.sub(r"\\\[.*?\\\]", ".*", regex)
+            patterns.append(re.compile(re.sub(r"<[^>]*>", ".*", regex) + "$"))
+    uncited = [f.name for f in results.iterdir() if f.name != "README.md"
+               and f.name not in pages and not any(p.match(f.name) for p in patterns)]
+    assert not uncited, f"results/ files no page cites: {uncited}"
