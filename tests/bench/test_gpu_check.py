@@ -1,24 +1,13 @@
-"""The benchmark runner runs its smallest configurations (smoke tests, no timing asserts); the GPU check is the same
-runner over a named set (its CPU dry run here), and every status is its suites' targets against stored numbers."""
+"""The GPU check: the benchmark runner over the ``gpu_check`` set, its CPU dry run here, and its stored H200 reports
+judged again from their numbers."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import zoo
 
-from ..helpers import env_for
-
-ROOT = Path(__file__).resolve().parents[2]
-GPU_SET = ["measurement", "latency_table", "prune_search", "retnet_decode", "fla", "train_memory", "runtime_tables"]
-
-
-def run_benchmarks(tmp_path: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "benchmarks", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env_for(tmp_path, TMPDIR=str(tmp_path)), timeout=timeout)
+from .test_runner import GPU_SET, run_benchmarks
 
 
 def test_gpu_check_dry_run_on_cpu_and_its_report_judged_again(tmp_path):

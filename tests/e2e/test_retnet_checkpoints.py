@@ -5,64 +5,15 @@ RetNetDecoder state dict; text tokenised with a real tokenizer (transformers.Aut
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import fla.models as fla_models  # noqa: E402 - a test dependency ([dev]): the reference implementation
 import torch
-from safetensors.torch import save_file
 
 import zoo
 
-
-def fla_config(**changes):
-    config = {"hidden_size": 64, "num_hidden_layers": 2, "num_heads": 2, "vocab_size": 300, "hidden_ratio": 2,
-              "expand_k": 1, "expand_v": 2, "norm_eps": 1e-6, "elementwise_affine": True,
-              "tie_word_embeddings": False, **changes}
-    return fla_models.RetNetConfig(fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False, **config)
-
-
-def randomise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Weights large enough that the per-head norm's eps is negligible, norm scales away from 1."""
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.rand_like(p) + 0.5 if p.dim() == 1 else torch.randn_like(p) * 0.2)
-    return model.eval()
-
-
-def save_fla_folder(model, folder: Path, fused_norm_names: bool = True, fused_mlp: bool = False) -> Path:
-    """The layout fla-hub repos have: config.json + model.safetensors, with the published key names
-    (``g_norm_swish_gate``: fla's default fused norm) and optionally the older fused gate/up projection."""
-    folder.mkdir(parents=True, exist_ok=True)
-    config = model.config.to_dict()
-    config.update(fuse_norm=True)  # as published
-    (folder / "config.json").write_text(json.dumps(config, default=str))
-    state = {}
-    for key, tensor in model.state_dict().items():
-        if fused_norm_names:
-            key = key.replace("attn.g_norm.weight", "attn.g_norm_swish_gate.weight")
-        state[key] = tensor.contiguous()
-    if fused_mlp:
-        for key in [k for k in state if k.endswith("mlp.gate_proj.weight")]:
-            up = state.pop(key.replace("gate_proj", "up_proj"))
-            state[key] = torch.cat([state[key], up], dim=0)
-    save_file(state, str(folder / "model.safetensors"))
-    return folder
-
+from ..makers import fla_config, make_tokenizer, randomise, save_fla_folder
 
 # ------------------------------------------------------------------------------ a real tokenizer, prune.py
-def make_tokenizer(folder: Path, text: str, vocab_size: int) -> Path:
-    """A byte-level BPE tokenizer trained on `text`, saved as transformers saves one (loads offline by path)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([text], trainer)
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(str(folder))
-    return folder
 
 
 TINY_LM_PRUNE = ["model=retnet_tiny", "data=bytes", "data.seq_len=32", "data.batch_size=4", "data.train_samples=16",

@@ -9,12 +9,10 @@ import json
 import math
 
 import pytest
-import torch
 
 import zoo
-from zoo.jobs.runs import read_record
 
-from ..helpers import TINY_PRUNE, prune_in_process
+from ..helpers import TINY_PRUNE, assert_tiny_prune_results, prune_in_process
 
 TINY = [*TINY_PRUNE]
 
@@ -30,39 +28,7 @@ def digits_prune(tmp_path_factory):
 
 def test_prune_py_digits_end_to_end(digits_prune):
     base, proc = digits_prune
-    results = json.loads((base / "run" / "results.json").read_text())
-    for key in ("model", "device", "target_speedup", "plan", "baseline", "pruned", "predicted_latency_ms",
-                "measured_speedup", "table", "timings_s", "checkpoint"):
-        assert key in results
-    assert results["model"] == "mobilenetv2_035" and results["plan"]["remove"]
-    export = results["export"]  # prune.export=onnx: the pruned, merged model in onnxruntime
-    assert export["passed"] and export["max_rel_diff"] <= 1e-4 and (base / "run" / "pruned.onnx").is_file()
-    assert export["checked_shapes"] == [[[2, 3, 16, 16]], [[3, 3, 16, 16]]]  # a dynamic batch, checked at two sizes
-    assert export["dynamic_axes"] == {next(iter(export["dynamic_axes"])): {"0": "batch"}} and export["opset"]
-    for side in ("baseline", "pruned"):
-        assert results[side]["latency_ms"] > 0 and results[side]["params"] > 0 and "val/acc1" in results[side][
-            "metrics"]
-    # merged convs can hold more parameters than the convs they replace; depth is what goes down
-    assert results["table"]["entries"] > 0 and results["table"]["measured_now"] > 0
-    assert set(results["timings_s"]) >= {"baseline", "latency_table", "importance", "search", "target_check",
-                                         "finetune", "measure"}
-    check = results["target_check"]  # the measured-target loop ran, and its verdict follows the final measurement
-    assert check["corrections"] and check["wanted_speedup"] == 1.5
-    assert check["miss"] == pytest.approx(results["measured_speedup"] / 1.5 - 1)
-    assert check["met"] == (abs(check["miss"]) <= check["tolerance"])
-    assert results["search"] == "interaction" and results["search_result"]["method"] == "interaction"
-    assert "measured speed-up" in proc.stdout
-    written_last = (base / "run" / "results.json").stat().st_mtime_ns  # the results file is the last one written
-    assert all(p.stat().st_mtime_ns <= written_last for p in (base / "run").rglob("*")
-               if p.is_file() and p.parent.name != "logs")  # (W&B's service appends its debug logs on its own)
-    assert results["fingerprint"] == read_record(base / "run")["fingerprint"]
-    pruned = zoo.load(results["checkpoint"]).eval()  # rebuilt from the plan in the checkpoint
-    assert pruned.zoo_plan["remove"] == results["plan"]["remove"]
-    assert sum(p.numel() for p in pruned.parameters()) == results["pruned"]["params"]
-    convs = lambda m: sum(isinstance(c, torch.nn.Conv2d) for c in m.modules())  # noqa: E731
-    assert convs(pruned) < convs(zoo.create_model("mobilenetv2_035"))
-    with torch.no_grad():
-        assert pruned(torch.zeros(1, 3, 16, 16)).shape == (1, 10)
+    assert_tiny_prune_results(base, proc.stdout)
 
 
 def test_measured_target_loop_searches_again_for_the_miss(digits_prune, monkeypatch):

@@ -4,9 +4,7 @@ pipeline, and prune.py starting from given weights without training a baseline."
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
 import timm
 import torch
@@ -17,53 +15,9 @@ import zoo
 from zoo.weights.tags import EVAL_KEYS, UnknownTagError, pretrained_cfg, resolve_tag
 
 from ..helpers import ROOT, models_with, put_in_hf_cache
+from ..makers import make_image_folder, timm_pipeline_predictions, varied_timm_model
 
 CNN_ARCHS = models_with("timm")  # timm publishes their weights under timm's tags
-
-
-def varied_timm_model(name: str, num_classes: int, seed: int = 0) -> torch.nn.Module:
-    """A timm model with random weights whose predictions differ between images (random BN statistics)."""
-    torch.manual_seed(seed)
-    model = timm.create_model(name, pretrained=False, num_classes=num_classes)
-    for module in model.modules():
-        if isinstance(module, torch.nn.BatchNorm2d):
-            module.running_mean.normal_(0, 0.1)
-            module.running_var.uniform_(0.5, 1.5)
-            module.weight.data.uniform_(0.5, 1.5)
-    return model.eval()
-
-
-def make_image_folder(root: Path, classes: int = 3, train: int = 4, val: int = 4, seed: int = 0) -> Path:
-    """root/{train,val}/<class>/*: images of different sizes, aspect ratios, modes and formats."""
-    rng = np.random.default_rng(seed)
-    for split, count in (("train", train), ("val", val)):
-        for c in range(classes):
-            folder = root / split / f"class_{c}"
-            folder.mkdir(parents=True, exist_ok=True)
-            for i in range(count):
-                h, w = int(rng.integers(180, 320)), int(rng.integers(180, 320))
-                pixels = (rng.random((h, w, 3)) * 255 * (0.3 + 0.7 * c / classes)).astype(np.uint8)
-                image = Image.fromarray(pixels)
-                if i % 3 == 1:
-                    image = image.convert("L")
-                image.save(folder / f"{i}.{'png' if i % 2 else 'jpg'}")
-    return root
-
-
-def timm_pipeline_predictions(model: torch.nn.Module, val_root: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits and labels as timm's validate script computes them: resolve_data_config + create_transform on an
-    ImageDataset of the folder."""
-    from timm.data import ImageDataset, create_transform, resolve_data_config
-
-    config = resolve_data_config({}, model=model, use_test_size=True)
-    dataset = ImageDataset(str(val_root), transform=create_transform(**config, is_training=False))
-    loader = torch.utils.data.DataLoader(dataset, batch_size=4)
-    logits, labels = [], []
-    with torch.no_grad():
-        for images, targets in loader:
-            logits.append(model(images))
-            labels.append(targets)
-    return torch.cat(logits), torch.cat(labels)
 
 
 # ------------------------------------------------------------------------------------------------------ tags

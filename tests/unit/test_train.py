@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +18,6 @@ from zoo.training import (
     ConfigError,
     DataError,
     NonFiniteLossError,
-    Trainer,
     TrainingInterrupted,
     build_loaders,
     evaluate,
@@ -31,41 +29,8 @@ from zoo.training import state as ckpt
 from zoo.training.config import register_configs, validate
 from zoo.training.data import read_text_files, stdlib_corpus, unigram_entropy
 
-from ..helpers import ROOT
+from ..makers import CONF, compose, fresh_trainer, tiny_cfg
 from ..wandb_reader import find_run_files, read_run
-
-CONF = ROOT / "conf"
-TINY_DIGITS = ["data.image_size=16", "data.batch_size=32", "trainer.max_epochs=2", "trainer.limit_train_batches=4",
-               "trainer.progress=false", "model=mobilenetv2_035", "optim.warmup_epochs=0"]
-
-
-def tiny(*changes: str) -> list[str]:
-    """TINY_DIGITS with `changes` replacing the entries for the same keys (Hydra refuses duplicates)."""
-    keys = {c.split("=", 1)[0] for c in changes}
-    return [o for o in TINY_DIGITS if o.split("=", 1)[0] not in keys] + list(changes)
-
-
-def compose(overrides: list[str], output_dir: Path | None = None):
-    """A real Hydra composition of conf/train.yaml (paths.output_dir replaced, it needs a Hydra run)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    register_configs(CONF)
-    register_resolvers()
-    extra = [f"paths.output_dir={output_dir}"] if output_dir else ["paths.output_dir=unused"]
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return hydra_compose(config_name="train", overrides=[*overrides, *extra])
-
-
-def tiny_cfg(tmp_path: Path, *extra: str):
-    return compose(tiny("logger=none", *extra), output_dir=tmp_path)
-
-
-def fresh_trainer(cfg, callbacks=(), output_dir=None, **kwargs) -> Trainer:
-    seed_everything(cfg.trainer.seed)
-    data = build_loaders(cfg.data, seed=cfg.trainer.seed)
-    model = zoo.create_model(cfg.model.name, num_classes=data.num_classes, **cfg.model.overrides)
-    return Trainer(model, data, cfg.optim, cfg.trainer, callbacks=callbacks, output_dir=output_dir, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------- composition
