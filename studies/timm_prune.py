@@ -37,11 +37,12 @@ from zoo.errors import run_command
 from zoo.files import json_digest
 
 TARGET, MIN_ARCHS, MIN_FAMILIES, COST_LIMIT = 1.5, 12, 8, 1.5
-ARCHS = {  # timm name: the options that fit it to 32 px digits (a ViT is built for its input size)
-    "resnet18": [], "resnet34": [], "resnext50_32x4d": [], "regnetx_004": [], "regnety_004": [], "convnext_atto": [],
-    "convnext_femto": [], "efficientnet_b0": [], "mobilenetv3_large_100": [], "ghostnet_100": [],
-    "deit_tiny_patch16_224": ["+model.overrides.img_size=32"], "vit_tiny_patch16_224": ["+model.overrides.img_size=32"],
-    "poolformer_s12": [], "edgenext_xx_small": [],
+ARCHS = {  # timm name: the options that fit it to 32 px digits (a ViT is built for its input size). One of each family
+    # first, so that a partial run (rows are kept as they are made) covers every family before a second member.
+    "resnet18": [], "regnetx_004": [], "convnext_atto": [], "efficientnet_b0": [], "mobilenetv3_large_100": [],
+    "ghostnet_100": [], "deit_tiny_patch16_224": ["+model.overrides.img_size=32"], "poolformer_s12": [],
+    "edgenext_xx_small": [], "resnext50_32x4d": [], "resnet34": [], "regnety_004": [], "convnext_femto": [],
+    "vit_tiny_patch16_224": ["+model.overrides.img_size=32"],
 }
 QUICK_ARCHS = {"resnet18": [], "deit_tiny_patch16_224": ["+model.overrides.img_size=16"]}
 COMMON = ["data=digits", "data.image_size=32", "trainer.max_epochs=6", "finetune.epochs=2", "logger=none",
@@ -138,8 +139,8 @@ def cost_pairs(pairs: int, common: list[str], root: Path) -> dict[str, Any]:
 
 def run(quick: bool = False, device: str = "cpu", out: str | None = None, seeds: int | None = None,
         resume: str | None = None, workdir: str | None = None, **_: Any) -> dict[str, Any]:
-    """Every architecture at every seed (kept from `resume` where the inputs match), then the cost pairs; the result
-    is written after every row."""
+    """The cost pairs, then every architecture at every seed (each kept from `resume` where its inputs match); the
+    result is written after the pairs and after every row, so a run stopped part-way keeps what it made."""
     archs, common = (QUICK_ARCHS, QUICK) if quick else (ARCHS, COMMON)
     seeds = seeds or (1 if quick else 3)
     stored = {r["key"]: r for r in (read_json(resume).get("rows", []) if resume else [])}
@@ -147,6 +148,8 @@ def run(quick: bool = False, device: str = "cpu", out: str | None = None, seeds:
     name = "timm_prune_quick" if quick else "timm_prune"
     result: dict[str, Any] = {"suite": "timm_prune", "quick": quick, "target": TARGET, "common": common,
                               "seeds": seeds, "code": run_code(), "rows": []}
+    result["cost"] = stored_cost(resume, common) or cost_pairs(1 if quick else 2, common, root)  # first: minutes
+    write_result(name, result, out)
     for seed in range(seeds):  # seed-major: a partial result covers every architecture once before any twice
         for arch, overrides in archs.items():
             key = json_digest(row_inputs(arch, overrides, seed, common), 16)
@@ -156,7 +159,6 @@ def run(quick: bool = False, device: str = "cpu", out: str | None = None, seeds:
                   flush=True)
             result["rows"].append(row)
             write_result(name, result, out)
-    result["cost"] = stored_cost(resume, common) or cost_pairs(1 if quick else 2, common, root)
     result["summary"] = summarise(result["rows"])
     judge("timm_prune", result)
     write_result(name, result, out)
