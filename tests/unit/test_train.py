@@ -243,7 +243,7 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def test_resume_mid_epoch_gives_the_same_weights(tmp_path):
-    extra = ("trainer.max_epochs=3", "trainer.ema=true", "+model.overrides.drop_rate=0.2", "data.shift=2",
+    extra = ("trainer.max_epochs=2", "trainer.ema=true", "+model.overrides.drop_rate=0.2", "data.shift=2",
              "trainer.mixup_alpha=0.2")
     cfg = tiny_cfg(tmp_path / "a", *extra)
     straight = fresh_trainer(cfg, output_dir=tmp_path / "a")
