@@ -46,7 +46,6 @@ weights, rule, seed, target, protocol), so an interrupted run continues and a ch
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import statistics
@@ -59,8 +58,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from benchmarks.common import BenchmarkInputError, judge, read_json, results_dir, smoke_model, write_result
 from benchmarks.common import families as declared_families
-from benchmarks.common import judge, read_json, results_dir, smoke_model, write_result
 from benchmarks.prune_speedup import compose
 from studies.prune_quality_report import (
     STAGES,
@@ -727,8 +726,8 @@ def finished_families(path: str | Path) -> dict[str, dict[str, Any]]:
     file is not one)."""
     try:
         stored = read_json(path)
-    except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile, json.JSONDecodeError) as exc:
-        raise ValueError(f"--resume {path}: not a readable JSON file ({type(exc).__name__}: {exc}); allowed: a "
+    except BenchmarkInputError as exc:  # missing, unreadable or not JSON
+        raise ValueError(f"--resume {path}: not a readable JSON file ({str(exc).split('; give')[0]}); allowed: a "
                          "prune_quality.json.gz this study wrote") from None
     suite = stored.get("suite") if isinstance(stored, dict) else None
     if suite != "prune_quality" or not isinstance(stored.get("families"), list):
