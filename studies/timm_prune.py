@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -94,9 +95,11 @@ def row_inputs(arch: str, overrides: list[str], seed: int, common: list[str]) ->
             "code": run_code()}
 
 
+@cache
 def run_code() -> str:
     """A digest of the code a prune.py run executes (``zoo/``, ``prune.py``, ``conf/``): a row made by other code is
-    not kept. Docstrings and comments are not part of it."""
+    not kept. Docstrings and comments are not part of it. Read once per process (every row's key, the result and the
+    stored cost pairs share it), not parsed again for each row."""
     from studies.prune_quality import files_digest
 
     conf = json_digest({str(f.relative_to(ROOT)): f.read_text() for f in sorted((ROOT / "conf").rglob("*.yaml"))})
