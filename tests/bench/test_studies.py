@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 
-def test_shared_machine_quick_times_the_three_modes(tmp_path):
-    """Two tiny prune.py jobs, in sequence and as joblib studies: every mode ran and its ratio is its own time over
-    the sequential pair's (smoke: no timing asserted)."""
-    from studies.shared_machine import MODES, run
+def test_shared_machine_quick_times_the_judged_pair(tmp_path):
+    """Two tiny prune.py jobs, in sequence and as a joblib study: both modes ran and the study's ratio is its time
+    over the sequential pair's (smoke: no timing asserted)."""
+    from studies.shared_machine import QUICK_MODES, markdown, run
 
     result = run(quick=True, out=str(tmp_path))
-    assert set(result["seconds"]) == set(MODES) and all(s > 0 for s in result["seconds"].values())
-    for mode in MODES[1:]:
+    assert set(result["seconds"]) == set(QUICK_MODES) and all(s > 0 for s in result["seconds"].values())
+    assert set(result["ratio"]) == set(QUICK_MODES) - {"sequential"} and "Status:" in markdown(result)
+    for mode in QUICK_MODES[1:]:
         assert result["ratio"][mode] == round(result["seconds"][mode] / result["seconds"]["sequential"], 3)
     assert result["status"] in ("passed", "failed") and (tmp_path / "shared_machine.json").is_file()
 
