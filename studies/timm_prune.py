@@ -3,11 +3,12 @@ model.name=<name>`` on the embedded digits at 32 px, over seeds; and the cost of
 against the declared family of the same architecture.
 
 Per architecture and seed, one table row: the units discovered (removable blocks and sub-layers), the table's
-predicted speed-up ceiling, the measured speed-up at the 1.5x target and whether it is within
-``prune.target_tolerance``, top-1 before (the unpruned baseline) and after (pruned and fine-tuned), and the run's
-time. A run that is refused (a model that cannot reach the target) is a row with its reason. Every row is kept in the
-result file as it is made, with the fingerprint of its inputs (settings, versions, device and a digest of the code a
-run executes): ``--resume FILE`` keeps the rows whose inputs match and runs the rest.
+predicted speed-up ceiling, the measured (and predicted) speed-up at the 1.5x target and whether it is within
+``prune.target_tolerance``, every plan the measured-target loop timed (``tried``), top-1 before (the unpruned
+baseline) and after (pruned and fine-tuned), and the run's time. A run that is refused (a model that cannot reach the
+target) is a row with its reason. Every row is kept in the result file as it is made, with the fingerprint of its
+inputs (settings, versions, device and a digest of the code a run executes): ``--resume FILE`` keeps the rows whose
+inputs match and runs the rest.
 
 Targets: at least 12 architectures from at least 8 timm families prune to the measured target in every seed; the whole
 ``prune.py`` of ``timm/mobilenetv2_050`` (discovered) within 1.5x the time of the declared ``mobilenetv2_050``'s
@@ -120,7 +121,10 @@ def one_row(arch: str, overrides: list[str], seed: int, common: list[str], root:
         return row
     check = results["target_check"]
     row.update(ceiling=results.get("ceiling_speedup"), measured_speedup=round(results["measured_speedup"], 3),
-               met=bool(check["met"]), removed=len(results["plan"]["remove"]),
+               predicted_speedup=round(results["predicted_speedup"], 3), met=bool(check["met"]),
+               removed=len(results["plan"]["remove"]),
+               tried=[{k: c[k] for k in ("searched_for", "predicted_speedup", "measured_speedup", "removed")}
+                      for c in check.get("corrections") or []],
                acc_before=results["baseline"]["metrics"].get("val/acc1"),
                acc_after=results["pruned"]["metrics"].get("val/acc1"))
     return row

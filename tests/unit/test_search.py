@@ -22,14 +22,15 @@ def random_instance(rng: random.Random, segments: int, integer: bool) -> list[li
     return options
 
 
-def all_plans(options, budget):
-    """Every plan within the budget, (damage, picks), least damage first: the brute-force reference."""
+def all_plans(options, budget, floor=None):
+    """Every plan within the budget (and no faster than `floor`), (damage, picks), least damage first: the
+    brute-force reference."""
     import itertools
 
     plans = []
     for picks in itertools.product(*[range(len(seg)) for seg in options]):
         latency = sum(seg[i].latency for seg, i in zip(options, picks))
-        if latency <= budget + 1e-12:
+        if latency <= budget + 1e-12 and (floor is None or latency >= floor - 1e-12):
             plans.append((sum(seg[i].damage for seg, i in zip(options, picks)), picks))
     return sorted(plans)
 
@@ -151,6 +152,52 @@ def test_kbest_dp_returns_the_k_best_plans_of_brute_force(seed):
     assert len({r.choices for r in found}) == len(found)  # distinct plans
     assert all(r.latency <= budget + 1e-9 for r in found)
     assert found[0].damage == pytest.approx(dp_search(options, budget, bins=max(int(budget), 1)).damage, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_window_keeps_the_k_best_plans_no_faster_than_its_floor(seed):
+    """kbest_dp and dp_search with a floor: the k least-damage plans of brute force among those taking between the
+    floor and the budget; a window no plan falls in is a BudgetError."""
+    from zoo.pruning.search import kbest_dp
+
+    rng = random.Random(2000 + seed)
+    options = random_instance(rng, rng.randint(1, 6), integer=True)
+    total = sum(seg[0].latency for seg in options)
+    fastest = sum(min(c.latency for c in seg) for seg in options)
+    budget = float(rng.randint(int(fastest), int(total)))
+    floor = float(rng.randint(int(fastest), int(budget)))
+    k, bins = rng.randint(1, 12), max(int(budget), 1)
+    expected = all_plans(options, budget, floor)[:k]
+    if not expected:
+        with pytest.raises(BudgetError, match="at least"):
+            kbest_dp(options, budget, k, bins=bins, floor=floor)
+        return
+    found = kbest_dp(options, budget, k, bins=bins, floor=floor)
+    assert [r.damage for r in found] == pytest.approx([d for d, _ in expected], abs=1e-9)
+    assert all(floor - 1e-9 <= r.latency <= budget + 1e-9 for r in found)
+    assert dp_search(options, budget, bins=bins, floor=floor).damage == pytest.approx(expected[0][0], abs=1e-9)
+
+
+def test_interaction_search_keeps_to_its_window():
+    """Hand-computed: three 1-ms segments. Removing all three costs the least loss (0.1), so within a 1-ms budget the
+    search takes that 0-ms plan; with a floor of 1 ms it takes the best one-segment-kept plan instead, and the
+    search by name passes the floor to the searches that take one."""
+    from zoo.pruning.search import interaction_search, search
+
+    options = [[Choice(frozenset(), 1.0, 0.0), Choice(frozenset({f"s{i}"}), 0.0, d)]
+               for i, d in enumerate((0.1, 0.2, 0.3))]
+    real = {frozenset({"s0", "s1", "s2"}): 1.1, frozenset({"s0", "s1"}): 3.0, frozenset({"s0", "s2"}): 1.5,
+            frozenset({"s1", "s2"}): 2.0}
+
+    def loss_of(removed):
+        return real.get(frozenset(removed), 1.0 + sum(0.1 * (int(u[1]) + 1) for u in removed))
+
+    assert interaction_search(options, 1.0, loss_of).removed(options) == ["s0", "s1", "s2"]
+    windowed = interaction_search(options, 1.0, loss_of, floor=1.0)
+    assert windowed.removed(options) == ["s0", "s2"] and windowed.latency == 1.0
+    assert search("interaction", options, 1.0, floor=1.0, loss_of=loss_of, whole=None, recovered_of=None,
+                  bins=1000).removed(options) == ["s0", "s2"]
+    assert search("greedy", options, 1.0, floor=1.0).latency <= 1.0  # no window: stops once within the budget
 
 
 def test_reverse_removes_whole_segments_from_the_last_one_back():

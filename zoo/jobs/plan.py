@@ -205,19 +205,23 @@ def model_search_inputs(cfg: Any, baseline: nn.Module, table: Any, data: Any, op
 
 
 def choose_plan(cfg: Any, target: Target, table: Any, options: list[list[Choice]],
-                model_inputs: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
-    """Run the configured search for `target`; an unreachable budget names the best achievable speed-up.
+                model_inputs: dict[str, Any] | None = None, at_most: float | None = None
+                ) -> tuple[dict[str, Any], Any]:
+    """Run the configured search for `target`; an unreachable budget names the best achievable speed-up. With
+    `at_most`, the plan's predicted speed-up must also stay at or below it (the searches that take a window:
+    :data:`zoo.pruning.search.SEARCHES`); no plan in that window is a BudgetError.
 
     A target beyond the table's predicted ceiling by at most ``prune.target_tolerance`` (the table's own error is a
     few per cent), or one so near it that the DP's rounding to ``prune.bins`` steps finds no plan, gets the fastest
     plan, and the measured-target loop decides whether it reaches the target. Searches that remove whole segments
     only (sleb, angular, reverse) keep their own error."""
     goal, budget = budget_for(target, table)
+    floor = None if at_most is None else table.predict({"remove": []}) / at_most - table.fixed_cost()
     try:
-        result = search(cfg.prune.search, options, budget, bins=cfg.prune.bins, seed=cfg.prune.seed,
+        result = search(cfg.prune.search, options, budget, floor=floor, bins=cfg.prune.bins, seed=cfg.prune.seed,
                         **(model_inputs or {}))
     except BudgetError:
-        if cfg.prune.search in WHOLE_SEGMENT_SEARCHES:  # whole segments only: its own message says what cannot be met
+        if cfg.prune.search in WHOLE_SEGMENT_SEARCHES or floor is not None:  # its own message says what is not met
             raise
         result = fastest_plan(options)
         fastest = table.fixed_cost() + result.latency
@@ -284,7 +288,10 @@ def corrected_plan(cfg: Any, target: Target, table: Any, options: list[list[Choi
                    baseline: nn.Module, plan: dict[str, Any], result: Any) -> tuple[TargetAttempt, list[TargetAttempt]]:
     """Keep `target` as measured: the plan is timed beside the baseline; while its measured speed-up misses the
     wanted one (:meth:`Target.wanted_speedup` of the measured baseline) by more than half the target's tolerance,
-    the search runs again for a predicted speed-up scaled by the miss, at most ``target.corrections`` times.
+    the search runs again for a predicted speed-up scaled by the miss, at most ``target.corrections`` times. A
+    corrected search keeps to a window, at least that speed-up and at most ``1 + tolerance`` times it: the plan of
+    least loss within a budget can be much faster than asked (removals interact: two blocks together can cost less
+    quality than one), and then every corrected budget finds that plan again.
     Returns the plan closest to the wanted speed-up and every plan tried.
 
     The table predicts speed-ups within a few per cent (docs/latency.md); this loop removes that error from the
@@ -302,7 +309,8 @@ def corrected_plan(cfg: Any, target: Target, table: Any, options: list[list[Choi
             break
         searched_for = tried[-1].predicted * wanted / measured
         try:
-            plan, result = choose_plan(cfg, target.at_speedup(searched_for), table, options, model_inputs)
+            plan, result = choose_plan(cfg, target.at_speedup(searched_for), table, options, model_inputs,
+                                       at_most=searched_for * (1.0 + target.tolerance))
         except BudgetError as exc:
             _log.warning("no plan for the corrected target %.3fx (%s): keeping the closest plan tried", searched_for,
                          exc)

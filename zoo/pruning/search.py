@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -75,8 +75,12 @@ def _bin_costs(options: Sequence[Sequence[Choice]], budget: float, bins: int) ->
     return [[max(0, math.ceil(c.latency / unit - 1e-9)) for c in seg] for seg in options]
 
 
-def dp_search(options: Sequence[Sequence[Choice]], budget: float, bins: int = 1000) -> SearchResult:
-    """Exact multiple-choice knapsack: min total damage s.t. total latency <= budget (costs rounded up to bins)."""
+def dp_search(options: Sequence[Sequence[Choice]], budget: float, bins: int = 1000, floor: float | None = None
+              ) -> SearchResult:
+    """Exact multiple-choice knapsack: min total damage s.t. total latency <= budget (costs rounded up to bins); with
+    `floor`, also total latency >= floor (no plan faster than asked: :func:`kbest_dp`'s window)."""
+    if floor is not None:
+        return replace(kbest_dp(options, budget, 1, bins, floor)[0], method="dp")
     _check_reachable(options, budget)
     costs = _bin_costs(options, budget, bins)
     inf = math.inf
@@ -109,12 +113,15 @@ def dp_search(options: Sequence[Sequence[Choice]], budget: float, bins: int = 10
     return SearchResult(tuple(chosen), latency, damage, "dp")
 
 
-def kbest_dp(options: Sequence[Sequence[Choice]], budget: float, k: int, bins: int = 1000) -> list[SearchResult]:
+def kbest_dp(options: Sequence[Sequence[Choice]], budget: float, k: int, bins: int = 1000, floor: float | None = None
+             ) -> list[SearchResult]:
     """The `k` plans of least total damage within the budget (costs rounded up to bins, as :func:`dp_search`), best
     first: the multiple-choice knapsack DP keeping the k best partial plans per exact bin count.
 
     Every partial plan has one bin count, so the lists of different bins hold different plans and the k best over all
-    bins within the budget are the k best plans (fewer when fewer fit)."""
+    bins within the budget are the k best plans (fewer when fewer fit). With `floor`, only plans whose latency is at
+    least `floor` count (a window: a plan much faster than asked is not what was asked for); each segment's rounding
+    adds under one bin, so the bins that may hold such plans are searched and each plan's exact latency decides."""
     _check_reachable(options, budget)
     costs = _bin_costs(options, budget, bins)
     best = np.full((bins + 1, k), math.inf)
@@ -130,9 +137,9 @@ def kbest_dp(options: Sequence[Sequence[Choice]], budget: float, k: int, bins: i
         best = np.take_along_axis(flat, order, axis=1)
         steps.append((order // k, order % k))
     finite = np.argwhere(np.isfinite(best))
-    ranked = sorted(finite.tolist(), key=lambda e: (best[e[0], e[1]], -e[0]))[:k]  # ties: the slower plan first
-    if not ranked:
-        raise BudgetError(f"No combination fits the budget of {budget:.4g} ms at {bins} bins; raise `bins`.")
+    if floor is not None and budget > 0:
+        finite = finite[finite[:, 0] >= math.floor(floor / (budget / bins)) - len(options)]
+    ranked = sorted(finite.tolist(), key=lambda e: (best[e[0], e[1]], -e[0]))  # ties: the slower plan first
     results = []
     for end, rank in ranked:
         chosen = []
@@ -142,7 +149,15 @@ def kbest_dp(options: Sequence[Sequence[Choice]], budget: float, k: int, bins: i
             rank = int(previous[end, rank])
             end -= seg_costs[i]
         chosen.reverse()
-        results.append(SearchResult(tuple(chosen), *_totals(options, chosen), "kbest_dp"))
+        latency, damage = _totals(options, chosen)
+        if floor is None or latency >= floor - 1e-12:
+            results.append(SearchResult(tuple(chosen), latency, damage, "kbest_dp"))
+        if len(results) == k:
+            break
+    if not results:
+        window = "" if floor is None else f" and takes at least {floor:.4g} ms"
+        raise BudgetError(f"No combination fits the budget of {budget:.4g} ms{window} at {bins} bins; raise `bins`"
+                          f"{'' if floor is None else ' or widen the window'}.")
     return results
 
 
@@ -254,7 +269,8 @@ def interaction_search(options: Sequence[Sequence[Choice]], budget: float,
                        loss_of: Callable[[frozenset[str]], float], whole: Sequence[int | None] | None = None,
                        recovered_of: Callable[[frozenset[str]], float] | None = None,
                        starts: Sequence[str] = STARTS, k: int = 32, restarts: int = 3, polish: int = 3,
-                       polish_k: int = 8, bins: int = 1000, method: str = "interaction") -> SearchResult:
+                       polish_k: int = 8, bins: int = 1000, method: str = "interaction", floor: float | None = None
+                       ) -> SearchResult:
     """The plan of least *real* loss (``loss_of(removed units)``, the whole plan applied) within the latency budget.
 
     1. Starting plans, each within the budget: ``kbest``, the `k` best DP plans under the damages in `options` (each
@@ -272,6 +288,9 @@ def interaction_search(options: Sequence[Sequence[Choice]], budget: float,
        recovery, :class:`zoo.pruning.importance.PlanRecovery`), the finalists are judged by that: the improved plans
        and the
        DP's, greedy's and SLEB's own plans (one-shot loss misjudges removals that fine-tuning repairs easily).
+
+    With `floor`, every plan considered also takes at least `floor` ms (the DP plans in that window; other starts
+    outside it are left out).
 
     The result's ``damage`` is the real (one-shot) loss increase of the plan, its ``recovered`` the loss after
     recovery (when scored)."""
@@ -299,7 +318,7 @@ def interaction_search(options: Sequence[Sequence[Choice]], budget: float,
             current = loss(picks)
             damages = [[loss(picks[:s] + (i,) + picks[s + 1:]) - current for i in range(len(seg))]
                        for s, seg in reversed(list(enumerate(options)))][::-1]  # last first: see PlanLoss
-            found = rank([r.choices for r in kbest_dp(_rescored(options, damages), budget, polish_k, bins)])
+            found = rank([r.choices for r in kbest_dp(_rescored(options, damages), budget, polish_k, bins, floor)])
             if loss(found) >= current - 1e-12:
                 break
             picks = found
@@ -307,7 +326,7 @@ def interaction_search(options: Sequence[Sequence[Choice]], budget: float,
 
     proposals: list[tuple[int, ...]] = []
     if "kbest" in starts:
-        proposals += [r.choices for r in kbest_dp(options, budget, k, bins)]
+        proposals += [r.choices for r in kbest_dp(options, budget, k, bins, floor)]
     named: dict[str, tuple[int, ...]] = {}  # the other rules' own plans (greedy's, SLEB's)
     if "greedy" in starts:
         named["greedy"] = greedy_search(options, budget).choices
@@ -322,6 +341,11 @@ def interaction_search(options: Sequence[Sequence[Choice]], budget: float,
             proposals.append(reverse_search(options, budget, whole).choices)
         except BudgetError:
             pass
+    if floor is not None:  # the other rules' plans outside the window
+        named = {name: plan for name, plan in named.items() if _totals(options, plan)[0] >= floor - 1e-12}
+        proposals = [plan for plan in proposals if _totals(options, plan)[0] >= floor - 1e-12]
+    if not proposals:
+        raise BudgetError(f"No plan of the starts {', '.join(starts)} takes between {floor:.4g} and {budget:.4g} ms.")
     ranked = sorted(dict.fromkeys(proposals), key=order)
     first = proposals[:1] if "kbest" in starts else []  # the surrogate's optimum: often far from the best start
     ends = [improved(start) for start in dict.fromkeys([*first, *ranked[:restarts]])]
@@ -384,15 +408,16 @@ class Rule:
 
     run: Callable[..., SearchResult]
     needs: tuple[str, ...]   # of: bins, seed, whole (whole-removal variant per segment), loss_of, distance_of
+    windowed: bool = False   # takes `floor`: plans no faster than asked (the others stop once within the budget)
 
 
 SEARCHES: dict[str, Rule] = {
-    "interaction": Rule(interaction_search, ("loss_of", "whole", "recovered_of", "bins")),
-    "dp": Rule(dp_search, ("bins",)),
+    "interaction": Rule(interaction_search, ("loss_of", "whole", "recovered_of", "bins"), windowed=True),
+    "dp": Rule(dp_search, ("bins",), windowed=True),
     "kbest": Rule(partial(interaction_search, starts=("kbest",), restarts=1, polish=0, method="kbest"),
-                  ("loss_of", "bins")),
+                  ("loss_of", "bins"), windowed=True),
     "local": Rule(partial(interaction_search, starts=("kbest",), k=1, restarts=1, method="local"),
-                  ("loss_of", "bins")),
+                  ("loss_of", "bins"), windowed=True),
     "greedy": Rule(greedy_search, ()),
     "random": Rule(random_search, ("seed",)),
     "sleb": Rule(sleb_search, ("whole", "loss_of")),
@@ -402,15 +427,18 @@ SEARCHES: dict[str, Rule] = {
 WHOLE_SEGMENT_SEARCHES = ("sleb", "angular", "reverse")  # rules that remove whole segments only
 
 
-def search(method: str, options: Sequence[Sequence[Choice]], budget: float, **inputs: Any) -> SearchResult:
-    """Run a search by name with the inputs it needs (:data:`SEARCHES`; others in `inputs` are ignored)."""
+def search(method: str, options: Sequence[Sequence[Choice]], budget: float, floor: float | None = None,
+           **inputs: Any) -> SearchResult:
+    """Run a search by name with the inputs it needs (:data:`SEARCHES`; others in `inputs` are ignored); `floor`
+    (the least latency a plan may take) goes to the searches that take it and is ignored by the others."""
     if method not in SEARCHES:
         raise ZooError(f"Unknown search method {method!r}; allowed: {', '.join(SEARCHES)}.")
     rule = SEARCHES[method]
     missing = [name for name in rule.needs if name not in inputs]
     if missing:
         raise ZooError(f"Search {method!r} needs {', '.join(missing)}.")
-    return rule.run(options, budget, **{name: inputs[name] for name in rule.needs})
+    window = {"floor": floor} if rule.windowed and floor is not None else {}
+    return rule.run(options, budget, **{name: inputs[name] for name in rule.needs}, **window)
 
 
 def pareto_front(options: Sequence[Sequence[Choice]], bins: int = 200) -> list[tuple[float, float]]:
