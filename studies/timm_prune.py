@@ -43,8 +43,9 @@ ARCHS = {  # timm name: the options that fit it to 32 px digits (a ViT is built 
     # first, so that a partial run (rows are kept as they are made) covers every family before a second member.
     "resnet18": [], "regnetx_004": [], "convnext_atto": [], "efficientnet_b0": [], "mobilenetv3_large_100": [],
     "ghostnet_100": [], "deit_tiny_patch16_224": ["+model.overrides.img_size=32"], "poolformer_s12": [],
-    "edgenext_xx_small": [], "resnext50_32x4d": [], "resnet34": [], "regnety_004": [], "convnext_femto": [],
-    "vit_tiny_patch16_224": ["+model.overrides.img_size=32"],
+    "edgenext_xx_small": [], "pvt_v2_b0": [], "mambaout_femto": [], "dla34": [],
+    "mixer_s16_224": ["+model.overrides.img_size=32"], "resnext50_32x4d": [], "resnet34": [], "regnety_004": [],
+    "convnext_femto": [], "vit_tiny_patch16_224": ["+model.overrides.img_size=32"],
 }
 QUICK_ARCHS = {"resnet18": [], "deit_tiny_patch16_224": ["+model.overrides.img_size=16"]}
 COMMON = ["data=digits", "data.image_size=32", "trainer.max_epochs=6", "finetune.epochs=2", "logger=none",

@@ -39,6 +39,20 @@ def test_resnet18_blocks_by_hand():
     assert "activations are not merged" in model.zoo_depth_note
 
 
+def test_a_shortcut_passed_in_from_outside_is_not_the_blocks_input():
+    """DLA-34: a tree's first block adds a shortcut its parent computes (a projection of the tree's input to the
+    block's output channels), so the addition's operand comes from outside the block, yet removing the block would
+    hand on its input with the wrong channels: such blocks are listed, not removable; every block left removable
+    prunes to a model that runs."""
+    model = zoo.create_model("timm/dla34", num_classes=10).eval()
+    units = {u.name: u.removable for u in model.depth_unit_specs()}
+    assert units["level2.tree1"] is False and units["level5.tree1"] is False and units["level2.tree2"] is True
+    removable = [name for name, ok in units.items() if ok]
+    with torch.no_grad():
+        out = zoo.apply_plan(model, {"remove": removable}, inplace=False).eval()(torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 10)
+
+
 def test_vit_blocks_and_their_attention_and_mlp_sublayers_by_hand():
     """DeiT-tiny: 12 blocks, each with its attention and MLP sub-layers (named by their largest module); removing a
     sub-layer leaves the block computing the other branch alone, exactly."""

@@ -253,6 +253,31 @@ def _sublayers_exact(model: nn.Module, block: DiscoveredBlock, example: torch.Te
     return torch.is_tensor(out) and torch.is_tensor(x) and out.shape == x.shape and torch.equal(out, x)
 
 
+@torch.no_grad()
+def _keep_shape(twin: nn.Module, blocks: dict[str, DiscoveredBlock], example: torch.Tensor) -> None:
+    """Removable only where the block's output has its first input's shape in every call: ``nn.Identity`` in its
+    place returns that input. (A DLA tree's block adds a shortcut its parent passes in, projected to the output's
+    channels: the addition's operand comes from outside, yet it is not the block's input.)"""
+    seen: dict[str, list[bool]] = {}
+
+    def hook(path: str) -> Callable[..., None]:
+        def record(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            x = args[0] if args else None
+            same = not torch.is_tensor(x) or (torch.is_tensor(output) and output.shape == x.shape)
+            seen.setdefault(path, []).append(same)
+        return record
+
+    handles = [twin.get_submodule(path).register_forward_hook(hook(path), with_kwargs=True)
+               for path, block in blocks.items() if block.removable]
+    try:
+        twin(example)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for path, calls in seen.items():
+        blocks[path].removable = all(calls)
+
+
 def discover(build: Callable[[], nn.Module], model: nn.Module, input_size: Sequence[int]) -> list[DiscoveredBlock]:
     """The residual blocks of `model` (built again by `build` on the meta device to be traced), in forward order,
     with sub-layers where they are exact. Raises :class:`DiscoveryError` when the graph does not trace or no block
@@ -261,6 +286,7 @@ def discover(build: Callable[[], nn.Module], model: nn.Module, input_size: Seque
         twin = build()
     graph, weights = trace(twin, torch.empty(1, *input_size, device="meta"))
     found = _owner_blocks(graph, weights)
+    _keep_shape(twin, found, torch.empty(1, *input_size, device="meta"))
     blocks = _outermost(found)
     if not any(b.removable for b in blocks):
         shortcuts = len(found)
