@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_shared_machine_quick_times_the_judged_pair(tmp_path):
     """Two tiny prune.py jobs, in sequence and as a joblib study: both modes ran and the study's ratio is its time
@@ -31,3 +33,19 @@ def test_timm_prune_quick_prunes_timm_models_and_times_the_cost_pair(tmp_path):
                                            first["cost"]["median_s"]["declared"], 3)
     again = run(quick=True, out=str(tmp_path / "again"), resume=str(tmp_path / "timm_prune_quick.json"))
     assert again["rows"] == first["rows"] and again["cost"] == first["cost"]
+
+
+def test_removal_additivity_times_single_and_joint_removals(tmp_path):
+    """ConvNeXt-atto's plans timed side by side: a row per single unit and per named group, each joint plan's sum of
+    single savings computed from the single rows, the table's prediction beside it (smoke: no timing asserted)."""
+    from studies.removal_additivity import GROUPS, markdown, run
+
+    result = run("convnext_atto", rounds=3, out=str(tmp_path))
+    rows = {r["plan"]: r for r in result["rows"]}
+    assert set(GROUPS["convnext_atto"]) <= set(rows) and result["intact_ms"] > 0
+    for name, units in GROUPS["convnext_atto"].items():
+        singles = sum(rows[unit]["measured_saving_ms"] for unit in units)
+        assert rows[name]["sum_of_single_savings_ms"] == pytest.approx(singles, abs=0.01)
+        assert rows[name]["table_saving_ms"] > 0
+    assert (tmp_path / "removal_additivity_convnext_atto.json").is_file() and "| stage 3, both blocks |" in \
+        markdown(result)

@@ -1,0 +1,105 @@
+"""Do removal savings add up? A latency table predicts a plan by adding its units' costs; this times, side by side
+in one session, a network intact, with each named unit removed alone and with the named groups removed together, and
+puts the sums of the single savings beside the measured joint savings and the table's predictions.
+
+The question behind it: ConvNeXt-atto at 32 px missed the measured 1.5x (``studies.timm_prune``) because a plan the
+table predicted at 1.53x measured 1.96x. Interleaved rounds, one thread, the median per plan; the noise floor is the
+spread between two copies of the intact network timed as two plans.
+
+    python -m studies.removal_additivity --arch convnext_atto --out results     # about a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from benchmarks.common import machine, results_dir, write_result
+from zoo.errors import run_command
+
+GROUPS = {  # arch: named plans (every unit of a joint plan is also timed alone)
+    "convnext_atto": {"stage 3, both blocks": ["stages.3.blocks.0", "stages.3.blocks.1"],
+                      "stage 2, four blocks": ["stages.2.blocks.0", "stages.2.blocks.3", "stages.2.blocks.4",
+                                               "stages.2.blocks.5"],
+                      "the 1.53x plan": ["stages.3.blocks.0", "stages.2.blocks.0", "stages.2.blocks.3",
+                                         "stages.2.blocks.4"]},
+}
+
+
+def timed(networks: dict[str, torch.nn.Module], example: torch.Tensor, rounds: int) -> dict[str, list[float]]:
+    """ms per call of every network, in interleaved rounds (one call each per round, after a warm-up)."""
+    times: dict[str, list[float]] = {name: [] for name in networks}
+    with torch.inference_mode():
+        for net in networks.values():
+            for _ in range(5):
+                net(example)
+        for _ in range(rounds):
+            for name, net in networks.items():
+                start = time.perf_counter()
+                net(example)
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def run(arch: str = "convnext_atto", size: int = 32, batch: int = 32, rounds: int = 60, out: str | None = None,
+        **_: Any) -> dict[str, Any]:
+    """Time the plans of :data:`GROUPS` for `arch` and its table's predictions; write ``removal_additivity_<arch>``."""
+    import zoo
+    from zoo.latency import build_table
+    from zoo.latency.settings import TableSettings
+
+    torch.set_num_threads(1)
+    groups = GROUPS[arch]
+    singles = sorted({unit for units in groups.values() for unit in units})
+    plans = {"intact": [], "intact again": [], **{unit: [unit] for unit in singles}, **groups}
+    model = zoo.create_model(f"timm/{arch}", num_classes=10).eval()
+    networks = {name: zoo.apply_plan(model, {"remove": units}, inplace=False).eval() for name, units in plans.items()}
+    with tempfile.TemporaryDirectory() as cache:  # measured now, not taken from an earlier run's cache
+        table = build_table(model, batch_size=batch, input_size=size, device="cpu", cache_dir=cache,
+                            settings=TableSettings(threads=1))
+    ms = {name: statistics.median(values)
+          for name, values in timed(networks, torch.randn(batch, 3, size, size), rounds).items()}
+    base = ms["intact"]
+    saving = {name: base - value for name, value in ms.items()}
+    whole = table.predict({"remove": []})
+    predicted = {name: whole - table.predict({"remove": units}) for name, units in plans.items()}
+    rows = [{"plan": name, "removed": units, "ms": round(ms[name], 3), "measured_saving_ms": round(saving[name], 3),
+             "sum_of_single_savings_ms": round(sum(saving[u] for u in units), 3),
+             "table_saving_ms": round(predicted[name], 3), "measured_speedup": round(base / ms[name], 3),
+             "table_speedup": round(whole / table.predict({"remove": units}), 3)}
+            for name, units in plans.items() if name not in ("intact", "intact again")]
+    result = {"suite": "removal_additivity", "arch": arch, "input_size": size, "batch_size": batch, "rounds": rounds,
+              "machine": machine("cpu"), "intact_ms": round(base, 3),
+              "noise_floor": round(abs(ms["intact again"] / base - 1.0), 4), "rows": rows}
+    write_result(f"removal_additivity_{arch}", result, out)
+    return result
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"{result['arch']} at {result['input_size']} px, batch {result['batch_size']}: intact "
+             f"{result['intact_ms']} ms (noise floor {100 * result['noise_floor']:.1f} %)", "",
+             "| removed | measured saving ms | sum of single savings ms | table saving ms | speed-up (table) |",
+             "|---|---:|---:|---:|---|"]
+    lines += [f"| {r['plan']} | {r['measured_saving_ms']:.2f} | {r['sum_of_single_savings_ms']:.2f} | "
+              f"{r['table_saving_ms']:.2f} | {r['measured_speedup']:.2f} ({r['table_speedup']:.2f}) |"
+              for r in result["rows"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="convnext_atto", choices=sorted(GROUPS))
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    print(markdown(run(args.arch, rounds=args.rounds, out=args.out)))
+    print(f"result: {results_dir(args.out)}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_command(main))
