@@ -79,6 +79,44 @@ def test_measured_target_loop_searches_again_for_the_miss(digits_prune, monkeypa
     assert len(tried) == 1 and kept.plan == plan  # the corrected search gave the plan already timed: not timed again
 
 
+def test_a_corrected_search_across_a_gap_takes_the_nearest_plan_below(digits_prune):
+    """Large units leave gaps between the speed-ups a table's plans can have. Where no plan lies in the first window
+    (at least the corrected speed-up, at most 1 + tolerance times it), the corrected search takes a plan within half
+    the tolerance either side, then within the tolerance; with none there either, it says so (BudgetError)."""
+    import itertools
+
+    from benchmarks.prune_speedup import compose
+    from zoo.errors import BudgetError
+    from zoo.jobs import plan as planning
+    from zoo.jobs.baseline import load_or_train_baseline
+    from zoo.jobs.final_timing import build_job_table
+    from zoo.jobs.model_spec import to_container
+    from zoo.jobs.runs import with_inputs
+    from zoo.pruning.search import Choice
+    from zoo.training import build_loaders
+
+    base, _ = digits_prune
+    cfg = compose([*TINY, "prune.search=dp", f"paths.log_dir={base / 'outputs'}", f"prune.cache_dir={base / 'cache'}"],
+                  base / "gap")
+    data = build_loaders(cfg.data, seed=cfg.trainer.seed)
+    baseline, _ = load_or_train_baseline(cfg, data, with_inputs(to_container(cfg)))
+    table = build_job_table(cfg, baseline, data)
+    whole, fixed = table.predict({"remove": []}), table.fixed_cost()
+    shares = (0.4, 0.4, 0.1, 0.1)  # of the prunable time: two large units and two small ones
+    options = [[Choice(frozenset(), share * (whole - fixed), 0.0), Choice(frozenset({f"u{i}"}), 0.0, 1.0)]
+               for i, share in enumerate(shares)]
+    speedups = sorted(whole / (whole - sum(shares[i] for i in kept) * (whole - fixed))
+                      for n in range(len(shares) + 1) for kept in itertools.combinations(range(len(shares)), n))
+    tol = cfg.prune.target_tolerance
+    below, above = next((a, b) for a, b in zip(speedups, speedups[1:]) if b / a > (1 + tol) ** 2)
+    target = planning.Target.of(cfg.prune)
+    asked = below * (1 + tol / 4)  # nothing in [asked, asked * (1 + tol)]: the plan just below is within tol / 2
+    _, result = planning.windowed_plan(cfg, target, table, options, {}, asked)
+    assert whole / (fixed + result.latency) == pytest.approx(below, rel=1e-6)
+    with pytest.raises(BudgetError):  # the middle of a wide gap: no plan within the tolerance either side
+        planning.windowed_plan(cfg, target, table, options, {}, (below * above) ** 0.5)
+
+
 def test_a_target_just_beyond_the_tables_ceiling_gets_the_fastest_plan(digits_prune):
     """A target within prune.target_tolerance beyond the table's fastest plan gets that plan (the measurement
     decides); one further beyond stops with the best achievable speed-up named."""
