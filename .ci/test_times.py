@@ -103,8 +103,9 @@ def main() -> int:
     parser.add_argument("--append", action="store_true", help="add to what --out holds (one CI, several steps)")
     args = parser.parse_args()
     out = Path(args.out)
-    result = json.loads(out.read_text()) if args.append and out.is_file() else {"commands": [], "tiers": {}}
-    result["commands"].append("python .ci/test_times.py " + " ".join(sys.argv[1:]))
+    result = json.loads(out.read_text()) if args.append and out.is_file() else {}
+    result.setdefault("tiers", {})
+    result.setdefault("commands", []).append("python .ci/test_times.py " + " ".join(sys.argv[1:]))
     result.update(date=time.strftime("%Y-%m-%d"),
                   machine={"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()})
     with tempfile.TemporaryDirectory() as folder:

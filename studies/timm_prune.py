@@ -151,7 +151,8 @@ def run(quick: bool = False, device: str = "cpu", out: str | None = None, seeds:
     result is written after the pairs and after every row, so a run stopped part-way keeps what it made."""
     archs, common = (QUICK_ARCHS, QUICK) if quick else (ARCHS, COMMON)
     seeds = seeds or (1 if quick else 3)
-    stored = {r["key"]: r for r in (read_json(resume).get("rows", []) if resume else [])}
+    stored = {r["key"]: r for r in (read_json(resume).get("rows", []) if resume else [])
+              if r.get("exit") in (0, 2)}  # a run that crashed (a full disk, a bug) is run again, never kept
     root = Path(workdir or tempfile.mkdtemp(prefix="timm_prune-"))
     name = "timm_prune_quick" if quick else "timm_prune"
     result: dict[str, Any] = {"suite": "timm_prune", "quick": quick, "target": TARGET, "common": common,
@@ -207,7 +208,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def checks(result: dict[str, Any]) -> list[Check]:
     summary = result.get("summary") or summarise(result.get("rows") or [])
-    pruned = [s for s in summary if s["seeds"] and s["met"] == s["seeds"]]
+    need = result.get("seeds") or 1  # every seed the run was asked for: a partial run is not judged on fewer
+    pruned = [s for s in summary if s["seeds"] >= need and s["met"] == s["seeds"]]
     archs = len(pruned) if summary else None
     families = len({s["family"] for s in pruned}) if summary else None
     ratio = (result.get("cost") or {}).get("ratio")

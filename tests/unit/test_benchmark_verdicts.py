@@ -436,3 +436,17 @@ def test_timm_prune_counts_architectures_and_families_that_met_the_target_in_eve
     result["rows"] = [r for r in rows if r["arch"] != "a11"]
     result["summary"] = summarise(result["rows"])
     assert [c.verdict for c in checks(result)][:2] == [False, True]
+
+
+def test_timm_prune_judges_an_architecture_only_on_every_seed_asked_for():
+    """A run asked for 3 seeds that stopped after one is not judged on that one: an architecture counts only with a
+    row for every seed, each at the target."""
+    from studies.timm_prune import checks
+
+    row = {"family": "resnet", "blocks": 5, "sublayers": 0, "ceiling": 2.0, "measured_speedup": 1.5, "met": True,
+           "acc_before": 99.0, "acc_after": 98.0, "seconds": 50.0}
+    rows = [{**row, "arch": f"a{i}", "family": f"f{i}", "seed": 0} for i in range(12)]
+    partial = checks({"seeds": 3, "rows": rows, "cost": {"ratio": 1.0}})
+    assert partial[0].measured == 0 and partial[1].measured == 0
+    full = [{**r, "seed": s} for r in rows for s in range(3)]
+    assert checks({"seeds": 3, "rows": full, "cost": {"ratio": 1.0}})[0].measured == 12

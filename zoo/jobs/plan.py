@@ -221,7 +221,8 @@ def choose_plan(cfg: Any, target: Target, table: Any, options: list[list[Choice]
         result = search(cfg.prune.search, options, budget, floor=floor, bins=cfg.prune.bins, seed=cfg.prune.seed,
                         **(model_inputs or {}))
     except BudgetError:
-        if cfg.prune.search in WHOLE_SEGMENT_SEARCHES or floor is not None:  # its own message says what is not met
+        windowed = floor is not None and SEARCHES[cfg.prune.search].windowed  # the window, not the budget, was empty
+        if cfg.prune.search in WHOLE_SEGMENT_SEARCHES or windowed:  # its own message says what is not met
             raise
         result = fastest_plan(options)
         fastest = table.fixed_cost() + result.latency

@@ -255,15 +255,16 @@ def _sublayers_exact(model: nn.Module, block: DiscoveredBlock, example: torch.Te
 
 @torch.no_grad()
 def _keep_shape(twin: nn.Module, blocks: dict[str, DiscoveredBlock], example: torch.Tensor) -> None:
-    """Removable only where the block's output has its first input's shape in every call: ``nn.Identity`` in its
-    place returns that input. (A DLA tree's block adds a shortcut its parent passes in, projected to the output's
-    channels: the addition's operand comes from outside, yet it is not the block's input.)"""
+    """Removable only where the block's output is a tensor of its first input's shape in every call: ``nn.Identity``
+    in its place returns that input. (A DLA tree's block adds a shortcut its parent passes in, projected to the
+    output's channels: the addition's operand comes from outside, yet it is not the block's input.) A shortcut passed
+    in with the input's very shape is not told apart: removing that block hands on its input, not the shortcut."""
     seen: dict[str, list[bool]] = {}
 
     def hook(path: str) -> Callable[..., None]:
         def record(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-            x = args[0] if args else None
-            same = not torch.is_tensor(x) or (torch.is_tensor(output) and output.shape == x.shape)
+            x = args[0] if args else next((v for v in kwargs.values() if torch.is_tensor(v)), None)
+            same = torch.is_tensor(x) and torch.is_tensor(output) and output.shape == x.shape
             seen.setdefault(path, []).append(same)
         return record
 
@@ -271,6 +272,9 @@ def _keep_shape(twin: nn.Module, blocks: dict[str, DiscoveredBlock], example: to
                for path, block in blocks.items() if block.removable]
     try:
         twin(example)
+    except Exception as exc:  # noqa: BLE001 - traced by torch.export, yet not callable on meta: say so
+        raise DiscoveryError(f"its blocks' shapes could not be checked on the meta device ({type(exc).__name__}: "
+                             f"{str(exc)[:200]})") from exc
     finally:
         for handle in handles:
             handle.remove()

@@ -119,10 +119,13 @@ def kbest_dp(options: Sequence[Sequence[Choice]], budget: float, k: int, bins: i
     first: the multiple-choice knapsack DP keeping the k best partial plans per exact bin count.
 
     Every partial plan has one bin count, so the lists of different bins hold different plans and the k best over all
-    bins within the budget are the k best plans (fewer when fewer fit). With `floor`, only plans whose latency is at
-    least `floor` count (a window: a plan much faster than asked is not what was asked for); each segment's rounding
-    adds under one bin, so the bins that may hold such plans are searched and each plan's exact latency decides."""
+    bins within the budget are the k best plans (fewer when fewer fit). With `floor`, only plans whose exact latency
+    is at least `floor` count (a window: a plan much faster than asked is not what was asked for): the bins that may
+    hold such plans are searched and each plan's exact latency decides. Near the floor a bin's k best can all fall
+    below it while a worse plan of that bin lies above: such a plan is missed (a limit of the k-best lists)."""
     _check_reachable(options, budget)
+    if floor is not None and floor > budget + 1e-12:
+        raise BudgetError(f"No plan takes at least {floor:.4g} ms and at most the budget of {budget:.4g} ms.")
     costs = _bin_costs(options, budget, bins)
     best = np.full((bins + 1, k), math.inf)
     best[0, 0] = 0.0
@@ -318,7 +321,10 @@ def interaction_search(options: Sequence[Sequence[Choice]], budget: float,
             current = loss(picks)
             damages = [[loss(picks[:s] + (i,) + picks[s + 1:]) - current for i in range(len(seg))]
                        for s, seg in reversed(list(enumerate(options)))][::-1]  # last first: see PlanLoss
-            found = rank([r.choices for r in kbest_dp(_rescored(options, damages), budget, polish_k, bins, floor)])
+            try:
+                found = rank([r.choices for r in kbest_dp(_rescored(options, damages), budget, polish_k, bins, floor)])
+            except BudgetError:  # no plan of the window under the conditional damages: the plan stays
+                break
             if loss(found) >= current - 1e-12:
                 break
             picks = found
@@ -326,7 +332,11 @@ def interaction_search(options: Sequence[Sequence[Choice]], budget: float,
 
     proposals: list[tuple[int, ...]] = []
     if "kbest" in starts:
-        proposals += [r.choices for r in kbest_dp(options, budget, k, bins, floor)]
+        try:
+            proposals += [r.choices for r in kbest_dp(options, budget, k, bins, floor)]
+        except BudgetError:
+            if floor is None:
+                raise  # (a window may leave the DP's starts out and keep the others' plans)
     named: dict[str, tuple[int, ...]] = {}  # the other rules' own plans (greedy's, SLEB's)
     if "greedy" in starts:
         named["greedy"] = greedy_search(options, budget).choices
@@ -345,7 +355,8 @@ def interaction_search(options: Sequence[Sequence[Choice]], budget: float,
         named = {name: plan for name, plan in named.items() if _totals(options, plan)[0] >= floor - 1e-12}
         proposals = [plan for plan in proposals if _totals(options, plan)[0] >= floor - 1e-12]
     if not proposals:
-        raise BudgetError(f"No plan of the starts {', '.join(starts)} takes between {floor:.4g} and {budget:.4g} ms.")
+        window = f"between {floor:.4g} and {budget:.4g} ms" if floor is not None else f"within {budget:.4g} ms"
+        raise BudgetError(f"No plan of the starts {', '.join(starts)} takes {window}.")
     ranked = sorted(dict.fromkeys(proposals), key=order)
     first = proposals[:1] if "kbest" in starts else []  # the surrogate's optimum: often far from the best start
     ends = [improved(start) for start in dict.fromkeys([*first, *ranked[:restarts]])]
