@@ -5,16 +5,9 @@ import re
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-
-
-def readme_command(name: str) -> str:
-    """The command in the fenced block after ``<!-- ci:NAME -->``; SystemExit with the reason when there is none."""
-    found = re.search(rf"<!-- ci:{re.escape(name)} -->\s*```(?:bash|sh)?\n(.*?)```", README.read_text(), re.S)
-    if not found:
-        sys.exit(f"README.md has no fenced command after <!-- ci:{name} -->")
-    return found.group(1).strip()
-
-
-if __name__ == "__main__":
-    print(readme_command(sys.argv[1]))
+name = sys.argv[1]
+readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+found = re.search(rf"<!-- ci:{re.escape(name)} -->\s*```(?:bash|sh)?\n(.*?)```", readme, re.S)
+if not found:
+    sys.exit(f"README.md has no fenced command after <!-- ci:{name} -->")
+print(found.group(1).strip())

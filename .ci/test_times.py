@@ -1,16 +1,17 @@
 """Time each test tier as CI runs it and write the evidence the README and tests/README.md cite.
 
     python .ci/test_times.py [--out results/test_times_cpu.json] [--tiers unit e2e bench serial] [--no-main]
-    python .ci/test_times.py --readme main|test [--append] [--tiers] [--no-main]
+    python .ci/test_times.py --readme main|test --command "$(python .ci/readme_command.py main|test)" [--append]
 
 Times the README's main job (``python prune.py``, cold), then runs each tier's command (the same as ``.ci/run``) with
 a JUnit report, and writes one JSON: the main job's time; per tier the command,
 its wall time, the exit status, the count of tests by outcome and the 10 slowest tests; the machine and versions.
 Run it in a fresh clone after the README's install so that no cache of an earlier run is reused.
 
-``--readme main`` / ``--readme test`` run the README's set-up command exactly as written instead (install included:
-CI's first steps, in a fresh virtual environment), recorded as the main job and the unit tier; ``--append`` adds to
-the file ``--out`` already holds, so that CI times each test once.
+``--readme main`` / ``--readme test`` run the README's set-up command given by ``--command`` (as ``.ci/run`` read it
+from the README: ``.ci/readme_command.py``) exactly as written instead, install included (CI's first steps, in a
+fresh virtual environment), recorded as the main job and the unit tier; ``--append`` adds to the file ``--out``
+already holds, so that CI times each test once.
 """
 
 from __future__ import annotations
@@ -19,14 +20,13 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
-
-from readme_command import readme_command
 
 ROOT = Path(__file__).resolve().parents[1]
 TIERS = {  # the commands of .ci/run and tests/README.md
@@ -48,10 +48,9 @@ def run_tier(name: str, folder: Path) -> dict:
             **junit_summary(report)}
 
 
-def run_readme(name: str, folder: Path) -> dict:
-    """The README's ``ci:NAME`` command in bash, as written (its install included); the test command's pytest also
+def run_readme(name: str, command: str, folder: Path) -> dict:
+    """The README's ``ci:NAME`` `command` in bash, as written (its install included); the test command's pytest also
     writes a JUnit report and its 20 slowest tests (``PYTEST_ADDOPTS``), so that the unit tier runs once."""
-    command = readme_command(name)
     report = folder / f"readme_{name}.xml"
     env = {**os.environ, "DEPTHZOO_CACHE": str(folder / "cache")}  # cold, as on a fresh machine
     if name == "test":
@@ -98,24 +97,27 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "results" / "test_times_cpu.json"))
     parser.add_argument("--tiers", nargs="*", choices=list(TIERS), help="default: every tier (none with --readme)")
     parser.add_argument("--no-main", action="store_true", help="skip timing the README's main job (python prune.py)")
-    parser.add_argument("--readme", action="append", default=[], choices=["main", "test"],
-                        help="run the README's set-up command as written (main: the main job; test: the unit tier)")
+    parser.add_argument("--readme", choices=["main", "test"],
+                        help="run --command, the README's set-up command (main: the main job; test: the unit tier)")
+    parser.add_argument("--command", help="with --readme: the command, as .ci/readme_command.py prints it")
     parser.add_argument("--append", action="store_true", help="add to what --out holds (one CI, several steps)")
     args = parser.parse_args()
+    if bool(args.readme) != bool(args.command):
+        parser.error("--readme and --command go together")
     out = Path(args.out)
     result = json.loads(out.read_text()) if args.append and out.is_file() else {}
     result.setdefault("tiers", {})
-    result.setdefault("commands", []).append("python .ci/test_times.py " + " ".join(sys.argv[1:]))
+    result.setdefault("commands", []).append(shlex.join(["python", ".ci/test_times.py", *sys.argv[1:]]))
     result.update(date=time.strftime("%Y-%m-%d"),
                   machine={"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()})
     with tempfile.TemporaryDirectory() as folder:
-        for name in args.readme:
-            entry = run_readme(name, Path(folder))
-            if name == "main":
+        if args.readme:
+            entry = run_readme(args.readme, args.command, Path(folder))
+            if args.readme == "main":
                 result["main"] = entry
             else:
                 result["tiers"]["unit"] = entry
-            print(f"README {name}: {entry['wall_s']} s, exit {entry['exit']}", flush=True)
+            print(f"README {args.readme}: {entry['wall_s']} s, exit {entry['exit']}", flush=True)
         if not args.no_main and not args.readme:
             result["main"] = run_main(Path(folder))
             print(f"main: {result['main']['wall_s']} s, exit {result['main']['exit']}", flush=True)
