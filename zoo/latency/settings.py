@@ -112,9 +112,15 @@ class NetworkTimingSettings(RoundSettings):
     and correction, ``prune.py``'s side-by-side measurement, ``prune.measure``): the rounds of
     :class:`~zoo.latency.measure.RoundSettings`, each network warmed for `net_warmup_s` first; the table's estimator
     summarises the runs. No warm calls by default: a warm call makes a network's time its own steady state, which
-    inside a served pipeline it is not (docs/latency.md, "Neighbours")."""
+    inside a served pipeline it is not (docs/latency.md, "Neighbours").
+
+    min_rounds: 200 by default. A measured speed-up decides whether a plan meets its target (the measured-target
+    loop) and then whether the run did: two timings some seconds apart, which must agree well inside the tolerance
+    (at 20 rounds CI measured one plan at 1.537x, then 1.640x; docs/latency.md, "Whole networks side by side")."""
 
     net_warmup_s: float = 0.1
+    min_rounds: int = 200
+    max_rounds: int = 400
     label: ClassVar[str] = "NetworkTimingSettings (prune.measure)"
 
 
