@@ -15,7 +15,7 @@ import hydra
 from omegaconf import DictConfig
 
 from zoo.jobs.cli import guard, register_resolvers, run_job
-from zoo.training.config import TrainConfig, register_configs
+from zoo.jobs.train_config import TrainConfig, register_configs
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 

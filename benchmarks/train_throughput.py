@@ -32,7 +32,7 @@ TARGET = 0.95
 def _config(batch: int, batches: int, image_size: int, device: str) -> Any:
     from omegaconf import OmegaConf
 
-    from zoo.training.config import TrainConfig
+    from zoo.jobs.train_config import TrainConfig
 
     cfg = OmegaConf.structured(TrainConfig)
     cfg.data.name, cfg.data.image_size, cfg.data.batch_size = "synthetic", image_size, batch

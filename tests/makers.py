@@ -16,8 +16,8 @@ from safetensors.torch import save_file
 import zoo
 from zoo.jobs import runs
 from zoo.jobs.cli import register_resolvers
+from zoo.jobs.train_config import register_configs
 from zoo.training import Trainer, build_loaders, seed_everything
-from zoo.training.config import register_configs
 
 from .helpers import ROOT
 

@@ -159,8 +159,8 @@ def test_forward_intermediates_while_training_with_checkpointing():
 def test_trainer_grad_checkpointing_setting(tmp_path):
     from omegaconf import OmegaConf
 
+    from zoo.jobs.train_config import TrainConfig
     from zoo.training import build_loaders, fit
-    from zoo.training.config import TrainConfig
 
     cfg = OmegaConf.structured(TrainConfig)
     cfg.data.image_size, cfg.data.batch_size = 16, 16
@@ -202,8 +202,8 @@ def test_intermediates_in_forward_order_once_and_stop_early_as_timm():
 def test_the_trainer_uses_the_configured_share(tmp_path):
     from omegaconf import OmegaConf
 
+    from zoo.jobs.train_config import TrainConfig
     from zoo.training import build_loaders, fit
-    from zoo.training.config import TrainConfig
 
     cfg = OmegaConf.structured(TrainConfig)
     cfg.data.image_size, cfg.data.batch_size = 16, 16

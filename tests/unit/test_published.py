@@ -138,7 +138,7 @@ def test_imagenet_experiments_compose_to_the_published_setup(experiment, tmp_pat
 
     from zoo.jobs.model_spec import weights_arg
     from zoo.jobs.prune_config import PruneConfig, register_configs, validate_prune
-    from zoo.training.config import validate
+    from zoo.jobs.train_config import validate
 
     register_configs(ROOT / "conf")
     (tmp_path / "train").mkdir()

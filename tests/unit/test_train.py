@@ -12,6 +12,7 @@ import torch
 
 import zoo
 from zoo.jobs.cli import register_resolvers
+from zoo.jobs.train_config import register_configs, validate
 from zoo.training import (
     Callback,
     CheckpointError,
@@ -26,7 +27,6 @@ from zoo.training import (
     seed_everything,
 )
 from zoo.training import state as ckpt
-from zoo.training.config import register_configs, validate
 from zoo.training.data import read_text_files, stdlib_corpus, unigram_entropy
 
 from ..makers import CONF, compose, fresh_trainer, tiny_cfg

@@ -60,10 +60,10 @@ def run(cfg: Any) -> dict[str, Any]:
     Under torchrun every rank runs this; rank 0 claims the directory and the others follow its verdict."""
     from ..files import read_sealed_json
     from ..training import distributed as dist_utils
-    from ..training.config import canonical_model_name, validate
     from .cli import new_dir_hint, run_files
     from .model_spec import to_container
     from .runs import claimed_by_main, fingerprint, with_inputs
+    from .train_config import canonical_model_name, validate
 
     dist = dist_utils.setup()
     canonical_model_name(cfg)

@@ -12,7 +12,7 @@ import torch
 from ..errors import ZooError
 from ..pruning.importance import SCORES
 from ..pruning.search import SEARCHES
-from ..training.config import TrainConfig
+from .train_config import TrainConfig
 
 
 @dataclass
@@ -80,13 +80,13 @@ def register_configs(config_dir: str | Path | None = None) -> None:
     """Store ``prune_schema`` (:class:`PruneConfig`) and the training schemas in Hydra's ConfigStore."""
     from hydra.core.config_store import ConfigStore
 
-    from ..training.config import register_configs as register_train
+    from .train_config import register_configs as register_train
 
     register_train(config_dir)
     ConfigStore.instance().store(name="prune_schema", node=PruneConfig)
 
 
-PRUNE_RANGES = (  # (key, lowest, highest, lowest excluded?): see zoo.training.config.RANGES
+PRUNE_RANGES = (  # (key, lowest, highest, lowest excluded?): see zoo.jobs.train_config.RANGES
     ("prune.target_speedup", 1.0, None, True), ("prune.target_latency_ms", 0.0, None, True),
     ("prune.max_memory_mb", 0.0, None, True), ("prune.batch_size", 1, None, False),
     ("prune.calib_batches", 1, None, False), ("prune.bins", 10, None, False), ("prune.threads", 1, None, False),
@@ -131,7 +131,7 @@ def validate_prune(cfg: Any) -> None:
     files it names and the folders it writes (raises ZooError)."""
     from ..latency.device import resolve_device, resolve_dtype
     from ..models.registry import get_entry
-    from ..training.config import check_ranges
+    from .train_config import check_ranges
 
     p = cfg.prune
     if p.target_latency_ms is None and p.target_speedup is None:

@@ -16,11 +16,11 @@ from torch import nn
 from ..latency.device import resolve_device
 from ..training import distributed as dist_utils
 from ..training import state as ckpt
-from ..training.config import canonical_model_name, validate
 from ..training.data import DataBundle, build_loaders
 from ..training.engine import FitResult, fit
 from ..training.resources import seed_everything, set_threads
 from .model_spec import build_model, data_model_cfg, to_container
+from .train_config import canonical_model_name, validate
 
 _log = logging.getLogger(__name__)
 

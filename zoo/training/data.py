@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..errors import DataError
-from .config import IMAGE_DATASETS, TEXT_DATASETS, task_of
+from .tasks import IMAGE_DATASETS, TEXT_DATASETS, task_of
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

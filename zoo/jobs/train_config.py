@@ -13,9 +13,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..files import check_writable
+from ..training.tasks import IMAGE_DATASETS, TEXT_DATASETS, task_of
 
-IMAGE_DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
-TEXT_DATASETS = ("bytes", "text")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGER_MODES = ("online", "offline", "disabled")
@@ -255,11 +254,6 @@ def _cuda_device(device: str) -> bool:
 def _choice(value: Any, allowed: tuple[str, ...], key: str) -> None:
     if value not in allowed:
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}.")
-
-
-def task_of(data_name: str) -> str:
-    """``"language_model"`` for text data sets, ``"classification"`` for image data sets (the registry's tasks)."""
-    return "language_model" if data_name in TEXT_DATASETS else "classification"
 
 
 def schema_keys(schema: type, prefix: str = "") -> tuple[set[str], set[str]]:
