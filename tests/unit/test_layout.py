@@ -115,3 +115,37 @@ def test_every_result_file_is_cited_or_in_the_manifest():
     uncited = [f.name for f in results.iterdir() if f.name != "README.md"
                and f.name not in pages and not any(p.match(f.name) for p in patterns)]
     assert not uncited, f"results/ files no page cites: {uncited}"
+
+
+def test_only_the_jobs_and_entry_points_read_a_hydra_config():
+    """Hydra and OmegaConf are imported only in ``zoo/jobs/`` and the ``__main__`` entry points: the layers below take
+    typed values (``zoo.training.settings``), so a config is read once, at the jobs' boundary."""
+    readers = []
+    for path in PACKAGE.rglob("*.py"):
+        name = module_name(path)
+        if package_of(name) in ("jobs", "cli") or path.name == "__main__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
+                       [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            readers += [f"{name} imports {m}" for m in modules if m.split(".")[0] in ("hydra", "omegaconf")]
+    assert not readers, readers
+
+
+def test_a_config_group_becomes_its_typed_value_once():
+    """``typed`` turns a composed group into the training library's dataclass (every field carried), and passes a
+    typed value through unchanged."""
+    from dataclasses import asdict
+
+    from omegaconf import OmegaConf
+
+    from zoo.jobs.train_config import TrainConfig, typed
+    from zoo.training.settings import DataConfig, TrainerConfig
+
+    cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), {"data": {"image_size": 24, "files": ["a.txt"]},
+                                                               "trainer": {"max_epochs": 3}})
+    data = typed(cfg.data, DataConfig)
+    assert isinstance(data, DataConfig) and asdict(data) == OmegaConf.to_container(cfg.data)
+    assert data.image_size == 24 and data.files == ["a.txt"] and typed(data, DataConfig) is data
+    trainer = typed(OmegaConf.create(OmegaConf.to_container(cfg.trainer)), TrainerConfig)  # an untyped node too
+    assert isinstance(trainer, TrainerConfig) and trainer.max_epochs == 3

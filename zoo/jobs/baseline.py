@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from ..errors import ZooError
 from ..pruning.importance import weights_digest
 from ..training.engine import Callback
 from ..training.resources import WaitedLock, share_cores
+from ..training.settings import OptimConfig, TrainerConfig
+from .train_config import typed
 
 _log = logging.getLogger(__name__)
 
@@ -81,8 +84,6 @@ class LendCores(Callback):
 def train_baseline(cfg: Any, data: Any, config: dict, directory: Path, lock: WaitedLock | None = None) -> Path:
     """Train (or resume the interrupted training of) the baseline in `directory`; mark it complete. Returns best.
     With `lock`, the jobs waiting on it lend their cores (:class:`LendCores`)."""
-    from omegaconf import OmegaConf
-
     from ..errors import RunConflictError
     from ..files import file_digest, write_sealed_json
     from ..training import fit, seed_everything
@@ -113,9 +114,9 @@ def train_baseline(cfg: Any, data: Any, config: dict, directory: Path, lock: Wai
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     model = build_model(cfg.model, data)
     hint = " Run the same command again: the baseline's training resumes where it stopped."
-    trainer_cfg = OmegaConf.merge(cfg.trainer, {"save_checkpoints": True})  # the cache is its checkpoints
+    trainer = replace(typed(cfg.trainer, TrainerConfig), save_checkpoints=True)  # the cache is its checkpoints
     try:
-        result = fit(model, data, cfg.optim, trainer_cfg, None, output_dir=directory, config=config,
+        result = fit(model, data, typed(cfg.optim, OptimConfig), trainer, None, output_dir=directory, config=config,
                      resume_from=resume, resume_hint=hint, callbacks=[LendCores(lock)] if lock else [])
     finally:
         share_cores(0)

@@ -4,6 +4,7 @@ from the baseline, resumable), then merged."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ from torch import nn
 
 from ..pruning import surgery
 from ..training.engine import Callback
+from ..training.settings import OptimConfig, TrainerConfig
+from .train_config import typed
 
 _log = logging.getLogger(__name__)
 
@@ -42,8 +45,6 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
     Seeded anew (``trainer.seed``), so the result does not depend on what ran before it in this process (a baseline
     trained now or read from the cache); an interrupted fine-tuning resumes from ``finetune/checkpoints``.
     """
-    from omegaconf import OmegaConf
-
     from ..training import distributed as dist_utils
     from ..training import evaluate, fit, seed_everything
 
@@ -52,13 +53,12 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
     model = surgery.apply_plan(baseline, {**plan, "merge": False}, inplace=False, blend=fading)
     memory: dict[str, float] = {}
     if cfg.finetune.epochs > 0:
-        optim_cfg = OmegaConf.merge(cfg.optim, {"lr": cfg.finetune.lr or cfg.optim.lr * 0.3,
-                                                "warmup_epochs": 0})
-        trainer_cfg = OmegaConf.merge(cfg.trainer, {"max_epochs": cfg.finetune.epochs, "resume": None})
+        optim = replace(typed(cfg.optim, OptimConfig), lr=cfg.finetune.lr or cfg.optim.lr * 0.3, warmup_epochs=0)
+        trainer = replace(typed(cfg.trainer, TrainerConfig), max_epochs=cfg.finetune.epochs, resume=None)
         callback = Linearise(model, cfg.finetune.linearise_fraction)
         resume = dist_utils.broadcast_object(resumable(output_dir / "finetune") if dist_utils.info().is_main
                                              else None)
-        done = fit(model, data, optim_cfg, trainer_cfg, logger, teacher=baseline,
+        done = fit(model, data, optim, trainer, logger, teacher=baseline,
                    distill_weight=cfg.finetune.distill_weight,
                    distill_temperature=cfg.finetune.distill_temperature, callbacks=[callback],
                    output_dir=output_dir / "finetune", config=config, resume_from=resume,
@@ -79,8 +79,6 @@ def qat_finetune(cfg: Any, baseline: nn.Module, pruned: nn.Module, data: Any, lo
 
     Returns the trained float network (plain layers again, for onnxruntime to quantise) and its validation metrics
     with the INT8 rounding simulated (what the training saw)."""
-    from omegaconf import OmegaConf
-
     from ..deploy.fuse import fuse
     from ..deploy.quantization import prepare_qat, strip_qat
     from ..training import distributed as dist_utils
@@ -93,11 +91,11 @@ def qat_finetune(cfg: Any, baseline: nn.Module, pruned: nn.Module, data: Any, lo
     scheme = int8_format(cfg.prune)[1] or "onnxruntime"  # (PT2E's activations are unsigned too)
     model = prepare_qat(fuse(pruned).to(device).train(), scheme)  # fuse works on a copy
     lr = cfg.finetune.qat_lr or (cfg.finetune.lr or cfg.optim.lr * 0.3) * 0.1
-    optim_cfg = OmegaConf.merge(cfg.optim, {"lr": lr, "warmup_epochs": 0})
-    trainer_cfg = OmegaConf.merge(cfg.trainer, {"max_epochs": cfg.finetune.qat_epochs, "resume": None,
-                                                "precision": "fp32", "compile": False})
+    optim = replace(typed(cfg.optim, OptimConfig), lr=lr, warmup_epochs=0)
+    trainer = replace(typed(cfg.trainer, TrainerConfig), max_epochs=cfg.finetune.qat_epochs, resume=None,
+                      precision="fp32", compile=False)
     resume = dist_utils.broadcast_object(resumable(output_dir / "qat") if dist_utils.info().is_main else None)
-    fit(model, data, optim_cfg, trainer_cfg, PrefixedLogger(logger, "qat"), teacher=baseline,
+    fit(model, data, optim, trainer, PrefixedLogger(logger, "qat"), teacher=baseline,
         distill_weight=cfg.finetune.distill_weight, distill_temperature=cfg.finetune.distill_temperature,
         output_dir=output_dir / "qat", config=config, resume_from=resume,
         resume_hint=" Run the same command again: quantisation-aware training resumes where it stopped.")

@@ -116,9 +116,11 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
     from ..training import build_loaders, create_logger, seed_everything
     from ..training import distributed as dist_utils
     from ..training.resources import set_threads
+    from ..training.settings import DataConfig
     from .cli import hydra_context, jobs_sharing_cores
     from .model_spec import data_model_cfg
     from .runs import SEED_KEYS, fingerprint, flatten, study_group
+    from .train_config import typed
 
     dist = dist_utils.info()
     timings: dict[str, float] = {}
@@ -127,8 +129,9 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     weights = cfg.checkpoint if cfg.checkpoint else None
     device = resolve_device(cfg.trainer.device, dist.local_rank, warn_fallback=False)
-    data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=data_model_cfg(cfg.model, weights), rank=dist.rank,
-                         world=dist.world, pin_memory=device.type == "cuda")
+    data = build_loaders(typed(cfg.data, DataConfig), seed=cfg.trainer.seed,
+                         model_cfg=data_model_cfg(cfg.model, weights), rank=dist.rank, world=dist.world,
+                         pin_memory=device.type == "cuda")
     with phase(timings, "baseline"):
         baseline, baseline_path = load_or_train_baseline(cfg, data, config)
         baseline.eval()
@@ -255,15 +258,17 @@ def write_cards(cfg: Any, results: dict[str, Any], output_dir: Path) -> Path:
 
 
 def job_logger_cfg(cfg: Any) -> Any:
-    """The logger config; in a multirun each W&B run is named after its job's overrides (same group)."""
-    from omegaconf import OmegaConf
+    """The logger's settings; in a multirun each W&B run is named after its job's overrides (same group)."""
+    from dataclasses import replace
 
+    from ..training.settings import LoggerConfig
     from .cli import hydra_context
+    from .train_config import typed
 
     context = hydra_context()
-    if cfg.logger.run_name or "job_num" not in context:
-        return cfg.logger
+    logger = typed(cfg.logger, LoggerConfig)
+    if logger.run_name or "job_num" not in context:
+        return logger
     from hydra.core.hydra_config import HydraConfig
 
-    name = HydraConfig.get().job.override_dirname or f"job{context['job_num']}"
-    return OmegaConf.merge(cfg.logger, {"run_name": name})
+    return replace(logger, run_name=HydraConfig.get().job.override_dirname or f"job{context['job_num']}")

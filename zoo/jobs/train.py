@@ -19,8 +19,9 @@ from ..training import state as ckpt
 from ..training.data import DataBundle, build_loaders
 from ..training.engine import FitResult, fit
 from ..training.resources import seed_everything, set_threads
+from ..training.settings import DataConfig, LoggerConfig, OptimConfig, TrainerConfig
 from .model_spec import build_model, data_model_cfg, to_container
-from .train_config import canonical_model_name, validate
+from .train_config import canonical_model_name, typed, validate
 
 _log = logging.getLogger(__name__)
 
@@ -134,13 +135,13 @@ def train(cfg: Any, config: dict[str, Any], output_dir: Path, resume_path: Path 
     threads = set_threads(cfg.trainer.get("threads"), *jobs_sharing_cores())
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     device = resolve_device(cfg.trainer.device, dist.local_rank, warn_fallback=False)
-    data = build_loaders(cfg.data, seed=cfg.trainer.seed, model_cfg=data_model_cfg(cfg.model),
+    data = build_loaders(typed(cfg.data, DataConfig), seed=cfg.trainer.seed, model_cfg=data_model_cfg(cfg.model),
                          rank=dist.rank, world=dist.world, pin_memory=device.type == "cuda")
     model = build_model(cfg.model, data)
-    logger = create_logger(cfg.logger, config=config, is_main=dist.is_main, group=group)
+    logger = create_logger(typed(cfg.logger, LoggerConfig), config=config, is_main=dist.is_main, group=group)
     try:
-        result = fit(model, data, cfg.optim, cfg.trainer, logger, output_dir=output_dir, config=config,
-                     resume_from=resume_path)
+        result = fit(model, data, typed(cfg.optim, OptimConfig), typed(cfg.trainer, TrainerConfig), logger,
+                     output_dir=output_dir, config=config, resume_from=resume_path)
         logger.summary({"results/" + k: v for k, v in result.metrics.items() if k.startswith("val/")})
     except BaseException:
         logger.finish(exit_code=1)

@@ -6,9 +6,11 @@ Library API::
 
     from zoo.training import build_loaders, fit, evaluate, Callback, create_logger
 
-    data = build_loaders(data_cfg, seed=0)                    # from the `data` config group alone
+    from zoo.training.settings import DataConfig, OptimConfig, TrainerConfig
+
+    data = build_loaders(DataConfig(name="digits"), seed=0)   # typed settings (the `data` group's schema)
     model = zoo.create_model("mobilenetv2_050", num_classes=data.num_classes)  # or any built nn.Module
-    result = fit(model, data, optim_cfg, trainer_cfg, logger=None,           # `optim`/`trainer` groups
+    result = fit(model, data, OptimConfig(), TrainerConfig(max_epochs=2), logger=None,  # `optim`/`trainer`
                  teacher=None, distill_weight=0.0, callbacks=[MyCallback()], output_dir="runs/x")
     result.metrics, result.last_checkpoint, result.best_checkpoint
     evaluate(model, data.val, task=data.task)                 # {"loss", "acc1", "acc5"} or {"loss", "ppl", ...}

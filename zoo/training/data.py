@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..errors import DataError
+from .settings import DataConfig
 from .tasks import IMAGE_DATASETS, TEXT_DATASETS, task_of
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -204,7 +205,7 @@ def _digits_split(cfg: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, t
         raise DataError(f"data.val_fraction={cfg.val_fraction} cannot split the {len(labels)} digits with every class "
                         f"on both sides ({exc}); use a fraction between 0.01 and 0.99.") from None
     train_idx = split_idx
-    if cfg.get("train_samples"):  # a harder task: a fixed stratified subset of the training split
+    if cfg.train_samples:  # a harder task: a fixed stratified subset of the training split
         train_idx = _stratified_subset(split_idx, digits.target, cfg.train_samples)
     unused_idx = sorted(set(split_idx) - set(train_idx))
     train, unused, val = (torch.tensor(i, dtype=torch.long) for i in (train_idx, unused_idx, val_idx))
@@ -412,7 +413,7 @@ def tokenize(blob: bytes, tokenizer: str) -> tuple[torch.Tensor, int, dict]:
 
 def _text(cfg: Any, seed: int) -> tuple[Dataset, Dataset, int, dict]:
     blob = stdlib_corpus() if cfg.name == "bytes" else read_text_files(list(cfg.files))
-    tokens, vocab, info = tokenize(blob, cfg.get("tokenizer") or "bytes")
+    tokens, vocab, info = tokenize(blob, cfg.tokenizer or "bytes")
     split = int(len(tokens) * (1.0 - cfg.val_fraction))
     train_tokens, val_tokens = tokens[:split], tokens[split:]
     count = cfg.train_samples or max((len(train_tokens) - 1) // cfg.seq_len, 1)
@@ -440,9 +441,10 @@ def build_datasets(cfg: Any, seed: int = 0, model_cfg: dict | None = None) -> tu
     raise DataError(f"Unknown data set {name!r}; available: {', '.join(IMAGE_DATASETS + TEXT_DATASETS)}.")
 
 
-def build_loaders(cfg: Any, seed: int = 0, model_cfg: dict | None = None, rank: int = 0, world: int = 1,
+def build_loaders(cfg: DataConfig, seed: int = 0, model_cfg: dict | None = None, rank: int = 0, world: int = 1,
                   pin_memory: bool = False) -> DataBundle:
-    """Training and validation loaders for the data config `cfg` (the ``data`` group).
+    """Training and validation loaders for the data set `cfg` describes (:class:`~zoo.training.settings.DataConfig`,
+    the ``data`` group's schema).
 
     The train loader drops the last incomplete batch and is ordered by an :class:`EpochSampler` (call
     ``bundle.sampler.set_epoch``); the validation loader visits every sample once over all ranks.

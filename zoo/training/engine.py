@@ -38,6 +38,7 @@ from . import state as ckpt
 from .data import DataBundle, batches_per_epoch
 from .evaluation import default_monitor, distill_loss, evaluate
 from .resources import autocast, process_peak_memory, reset_peak_memory
+from .settings import OptimConfig, TrainerConfig
 
 _log = logging.getLogger(__name__)
 
@@ -76,10 +77,10 @@ class FitResult:
 class Trainer:
     """One training run of an already-built model; see :func:`fit` for the arguments."""
 
-    def __init__(self, model: nn.Module, data: DataBundle, optim_cfg: Any, trainer_cfg: Any, logger: Any = None, *,
-                 teacher: nn.Module | None = None, distill_weight: float = 0.0, distill_temperature: float = 2.0,
-                 callbacks: Sequence[Callback] = (), output_dir: str | Path | None = None,
-                 config: dict | None = None, resume_hint: str | None = None):
+    def __init__(self, model: nn.Module, data: DataBundle, optim_cfg: OptimConfig, trainer_cfg: TrainerConfig,
+                 logger: Any = None, *, teacher: nn.Module | None = None, distill_weight: float = 0.0,
+                 distill_temperature: float = 2.0, callbacks: Sequence[Callback] = (),
+                 output_dir: str | Path | None = None, config: dict | None = None, resume_hint: str | None = None):
         from .logger import NullLogger
 
         self.cfg, self.optim_cfg, self.data = trainer_cfg, optim_cfg, data
@@ -458,7 +459,7 @@ class Trainer:
 
     def converged(self) -> bool:
         """``trainer.patience`` epochs have passed since the monitor last improved (a validated epoch each)."""
-        patience = self.cfg.get("patience")
+        patience = self.cfg.patience
         return bool(patience) and self.best_epoch is not None and self.epoch - self.best_epoch >= patience
 
     def fit(self, resume_from: str | Path | None = None) -> FitResult:
@@ -496,14 +497,15 @@ class Trainer:
                          self.monitor, self.best_value, self.best_epoch, memory, self.converged())
 
 
-def fit(model: nn.Module, data: DataBundle, optim_cfg: Any, trainer_cfg: Any, logger: Any = None, *,
+def fit(model: nn.Module, data: DataBundle, optim_cfg: OptimConfig, trainer_cfg: TrainerConfig, logger: Any = None, *,
         teacher: nn.Module | None = None, distill_weight: float = 0.0, distill_temperature: float = 2.0,
         callbacks: Sequence[Callback] = (), output_dir: str | Path | None = None, config: dict | None = None,
         resume_from: str | Path | None = None, resume_hint: str | None = None) -> FitResult:
     """Train an already-built zoo model on `data` (from :func:`zoo.training.build_loaders`).
 
-    `optim_cfg`/`trainer_cfg`: the ``optim`` and ``trainer`` config groups (any object with those
-    attributes). `logger`: a :class:`~zoo.training.logger.NullLogger`-like object (None: no logging).
+    `optim_cfg`/`trainer_cfg`: :class:`~zoo.training.settings.OptimConfig` and
+    :class:`~zoo.training.settings.TrainerConfig` (the ``optim`` and ``trainer`` groups' schemas). `logger`: a
+    :class:`~zoo.training.logger.NullLogger`-like object (None: no logging).
     `teacher`/`distill_weight`/`distill_temperature`: knowledge distillation (module docstring).
     `callbacks`: :class:`Callback` hooks. `output_dir`: checkpoints go to ``<output_dir>/checkpoints``
     (None: no checkpoints). `config`: stored in checkpoints. `resume_from`: a ``last.state.pt``. `resume_hint`: what

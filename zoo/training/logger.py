@@ -12,6 +12,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .settings import LoggerConfig
+
 _log = logging.getLogger(__name__)
 
 
@@ -113,7 +115,8 @@ def finish_run(run: Any, exit_code: int = 0) -> None:
         wandb.teardown()
 
 
-def create_logger(cfg: Any, config: dict | None = None, is_main: bool = True, group: str | None = None) -> NullLogger:
+def create_logger(cfg: LoggerConfig, config: dict | None = None, is_main: bool = True, group: str | None = None
+                  ) -> NullLogger:
     """A logger for the ``logger`` config group; non-main ranks and ``logger=none`` get a NullLogger.
 
     `group` (e.g. the Hydra sweep directory) is used when ``cfg.group`` is not set.
