@@ -25,6 +25,18 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def one_thread_after_each_test():
+    """A test that sets torch's thread count (a job run in process with ``trainer.threads``, a timing) leaves the
+    worker at one thread again: two workers each with two threads on two cores made later tests up to 17x slower (the
+    unit tier's patience test took 44 s instead of 2.6 s)."""
+    import torch
+
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 @pytest.hookimpl(tryfirst=True)  # the tier markers are in place before -m selects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(__file__).parent

@@ -219,13 +219,13 @@ def test_a_job_records_its_threads_and_why(tmp_path):
     from zoo.training.resources import set_threads
 
     base = tmp_path / "train"
+    before = torch.get_num_threads()
     out = run_in_process("train", "data.image_size=16", "trainer.max_epochs=1", "trainer.limit_train_batches=1",
                          "trainer.progress=false", "logger=none", "model=mobilenetv2_035", "trainer.threads=2",
                          f"paths.log_dir={base}", f"hydra.run.dir={base / 'run'}")
     assert out.code == 0, out.output[-2000:]
     threads = json.loads((base / "run" / "results.json").read_text())["threads"]
     assert threads["threads"] == 2 and threads["from"] == "trainer.threads" and threads["jobs_sharing_cores"] == 1
-    before = torch.get_num_threads()
     try:
         auto = set_threads(None, sharing=4, why="a test")
         assert auto["from"] == "OMP_NUM_THREADS" and auto["threads"] == int(os.environ["OMP_NUM_THREADS"])
