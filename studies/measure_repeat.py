@@ -14,7 +14,6 @@ standard deviation and range of the measured speed-up.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -24,14 +23,15 @@ import torch
 
 from benchmarks.common import machine, results_dir, write_result
 from zoo.errors import ZooError, run_command
+from zoo.files import read_sealed_json
 
 
 def read_run(run: Path) -> dict[str, Any]:
-    """The finished run's results (refused when the folder holds none)."""
+    """The finished run's sealed results (refused when the folder holds none; CorruptFileError when not intact)."""
     path = run / "results.json"
     if not path.is_file():
         raise ZooError(f"--run {run}: no results.json there; give the folder of a finished prune.py run.")
-    return json.loads(path.read_text())
+    return read_sealed_json(path)
 
 
 def run(run_dir: str, rounds: tuple[int, ...] = (20, 200), repeats: int = 8, out: str | None = None

@@ -55,20 +55,19 @@ def test_measure_repeat_times_a_runs_plan_at_each_round_count(tmp_path):
     """A finished run's plan timed beside its baseline, repeatedly at each round count, alternating: one row per count
     with every speed-up kept and its spread computed from them (smoke: no timing asserted); a folder without a
     finished run is refused."""
-    import json
-
     import zoo
     from studies.measure_repeat import main, run
     from zoo.errors import ZooError
+    from zoo.files import write_sealed_json
 
     model = zoo.create_model("mobilenetv2_050", num_classes=10)
     checkpoint = zoo.save_checkpoint(model, tmp_path / "baseline.safetensors")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     condition = {"batch_size": 2, "input_size": [3, 32, 32], "threads": 1, "dtype": "float32", "runtime": "eager"}
-    (run_dir / "results.json").write_text(json.dumps({
+    write_sealed_json(run_dir / "results.json", {  # as prune.py writes it
         "model": "mobilenetv2_050", "condition": condition, "baseline": {"source": str(checkpoint)},
-        "plan": {"remove": ["blocks.2.1", "blocks.3.1"]}}))
+        "plan": {"remove": ["blocks.2.1", "blocks.3.1"]}})
     result = run(str(run_dir), rounds=(3, 5), repeats=2, out=str(tmp_path))
     assert [row["rounds"] for row in result["rows"]] == [3, 5]
     for row in result["rows"]:
