@@ -38,7 +38,7 @@ SUITES = {
     "train_throughput": "training engine vs a hand-written loop, samples/s",
     "latency_table": "latency lookup tables: build time, entries, prediction error over random plans",
     "prune_speedup": "pruned vs unpruned measured speed-up and metric; DP vs greedy vs random",
-    "retnet_decode": "RetNet vs KV-cache Transformer decode latency and training cost vs length",
+    "retnet_decode": "RetNet vs KV-cache Transformer decode latency vs context, generate, parallel form vs torchscale",
     "train_memory": "training activation memory with/without gradient checkpointing and bf16, largest batch in a "
                     "budget, checkpointing's step-time cost, what pruning saves",
     "export_parity": "ONNX (onnxruntime) and torch.export programs of every family against PyTorch",

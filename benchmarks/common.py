@@ -16,10 +16,9 @@ import json
 import operator
 import os
 import platform
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -30,11 +29,12 @@ from zoo.errors import ZooError
 from zoo.files import atomic_write, write_json
 from zoo.latency import NetworkTimingSettings, resolve_device, resolve_dtype
 from zoo.latency.accuracy import time_interleaved
-from zoo.latency.device import device_name
+from zoo.latency.device import device_name, synchronize
 from zoo.models.registry import Family
+from zoo.pruning.search import Choice, dp_search
 
-ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+CONF = Path(__file__).resolve().parents[1] / "conf"
 STATUSES = ("passed", "failed", "error", "skipped", "incomplete")
 OPS: dict[str, Callable[[Any, Any], bool]] = {"<=": operator.le, ">=": operator.ge, "<": operator.lt,
                                              ">": operator.gt, "==": operator.eq, "!=": operator.ne}
@@ -218,6 +218,38 @@ def environment(device: torch.device, dtype: torch.dtype, batch: int, threads: i
             "python": platform.python_version()}
 
 
+def time_calls(fn: Callable[[], Any], count: int, device: torch.device) -> list[float]:
+    """Seconds of `count` separate calls of fn."""
+    times = []
+    for _ in range(count):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def warm_up(fns: list[Callable[[], Any]], seconds: float, device: torch.device) -> None:
+    """Call the functions in turn for at least `seconds` (a time-based warm-up, not a count)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for fn in fns:
+            fn()
+    synchronize(device)
+
+
+SESSION_TIMING = NetworkTimingSettings(min_rounds=20, max_rounds=60, max_time_s=240.0)
+"""Whole networks in a table suite's prediction session (the original, calibration and 12-20 held-out plans): 20-60
+rounds each, until its median converged. ``prune.py`` times its two networks 200-400 rounds (``NetworkTimingSettings``
+defaults); a session of 20 networks at that count would take most of an hour."""
+
+
+def exact_rounds(calib: NetworkTimingSettings, rounds: int) -> NetworkTimingSettings:
+    """`calib` timing every network exactly `rounds` rounds: no convergence stop and no practical time cap."""
+    return replace(calib, min_rounds=rounds, max_rounds=rounds, max_time_s=3600.0)
+
+
 def interleaved(callables: Mapping[str, Any], args: Sequence[Any], device: str | torch.device = "cpu",
                 dtype: str = "float32", threads: int = 1, warmup_s: float = 2.0, rounds: int = 15,
                 runs_per_round: int = 5, max_time_s: float = 60.0, cuda_graph: bool = False) -> dict[str, dict]:
@@ -275,13 +307,28 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) ->
     lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
     return "\n".join(lines)
 
-def python_job(script: str, overrides: list[str], run_dir: Path, workdir: Path) -> dict[str, Any]:
-    """``python <script> overrides`` in `run_dir` (offline, no logger); its results.json."""
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, str(ROOT / script), *overrides, "logger=none", "trainer.progress=false",
-               f"hydra.run.dir={run_dir}", f"paths.log_dir={workdir / 'outputs'}"]
-    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{script} {' '.join(overrides)} failed ({proc.returncode}): "
-                           f"{(proc.stdout + proc.stderr)[-3000:]}")
-    return json.loads((run_dir / "results.json").read_text())
+
+def compose(overrides: list[str], output_dir: Path) -> Any:
+    """A real Hydra composition of conf/prune.yaml, outside a Hydra run (output dir given explicitly)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from zoo.jobs.cli import register_resolvers
+    from zoo.jobs.prune_config import register_configs
+
+    register_configs(CONF)
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose(config_name="prune", overrides=[*overrides, f"paths.output_dir={output_dir}"])
+
+
+def speed_plan(table: Any, target: float) -> dict[str, Any] | None:
+    """The DP's plan for `target` x on `table` with damage = units removed (None when the target is out of reach)."""
+    options = [[Choice(variant, cost, float(len(variant))) for variant, cost in costs]
+               for costs in table.segment_costs()]
+    budget = table.predict({"remove": []}) / target - table.fixed_cost()
+    fastest = sum(min(c.latency for c in seg) for seg in options)
+    if fastest > budget:
+        return None
+    result = dp_search(options, budget, bins=2000)
+    return {"remove": result.removed(options), "merge": table.merge}

@@ -34,11 +34,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 import zoo
-from benchmarks.common import Budget, Check, families, smoke_model, within_budget
+from benchmarks.common import SESSION_TIMING, Budget, Check, exact_rounds, families, smoke_model, within_budget
 from zoo.errors import run_command
 from zoo.files import write_json
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, correct, prediction_error, random_plans
@@ -86,45 +85,11 @@ def one_build(name: str, device: str, batch_size: int, size: Any, settings: Tabl
 
 def plan_record(result: Any) -> dict[str, Any]:
     """One held-out plan's measurement and errors: the same plans (seed 2) in every build, so a plan that is off in
-    every build (a table error) can be told from one that is off in a single session (measurement noise)."""
+    every build (a table error) can be told from one that is off in a single session (measurement noise;
+    ``python -m studies.table_error_parts``)."""
     return {"label": result.label, "remove": list(result.plan["remove"]), "predicted_raw_ms": result.predicted_raw_ms,
             "measured_ms": result.measured_ms, "rel_uncertainty": result.rel_uncertainty,
             "error_raw": result.error(False), "error_anchored": result.anchored_error()}
-
-
-def per_plan(builds: list[dict[str, Any]], key: str = "error_anchored") -> list[dict[str, float]]:
-    """Per held-out plan, its signed error's median over the builds, its range and the share of builds with the same
-    sign as the median: a systematic table error is large with one sign in every build, noise is not."""
-    rows = []
-    for plans in zip(*(b["plans"] for b in builds)):
-        errors = [p[key] for p in plans]
-        mid = statistics.median(errors)
-        rows.append({"label": plans[0]["label"], "removed": len(plans[0]["remove"]), "median": mid,
-                     "min": min(errors), "max": max(errors),
-                     "same_sign": sum((e > 0) == (mid > 0) for e in errors) / len(errors)})
-    return rows
-
-
-def error_components(builds: list[dict[str, Any]], key: str = "error_anchored") -> dict[str, float] | None:
-    """The signed errors of the held-out plans (builds x plans) split three ways, each as a standard deviation:
-    ``common``, the shift every plan of a build shares (the original's prediction against its measurement, for
-    anchored errors), with its mean over the builds; ``plan``, the part of a plan's error that repeats in every build
-    (the table's error for that plan); ``rest``, what is left (each build's own table noise and measurement noise).
-    None with fewer than 2 builds or plans."""
-    errors = np.array([[p[key] for p in b["plans"]] for b in builds], dtype=np.float64)
-    if errors.ndim != 2 or min(errors.shape) < 2:
-        return None
-    common = errors.mean(axis=1, keepdims=True)
-    plan = (errors - common).mean(axis=0, keepdims=True)
-    rest = errors - common - plan
-    dof = (errors.shape[0] - 1) * (errors.shape[1] - 1)  # what the two means leave free
-    return {"common_mean": float(common.mean()), "common_sd": float(common.std(ddof=1)),
-            "plan_sd": float(plan.std(ddof=1)), "rest_sd": float(np.sqrt((rest ** 2).sum() / dof))}
-
-
-def exact_rounds(calib: NetworkTimingSettings, rounds: int) -> NetworkTimingSettings:
-    """`calib` timing every network exactly `rounds` rounds: no convergence stop and no practical time cap."""
-    return replace(calib, min_rounds=rounds, max_rounds=rounds, max_time_s=3600.0)
 
 
 def in_fresh_process(fn: Any, *args: Any) -> Any:
@@ -137,9 +102,8 @@ def in_fresh_process(fn: Any, *args: Any) -> Any:
 def bench_model(name: str, device: str, batch_size: int, input_size: int | None, settings: TableSettings,
                 n_plans: int, n_calib: int, repeats: int, quick: bool, session_rounds: int = 0) -> dict[str, Any]:
     """`repeats` cold builds of one model's table and the distribution of their errors. `session_rounds`: every
-    measured network exactly this many rounds (0: 20-60, each until its median converged, as prune.py measures)."""
-    calib = NetworkTimingSettings(warmup_s=0.2, min_rounds=3, max_rounds=5) if quick else NetworkTimingSettings(
-        max_rounds=60, max_time_s=240.0)
+    measured network exactly this many rounds (0: 20-60, each until its median converged: ``SESSION_TIMING``)."""
+    calib = NetworkTimingSettings(warmup_s=0.2, min_rounds=3, max_rounds=5) if quick else SESSION_TIMING
     if session_rounds:
         calib = exact_rounds(calib, session_rounds)
     # whole networks are timed as the table's were
@@ -172,8 +136,7 @@ def bench_model(name: str, device: str, batch_size: int, input_size: int | None,
             "builds_passed": passed, "passed": passed >= PASS_SHARE * repeats,
             "builds_passed_anchored": anchored, "passed_anchored": anchored >= PASS_SHARE * repeats,
             "cold_build_s": dist("cold_build_s"), "cached_build_s": dist("cached_build_s"),
-            "original_ms": dist("original_ms"), "plans_anchored": per_plan(builds),
-            "components_anchored": error_components(builds), "builds": builds}
+            "original_ms": dist("original_ms"), "builds": builds}
 
 
 def run(quick: bool = False, device: str = "cpu", models: list[str] | None = None, batch_size: int = 1,
@@ -354,17 +317,6 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {', '.join(f'{k} {n}' for k, n in kinds.items())}; no worse than raw in {r['corrected_no_worse']}"
             f"/{r['repeats']} | {verdict(r['builds_passed'], r['passed'])} "
             f"| {verdict(r['builds_passed_anchored'], r['passed_anchored'])} |")
-    for r in result["rows"]:
-        worst = sorted(r["plans_anchored"], key=lambda p: -abs(p["median"]))[:3]
-        lines.append(f"\n{r['model']}, batch {r['batch_size']}: plans with the largest median anchored error over the "
-                     "builds: " + "; ".join(f"{p['label']} ({p['removed']} removed) {p['median']:+.1%}, range "
-                                             f"{p['min']:+.1%} to {p['max']:+.1%}, same sign in {p['same_sign']:.0%}"
-                                             for p in worst) + ".")
-        if parts := r.get("components_anchored"):
-            lines.append(f"Its anchored errors split into a shift every plan of a build shares "
-                         f"({parts['common_mean']:+.1%} on average, {parts['common_sd']:.1%} sd over the builds), "
-                         f"a part each plan repeats in every build ({parts['plan_sd']:.1%} sd over the plans) "
-                         f"and the rest ({parts['rest_sd']:.1%} sd).")
     n_plans = result["rows"][0]["n_plans"] if result["rows"] else 0
     lines.append(f"\nEach build: a cold table (fresh cache), a correction fitted on 5 calibration plans, errors over "
                  f"{n_plans} other random plans, all measured end to end in one interleaved session. Raw: the "

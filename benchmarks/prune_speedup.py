@@ -14,10 +14,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Check, families, family_of, markdown_table, smoke_model, write_result
+from benchmarks.common import Check, compose, families, family_of, markdown_table, smoke_model, write_result
 from zoo.errors import run_command
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 SPEEDUP_SHARE = 0.9
 TASK_DATA = {"classification": ["data=digits"], "language_model": ["data=bytes"]}  # the embedded data per task
 HEAVY = ["data.batch_size=32", "trainer.max_epochs=3", "prune.batch_size=8", "finetune.epochs=1"]
@@ -43,20 +42,6 @@ def default_models() -> list[str]:
 QUICK = ["data.image_size=16", "trainer.max_epochs=1", "trainer.limit_train_batches=3", "finetune.epochs=1",
          "prune.batch_size=2", "prune.calib_batches=1", "++prune.table={warmup_s: 0.2, min_rounds: 3, max_rounds: 5}",
          "++prune.measure={warmup_s: 0.2, min_rounds: 3, max_rounds: 5}"]
-
-
-def compose(overrides: list[str], output_dir: Path) -> Any:
-    """A real Hydra composition of conf/prune.yaml, outside a Hydra run (output dir given explicitly)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from zoo.jobs.cli import register_resolvers
-    from zoo.jobs.prune_config import register_configs
-
-    register_configs(CONF)
-    register_resolvers()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return hydra_compose(config_name="prune", overrides=[*overrides, f"paths.output_dir={output_dir}"])
 
 
 def prune_once(model: str, target: float, method: str, extra: list[str], root: Path) -> dict[str, Any]:

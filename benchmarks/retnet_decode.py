@@ -25,7 +25,6 @@ import argparse
 import copy
 import functools
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,22 +34,20 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import zoo
-from benchmarks.common import Budget, Check, judge, verdicts, within_budget
+from benchmarks.common import Budget, Check, judge, time_calls, verdicts, warm_up, within_budget
 from benchmarks.transformer import KVCacheTransformer, count_params, parameter_matched_transformer
 from zoo.errors import run_command
 from zoo.files import write_json
-from zoo.latency.device import synchronize
 from zoo.models.retnet import RecurrentDecoder, RetNet
 
 RESULTS = Path(__file__).resolve().parent / "results" / "retnet_decode.json"
 
 FULL = dict(model="retnet_small", overrides={}, contexts=(128, 256, 512, 1024, 2048, 4096, 8192),
-            train_lengths=(256, 512, 1024, 2048, 4096), warmup_s=1.0, rounds=400, train_repeats=3,
+            warmup_s=1.0, rounds=400,
             generate=dict(batches=(1, 16), prompts=(128, 2048), new_tokens=64, repeats=3),
             parallel_lengths=(512, 2048),
             parallel_repeats=11)
-QUICK = dict(model="retnet_tiny", overrides={"vocab_size": 64}, contexts=(16, 64), train_lengths=(32, 64),
-             warmup_s=0.05, rounds=5, train_repeats=1,
+QUICK = dict(model="retnet_tiny", overrides={"vocab_size": 64}, contexts=(16, 64), warmup_s=0.05, rounds=5,
              generate=dict(batches=(1, 2), prompts=(8,), new_tokens=4, repeats=1), parallel_lengths=(32,),
              parallel_repeats=1)
 TARGETS = {"decode_ratio": {512: 1.0, 2048: 0.6}, "parallel_ratio": 1.0, "step_logits_max_abs_diff": 1e-6,
@@ -60,40 +57,7 @@ TARGETS = {"decode_ratio": {512: 1.0, 2048: 0.6}, "parallel_ratio": 1.0, "step_l
            "flatness": 1.2}  # the GPU check, every batch: RetNet ms per token at the longest context / the shortest
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-# -- timing helpers ------------------------------------------------------------------------------------------
-
-
-def time_calls(fn: Callable[[], Any], count: int, device: torch.device) -> list[float]:
-    """Seconds of `count` separate calls of fn."""
-    times = []
-    for _ in range(count):
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def warm_up(fns: list[Callable[[], Any]], seconds: float, device: torch.device) -> None:
-    """Call the functions in turn for at least `seconds` (a time-based warm-up, not a count)."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for fn in fns:
-            fn()
-    synchronize(device)
+# -- measuring helpers ---------------------------------------------------------------------------------------
 
 
 def cache_bytes(cache: list[Any]) -> int:
@@ -264,12 +228,6 @@ def bench_parallel(model: RetNet, cfg: dict, device: torch.device) -> list[dict[
         ratio = statistics.median(a / b for a, b in zip(times["zoo"], times["torchscale"]))  # paired per round
         rows.append({"length": length, "zoo_ms": zoo_ms, "torchscale_ms": ts_ms, "ratio": ratio})
     return rows
-
-
-
-
-
-
 
 
 # -- entry points --------------------------------------------------------------------------------------------

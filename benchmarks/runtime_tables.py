@@ -21,7 +21,7 @@ plans; a runtime the machine lacks is recorded as skipped with its reason (its t
 
     python -m benchmarks.runtime_tables [--quick] [--device cpu] [--models a,b] [--runtimes eager,compile,onnxruntime]
         [--plans 20] [--compile-plans N] [--input-size 224] [--batch-size 1] [--out DIR]
-    python -m benchmarks.runtime_tables --summarise RESULT.json   # verdicts recomputed from stored errors
+    python -m benchmarks judge RESULT.json --suite runtime_tables   # verdicts recomputed from stored errors
 """
 
 from __future__ import annotations
@@ -36,7 +36,18 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import Budget, Check, environment, families, judge, smoke_model, verdicts, write_result
+from benchmarks.common import (
+    SESSION_TIMING,
+    Budget,
+    Check,
+    environment,
+    families,
+    judge,
+    smoke_model,
+    speed_plan,
+    verdicts,
+    write_result,
+)
 from zoo.errors import run_command
 from zoo.latency import (
     NetworkTimingSettings,
@@ -47,7 +58,6 @@ from zoo.latency import (
     resolve_device,
 )
 from zoo.latency.runtime import RuntimeFailure, check_runtime, tensorrt_backend
-from zoo.pruning.search import Choice, dp_search
 
 TARGETS = (1.5, 2.0)
 GPU_RUNTIMES = ("onnxruntime", "tensorrt")  # the GPU check's deploy runtimes (its dry run: onnxruntime's CPU EP)
@@ -64,18 +74,6 @@ def runtimes_here(device: torch.device) -> list[str]:
         except RuntimeFailure:
             continue
     return found
-
-
-def speed_plan(table: Any, target: float) -> dict[str, Any] | None:
-    """The DP's plan for `target` x on `table` with damage = units removed (None when the target is out of reach)."""
-    options = [[Choice(variant, cost, float(len(variant))) for variant, cost in costs]
-               for costs in table.segment_costs()]
-    budget = table.predict({"remove": []}) / target - table.fixed_cost()
-    fastest = sum(min(c.latency for c in seg) for seg in options)
-    if fastest > budget:
-        return None
-    result = dp_search(options, budget, bins=2000)
-    return {"remove": result.removed(options), "merge": table.merge}
 
 
 def limits(noise_floor: float) -> tuple[float, float]:
@@ -132,13 +130,6 @@ def table_verdicts(result: dict[str, Any]) -> dict[tuple[str, str], dict[str, bo
                     for kind in ("raw", "anchored")}
             out[(r["model"], runtime)] = {kind: None if None in v else all(v) for kind, v in both.items()}
     return out
-
-
-def summarise_again(path: str | Path) -> dict[str, Any]:
-    """A stored result with its verdicts recomputed from its stored errors and noise floors (no measuring)."""
-    import json
-
-    return judge("runtime_tables", json.loads(Path(path).read_text()))
 
 
 def bench_model(name: str, device: str, runtimes: list[str], n_plans: dict[str, int], input_size: int,
@@ -206,7 +197,7 @@ def run(quick: bool = False, device: str = "cpu", models: list[str] | None = Non
         calib = NetworkTimingSettings(warmup_s=0.2, net_warmup_s=0.0, min_rounds=3, max_rounds=5)
     else:
         settings = TableSettings()
-        calib = NetworkTimingSettings(max_rounds=60, max_time_s=240.0)
+        calib = SESSION_TIMING
     models = models or [f.reference for f in families(task="classification")]
     n_plans = {r: compile_plans if r == "compile" and compile_plans is not None else plans for r in runtimes}
     start = time.perf_counter()
@@ -294,12 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--input-size", type=int, default=224)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--out", default=None)
-    parser.add_argument("--summarise", default=None, metavar="JSON",
-                        help="recompute the verdicts of a stored result and print its tables (no measuring)")
     args = parser.parse_args(argv)
-    if args.summarise:
-        print(markdown(summarise_again(args.summarise)))
-        return
     result = run(args.quick, args.device, args.models.split(",") if args.models else None,
                  args.runtimes.split(",") if args.runtimes else None, args.plans, args.compile_plans,
                  args.input_size, args.batch_size, args.out)

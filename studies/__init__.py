@@ -7,10 +7,12 @@ rules as a suite's (``python -m benchmarks judge FILE``).
 - ``int8_decode``: what 8-bit weights gain in RetNet decode speed and cost in decode perplexity, over trained seeds.
 - ``prune_cost``: what the whole default ``prune.py`` costs, cold, against the previous default, in turns.
 - ``latency_diagnosis``: where a latency table's error comes from (drift, neighbours, hooks, sessions, parts).
+- ``table_error_parts``: which part of a table's error repeats from build to build (a ``latency_table`` run's plans).
 - ``runtime_diagnosis``: one network timed whole and segment by segment in a deploy runtime.
 - ``timm_prune``: which timm architectures prune to a measured target by ``model=timm``, over seeds, and what
   discovery costs against a declared family.
 - ``removal_additivity``: whether the latency savings of removed units add up, as a table assumes (ConvNeXt-atto).
 - ``shared_machine``: what two prune jobs cost when a joblib study runs them at once on one machine.
-- ``stats``: the paired tests and corrections the studies share.
+- ``stats``: the paired tests and corrections the studies share; ``jobs``: ``prune.py`` and ``train.py`` run as a
+  user runs them.
 """

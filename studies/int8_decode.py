@@ -36,9 +36,10 @@ from typing import Any
 import torch
 
 import zoo
-from benchmarks.common import Check, environment, judge, python_job, results_dir, write_result
+from benchmarks.common import Check, environment, judge, results_dir, write_result
+from studies.jobs import python_job
 from zoo.errors import run_command
-from zoo.files import json_digest
+from zoo.files import json_digest, read_sealed_json
 from zoo.latency.device import timing_context
 from zoo.models.retnet import RecurrentDecoder
 
@@ -110,7 +111,7 @@ def quality_seed(seed: int, cfg: dict[str, Any], workdir: Path) -> dict[str, Any
 
     run_dir = workdir / f"{cfg['quality_model']}-seed{seed}"
     done = run_dir / "results.json"
-    results = json.loads(done.read_text()) if done.is_file() else python_job(
+    results = read_sealed_json(done) if done.is_file() else python_job(
         "train.py", [*cfg["train"], f"trainer.seed={seed}"], run_dir, workdir)
     model = zoo.load(results["checkpoint"]).eval().float()
     config = OmegaConf.load(run_dir / ".hydra" / "config.yaml")  # the data the model was trained and validated on

@@ -57,12 +57,12 @@ from benchmarks.common import (
     environment,
     families,
     judge,
-    python_job,
     results_dir,
     smoke_model,
+    speed_plan,
     write_result,
 )
-from benchmarks.runtime_tables import speed_plan
+from studies.jobs import python_job
 from studies.stats import compare, verdicts
 from zoo.errors import run_command
 from zoo.files import json_digest
@@ -73,7 +73,6 @@ from zoo.latency.device import timing_context
 from zoo.latency.runtime import in_runtime
 from zoo.pruning.importance import weights_digest
 
-ROOT = Path(__file__).resolve().parents[1]
 PROTOCOL = 1
 TARGET = 2.0
 SPEED_SIZE = 224

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.latency_table import exact_rounds
+from benchmarks.common import SESSION_TIMING, exact_rounds
 from zoo.errors import run_command
 from zoo.files import write_json
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, prediction_error, random_plans
@@ -247,7 +247,7 @@ def session_check(model: str, sessions: int, plans: int, seed: int, batch_size: 
     chosen = random_plans(table.segments, plans, seed=seed)
     rows = []
     for session in range(sessions):
-        evaluation = prediction_error(table, chosen, calib or NetworkTimingSettings(max_rounds=60, max_time_s=240.0))
+        evaluation = prediction_error(table, chosen, calib or SESSION_TIMING)
         rows += [{"session": session, "network": r.label, "removed": r.plan.get("remove", []),
                   "measured_ms": r.measured_ms, "anchored_error": r.anchored_error()} for r in evaluation.results]
     return rows
@@ -547,8 +547,7 @@ def main() -> None:
                   f"{' '.join(f'{v:.2f}' for v in r['plans_ms'])} |")
         return
     if args.sessions > 0:
-        calib = NetworkTimingSettings(max_rounds=60, max_time_s=240.0, warm_calls=args.warm_calls,
-                                      round_order=args.round_order)
+        calib = replace(SESSION_TIMING, warm_calls=args.warm_calls, round_order=args.round_order)
         if args.session_rounds:
             calib = exact_rounds(calib, args.session_rounds)
         rows = session_check(args.model, args.sessions, args.plans, args.seed, args.batch_size, args.input_size,
@@ -582,7 +581,7 @@ def main() -> None:
                    if any(r["cpu"] == cpu for r in rows)}
             print("median p10 per CPU: " + ", ".join(f"CPU {cpu} {ms:.3f} ms" for cpu, ms in p10.items()))
         return
-    calib = NetworkTimingSettings(max_rounds=60, max_time_s=180.0, warm_calls=args.warm_calls)
+    calib = replace(SESSION_TIMING, max_time_s=180.0, warm_calls=args.warm_calls)
     if args.session_rounds:
         calib = exact_rounds(calib, args.session_rounds)
     if args.quick:

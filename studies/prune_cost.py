@@ -13,20 +13,19 @@ today's default at most ``LIMIT`` times the previous one.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import Check, judge, markdown_table, write_result
+from studies.jobs import job_command
 from zoo.errors import run_command
+from zoo.files import read_sealed_json
 
-ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 1.5
 PREVIOUS = ["prune.search=dp", "prune.importance=loss", "prune.target_corrections=0"]
 QUICK = ["data.image_size=16", "trainer.max_epochs=1", "trainer.limit_train_batches=3", "finetune.epochs=1",
@@ -37,14 +36,15 @@ QUICK = ["data.image_size=16", "trainer.max_epochs=1", "trainer.limit_train_batc
 def prune_run(overrides: list[str], directory: Path) -> dict[str, Any]:
     """One cold ``python prune.py`` in `directory`: wall seconds, phases, search and measured speed-up."""
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(directory)}
-    command = [sys.executable, str(ROOT / "prune.py"), *overrides, f"hydra.run.dir={directory / 'run'}",
-               f"paths.log_dir={directory / 'outputs'}", f"prune.cache_dir={directory / 'cache'}"]
+    places = [f"hydra.run.dir={directory / 'run'}", f"paths.log_dir={directory / 'outputs'}",
+              f"prune.cache_dir={directory / 'cache'}"]
+    command = job_command("prune.py", [*overrides, *places])
     start = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True, cwd=directory, env=env)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"prune.py {' '.join(overrides)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    results = json.loads((directory / "run" / "results.json").read_text())
+    results = read_sealed_json(directory / "run" / "results.json")
     metric = next(k for k in ("val/acc1", "val/ppl") if k in results["pruned"]["metrics"])
     return {"seconds": round(seconds, 1), "phases": results["timings_s"], "search": results["search"],
             "measured_speedup": results["measured_speedup"], "metric": metric,

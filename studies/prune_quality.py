@@ -58,9 +58,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import BenchmarkInputError, judge, read_json, results_dir, smoke_model, write_result
+from benchmarks.common import BenchmarkInputError, compose, judge, read_json, results_dir, smoke_model, write_result
 from benchmarks.common import families as declared_families
-from benchmarks.prune_speedup import compose
 from studies.prune_quality_report import (
     STAGES,
     TARGETS,

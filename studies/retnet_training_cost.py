@@ -17,10 +17,13 @@ import torch
 import torch.nn.functional as F
 
 import zoo
-from benchmarks.retnet_decode import FULL, QUICK, time_calls, warm_up
+from benchmarks.common import time_calls, warm_up
 from zoo.errors import run_command
 from zoo.files import write_json
 from zoo.models.retnet import RetNet
+
+FULL = dict(model="retnet_small", overrides={}, lengths=(256, 512, 1024, 2048, 4096), warmup_s=1.0, repeats=3)
+QUICK = dict(model="retnet_tiny", overrides={"vocab_size": 64}, lengths=(32, 64), warmup_s=0.05, repeats=1)
 
 
 def _saved_tensor_bytes(step: Callable[[], None]) -> int:
@@ -41,7 +44,7 @@ def bench_train(model: RetNet, cfg: dict, device: torch.device, batch: int) -> l
     rows = []
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model.train()
-    for length in cfg["train_lengths"]:
+    for length in cfg["lengths"]:
         ids = torch.randint(0, model.vocab_size, (batch, length + 1), device=device)
         for mode in ("parallel", "chunkwise"):
             def step(mode=mode, ids=ids):
@@ -58,7 +61,7 @@ def bench_train(model: RetNet, cfg: dict, device: torch.device, batch: int) -> l
                 peak, method = torch.cuda.max_memory_allocated(device), "cuda max_memory_allocated"
             else:
                 peak, method = _saved_tensor_bytes(step), "bytes saved for backward"
-            seconds = statistics.median(time_calls(step, cfg["train_repeats"], device))
+            seconds = statistics.median(time_calls(step, cfg["repeats"], device))
             rows.append({"mode": mode, "length": length, "chunk_size": model.chunk_size, "step_ms": 1e3 * seconds,
                          "peak_bytes": peak, "memory": method})
     model.eval()

@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, Check, judge, write_result
+from benchmarks.common import Check, judge, write_result
+from studies.jobs import job_command
 from zoo.errors import run_command
 
 TARGET_RATIO = 1.1
@@ -50,7 +50,7 @@ def prune_command(overrides: list[str], folder: Path, multirun: bool, name: str 
     """``python prune.py`` with its outputs under `folder` (W&B off: the suite times the jobs, not a logger)."""
     place = [f"paths.log_dir={folder / 'outputs'}", "logger=none", "trainer.progress=false"]
     where = [f"hydra.sweep.dir={folder / 'sweep'}"] if multirun else [f"hydra.run.dir={folder / name}"]
-    return [sys.executable, str(ROOT / "prune.py"), *(["-m"] if multirun else []), *overrides, *place, *where]
+    return job_command("prune.py", [*(["-m"] if multirun else []), *overrides, *place, *where])
 
 
 def timed(commands: list[list[str]], folder: Path) -> float:

@@ -21,11 +21,9 @@ Targets: at least 12 architectures from at least 8 timm families prune to the me
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from functools import cache
@@ -34,9 +32,10 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import ROOT, Check, judge, markdown_table, read_json, results_dir, write_result
+from benchmarks.common import Check, judge, markdown_table, read_json, results_dir, write_result
+from studies.jobs import ROOT, job_command
 from zoo.errors import run_command
-from zoo.files import json_digest
+from zoo.files import json_digest, read_sealed_json
 
 TARGET, MIN_ARCHS, MIN_FAMILIES, COST_LIMIT = 1.5, 12, 8, 1.5
 ARCHS = {  # timm name: the options that fit it to 32 px digits (a ViT is built for its input size). One of each family
@@ -60,12 +59,11 @@ COST_PAIR = {"declared": ["model=mobilenetv2_050"], "discovered": ["model=timm",
 def prune_run(overrides: list[str], folder: Path, log_dir: Path) -> tuple[int, dict[str, Any] | None, str, float]:
     """``python prune.py`` in `folder` (baselines and caches under `log_dir`): exit status, results, output, seconds."""
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, str(ROOT / "prune.py"), *overrides, f"paths.log_dir={log_dir}",
-               f"hydra.run.dir={folder}"]
+    command = job_command("prune.py", [*overrides, f"paths.log_dir={log_dir}", f"hydra.run.dir={folder}"])
     start = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
     seconds = time.perf_counter() - start
-    results = json.loads((folder / "results.json").read_text()) if (folder / "results.json").is_file() else None
+    results = read_sealed_json(folder / "results.json") if (folder / "results.json").is_file() else None
     return proc.returncode, results, proc.stdout + proc.stderr, seconds
 
 

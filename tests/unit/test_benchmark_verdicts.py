@@ -96,7 +96,8 @@ def test_a_runs_docs_section_is_its_verdicts():
 
 
 def test_runtime_tables_verdicts_are_raw_and_anchored_errors_against_their_limits(tmp_path):
-    from benchmarks.runtime_tables import summarise_again, table_verdicts
+    from benchmarks.report import judge_file
+    from benchmarks.runtime_tables import table_verdicts
 
     def table(mean, worst, mean_anchored, worst_anchored, noise=0.0):
         return {"noise_floor": noise, "mean_error": mean, "max_error": worst, "mean_error_anchored": mean_anchored,
@@ -115,7 +116,8 @@ def test_runtime_tables_verdicts_are_raw_and_anchored_errors_against_their_limit
 
     def judged(result):
         path.write_text(json.dumps(result))
-        again = summarise_again(path)
+        report, _ = judge_file(path, "runtime_tables")  # python -m benchmarks judge r.json --suite runtime_tables
+        again = report["suites"]["runtime_tables"]["result"]
         return table_verdicts(again), again["status"]
 
     tables, status = judged(result)

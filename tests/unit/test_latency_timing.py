@@ -223,7 +223,7 @@ def test_warm_calls_keep_the_previous_network_in_the_round_out_of_the_timing() -
 def test_error_components_split_a_shift_per_build_a_bias_per_plan_and_the_rest() -> None:
     """Synthetic errors with known parts: build b shifts every plan by common[b], plan p is off by bias[p] in every
     build, and a small rest. The split recovers each part's spread (and the shift's mean); None for one build."""
-    from benchmarks.latency_table import error_components
+    from studies.table_error_parts import error_components
 
     rng = np.random.default_rng(0)
     common, bias = rng.normal(-0.02, 0.015, 40), rng.normal(0.0, 0.01, 30)
@@ -236,6 +236,29 @@ def test_error_components_split_a_shift_per_build_a_bias_per_plan_and_the_rest()
     assert parts["plan_sd"] == pytest.approx(bias.std(ddof=1), rel=0.05)
     assert parts["rest_sd"] == pytest.approx(0.002, rel=0.1)
     assert error_components(builds[:1]) is None
+
+
+def test_table_error_parts_reads_a_latency_table_run_and_refuses_anything_else(tmp_path, capsys) -> None:
+    """The study reads a latency_table result's builds: the plan off with one sign in every build comes first; a file
+    of another shape is one line and exit status 2."""
+    import json
+
+    from studies.table_error_parts import main
+    from zoo.errors import run_command
+
+    errors = {"a": (-0.05, -0.04), "b": (0.01, -0.01), "c": (0.0, 0.02)}
+    builds = [{"plans": [{"label": name, "remove": ["x"], "error_anchored": e[b]} for name, e in errors.items()]}
+              for b in range(2)]
+    good, bad = tmp_path / "run.json", tmp_path / "other.json"
+    good.write_text(json.dumps({"rows": [{"model": "m", "batch_size": 1, "builds": builds}]}))
+    bad.write_text(json.dumps({"suite": "latency_table", "form": "conditions", "conditions": {}}))
+    assert run_command(lambda: main([str(good), "--out", str(tmp_path / "parts.json")])) == 0
+    printed = capsys.readouterr().out
+    worst = printed.split("plans with")[1].split(";")[0]
+    assert "a (1 removed) -4.5%, range -5.0% to -4.0%, same sign in 100%" in worst
+    assert json.loads((tmp_path / "parts.json").read_text())["results"][str(good)][0]["components"]["plan_sd"] > 0
+    assert run_command(lambda: main([str(bad)])) == 2
+    assert "not a latency_table result" in capsys.readouterr().err
 
 
 def test_shuffled_rounds_spread_the_previous_networks_effect_over_every_network() -> None:

@@ -149,3 +149,17 @@ def test_a_config_group_becomes_its_typed_value_once():
     assert data.image_size == 24 and data.files == ["a.txt"] and typed(data, DataConfig) is data
     trainer = typed(OmegaConf.create(OmegaConf.to_container(cfg.trainer)), TrainerConfig)  # an untyped node too
     assert isinstance(trainer, TrainerConfig) and trainer.max_epochs == 3
+
+
+def test_a_study_loads_no_benchmark_suite():
+    """The lab apart from the product: a study (``studies/``) may use the suites' shared pieces
+    (``benchmarks.common``), never a suite itself, so each study imports without loading any suite."""
+    shared = {"benchmarks", "benchmarks.common"}
+    loads = []
+    for path in sorted((ROOT / "studies").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
+                       [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            loads += [f"studies/{path.name} imports {m}" for m in modules
+                      if m.split(".")[0] == "benchmarks" and m not in shared]
+    assert not loads, loads
