@@ -254,7 +254,7 @@ def gpu_settings(quick: bool) -> tuple[TableSettings, NetworkTimingSettings, int
     if quick:
         return (TableSettings(warmup_s=0.2, entry_warmup_s=0.01, min_rounds=3, max_rounds=5),
                 NetworkTimingSettings(warmup_s=0.2, net_warmup_s=0.02, min_rounds=3, max_rounds=5), 64)
-    return TableSettings(max_time_s=60.0), NetworkTimingSettings(max_time_s=30.0), GPU_SIZE
+    return TableSettings(max_time_s=60.0), replace(SESSION_TIMING, max_rounds=100, max_time_s=30.0), GPU_SIZE
 
 
 def table_for(cond: Condition, device: str, quick: bool) -> Any:

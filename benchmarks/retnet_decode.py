@@ -313,7 +313,7 @@ def checks(result: dict[str, Any], device: str | None = None) -> list[Check]:
 
 
 def run_batches(quick: bool, device: str, out: str | None, budget: Budget | None) -> dict[str, Any]:
-    """The GPU check's form: decode (and at the first batch, training) at batch 1 and 16 on the PyTorch path."""
+    """The GPU check's form: decode at batch 1 and 16 on the PyTorch path."""
     device = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
     batches = (1,) if quick or device != "cuda" else (1, 16)
 

@@ -65,7 +65,7 @@ from benchmarks.common import (
 from studies.jobs import python_job
 from studies.stats import compare, verdicts
 from zoo.errors import run_command
-from zoo.files import json_digest
+from zoo.files import json_digest, read_sealed_json
 from zoo.jobs.prune_config import INT8_PAIRS
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, prediction_error, random_plans
 from zoo.latency.accuracy import pruned_network, time_interleaved
@@ -245,7 +245,7 @@ def train_baseline(model: str, quick: bool, workdir: Path) -> Path:
     run_dir = workdir / f"{model}-baseline"
     done = run_dir / "results.json"
     if done.is_file():
-        return Path(json.loads(done.read_text())["checkpoint"])
+        return Path(read_sealed_json(done)["checkpoint"])
     results = python_job("train.py", quality_overrides(model, quick), run_dir, workdir)
     return Path(results["checkpoint"])
 

@@ -61,9 +61,14 @@ def parts(result: dict[str, Any], kind: str = "anchored") -> list[dict[str, Any]
     key, out = f"error_{kind}", []
     for row in result["rows"]:
         builds = row.get("builds") or []
-        plans = sorted(per_plan(builds, key), key=lambda p: -abs(p["median"])) if builds else []
+        try:
+            plans = sorted(per_plan(builds, key), key=lambda p: -abs(p["median"])) if builds else []
+            parts = error_components(builds, key) if builds else None
+        except (KeyError, TypeError) as exc:
+            raise BenchmarkInputError(f"a build of {row.get('model')!r} keeps no per-plan {key} ({exc!r}): written by "
+                                      "a latency_table older than its per-plan records; give a newer run.") from None
         out.append({"model": row["model"], "batch_size": row["batch_size"], "builds": len(builds), "kind": kind,
-                    "plans": plans, "components": error_components(builds, key) if builds else None})
+                    "plans": plans, "components": parts})
     return out
 
 

@@ -259,6 +259,10 @@ def test_table_error_parts_reads_a_latency_table_run_and_refuses_anything_else(t
     assert json.loads((tmp_path / "parts.json").read_text())["results"][str(good)][0]["components"]["plan_sd"] > 0
     assert run_command(lambda: main([str(bad)])) == 2
     assert "not a latency_table result" in capsys.readouterr().err
+    bad.write_text(json.dumps({"form": "conditions", "rows": []}))  # the GPU check's form: no builds
+    assert run_command(lambda: main([str(bad)])) == 2 and "not a latency_table result" in capsys.readouterr().err
+    bad.write_text(json.dumps({"rows": [{"model": "m", "batch_size": 1, "builds": [{"plans": [{"label": "a"}]}] * 2}]}))
+    assert run_command(lambda: main([str(bad)])) == 2 and "keeps no per-plan error_anchored" in capsys.readouterr().err
 
 
 def test_shuffled_rounds_spread_the_previous_networks_effect_over_every_network() -> None:

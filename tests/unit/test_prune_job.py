@@ -36,7 +36,7 @@ def test_measured_target_loop_searches_again_for_the_miss(digits_prune, monkeypa
     short; the loop searches again for the predicted speed-up scaled by the miss and keeps that plan, whose measured
     speed-up is on target. With no corrections allowed, the first plan is kept as it is; a plan far faster than
     asked is corrected within a window; a corrected search that gives the plan already timed ends the loop."""
-    from benchmarks.prune_speedup import compose
+    from benchmarks.common import compose
     from zoo.jobs import plan as planning
     from zoo.jobs.baseline import load_or_train_baseline
     from zoo.jobs.final_timing import build_job_table
@@ -85,7 +85,7 @@ def test_a_corrected_search_across_a_gap_takes_the_nearest_plan_below(digits_pru
     the tolerance either side, then within the tolerance; with none there either, it says so (BudgetError)."""
     import itertools
 
-    from benchmarks.prune_speedup import compose
+    from benchmarks.common import compose
     from zoo.errors import BudgetError
     from zoo.jobs import plan as planning
     from zoo.jobs.baseline import load_or_train_baseline
@@ -120,7 +120,7 @@ def test_a_corrected_search_across_a_gap_takes_the_nearest_plan_below(digits_pru
 def test_a_target_just_beyond_the_tables_ceiling_gets_the_fastest_plan(digits_prune):
     """A target within prune.target_tolerance beyond the table's fastest plan gets that plan (the measurement
     decides); one further beyond stops with the best achievable speed-up named."""
-    from benchmarks.prune_speedup import compose
+    from benchmarks.common import compose
     from zoo.errors import BudgetError
     from zoo.jobs import plan as planning
     from zoo.jobs.baseline import load_or_train_baseline
@@ -155,7 +155,7 @@ def test_prune_quality_brackets_a_target_every_tried_plan_misses(digits_prune, m
     plan tried on that side, each timed, until one is within 2 % or on the other side of the target (then the two
     around it are interpolated); a search whose plan for a lower target can be faster (random) is stepped further.
     A cell already at the target adds nothing."""
-    from benchmarks.prune_speedup import compose
+    from benchmarks.common import compose
     from studies.prune_quality import BRACKET_TIMINGS, TOLERANCE, at_target, bracketing
     from zoo.jobs import plan as planning
     from zoo.jobs.baseline import load_or_train_baseline
