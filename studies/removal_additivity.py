@@ -3,8 +3,9 @@ in one session, a network intact, with each named unit removed alone and with th
 puts the sums of the single savings beside the measured joint savings and the table's predictions.
 
 The question behind it: ConvNeXt-atto at 32 px missed the measured 1.5x (``studies.timm_prune``) because a plan the
-table predicted at 1.53x measured 1.96x. Interleaved rounds, one thread, the median per plan; the noise floor is the
-spread between two copies of the intact network timed as two plans.
+table predicted at 1.53x measured 1.96x. Every network is timed as ``prune.py`` times its two
+(:func:`zoo.jobs.final_timing.measure_side_by_side`: the deploy form, interleaved rounds, one thread, the table's
+estimator), all in one session; the noise floor is the spread between two copies of the intact network.
 
     python -m studies.removal_additivity --arch convnext_atto --out results     # about a minute
 """
@@ -12,9 +13,7 @@ spread between two copies of the intact network timed as two plans.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 from typing import Any
 
 import torch
@@ -31,27 +30,12 @@ GROUPS = {  # arch: named plans (every unit of a joint plan is also timed alone)
 }
 
 
-def timed(networks: dict[str, torch.nn.Module], example: torch.Tensor, rounds: int) -> dict[str, list[float]]:
-    """ms per call of every network, in interleaved rounds (one call each per round, after a warm-up)."""
-    times: dict[str, list[float]] = {name: [] for name in networks}
-    with torch.inference_mode():
-        for net in networks.values():
-            for _ in range(5):
-                net(example)
-        for _ in range(rounds):
-            for name, net in networks.items():
-                start = time.perf_counter()
-                net(example)
-                times[name].append((time.perf_counter() - start) * 1e3)
-    return times
-
-
-def run(arch: str = "convnext_atto", size: int = 32, batch: int = 32, rounds: int = 60, out: str | None = None,
+def run(arch: str = "convnext_atto", size: int = 32, batch: int = 32, rounds: int = 200, out: str | None = None,
         **_: Any) -> dict[str, Any]:
     """Time the plans of :data:`GROUPS` for `arch` and its table's predictions; write ``removal_additivity_<arch>``."""
     import zoo
-    from zoo.latency import build_table
-    from zoo.latency.settings import TableSettings
+    from zoo.jobs.final_timing import measure_side_by_side
+    from zoo.latency import NetworkTimingSettings, TableSettings, build_table
 
     torch.set_num_threads(1)
     groups = GROUPS[arch]
@@ -62,8 +46,9 @@ def run(arch: str = "convnext_atto", size: int = 32, batch: int = 32, rounds: in
     with tempfile.TemporaryDirectory() as cache:  # measured now, not taken from an earlier run's cache
         table = build_table(model, batch_size=batch, input_size=size, device="cpu", cache_dir=cache,
                             settings=TableSettings(threads=1))
-    ms = {name: statistics.median(values)
-          for name, values in timed(networks, torch.randn(batch, 3, size, size), rounds).items()}
+        every_round = NetworkTimingSettings(min_rounds=rounds, max_rounds=rounds, max_time_s=3600.0)
+        stats = measure_side_by_side(table, networks, every_round, unfused=False)
+    ms = {name: stats[name][f"{table.settings.estimator}_ms"] for name in networks}
     base = ms["intact"]
     saving = {name: base - value for name, value in ms.items()}
     whole = table.predict({"remove": []})
@@ -74,6 +59,7 @@ def run(arch: str = "convnext_atto", size: int = 32, batch: int = 32, rounds: in
              "table_speedup": round(whole / table.predict({"remove": units}), 3)}
             for name, units in plans.items() if name not in ("intact", "intact again")]
     result = {"suite": "removal_additivity", "arch": arch, "input_size": size, "batch_size": batch, "rounds": rounds,
+              "estimator": table.settings.estimator,
               "machine": machine("cpu"), "intact_ms": round(base, 3),
               "noise_floor": round(abs(ms["intact again"] / base - 1.0), 4), "rows": rows}
     write_result(f"removal_additivity_{arch}", result, out)
@@ -94,7 +80,8 @@ def markdown(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="convnext_atto", choices=sorted(GROUPS))
-    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=200, help="rounds of the side-by-side timing (prune.py's: "
+                        "200-400)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     print(markdown(run(args.arch, rounds=args.rounds, out=args.out)))
