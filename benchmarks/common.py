@@ -31,7 +31,7 @@ from zoo.latency import NetworkTimingSettings, resolve_device, resolve_dtype
 from zoo.latency.accuracy import time_interleaved
 from zoo.latency.device import device_name, synchronize
 from zoo.models.registry import Family
-from zoo.pruning.search import Choice, dp_search
+from zoo.pruning.search import Choice, dp_search, fastest_plan
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -327,8 +327,7 @@ def speed_plan(table: Any, target: float) -> dict[str, Any] | None:
     options = [[Choice(variant, cost, float(len(variant))) for variant, cost in costs]
                for costs in table.segment_costs()]
     budget = table.predict({"remove": []}) / target - table.fixed_cost()
-    fastest = sum(min(c.latency for c in seg) for seg in options)
-    if fastest > budget:
+    if fastest_plan(options).latency > budget:
         return None
     result = dp_search(options, budget, bins=2000)
     return {"remove": result.removed(options), "merge": table.merge}

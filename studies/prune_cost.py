@@ -13,7 +13,6 @@ today's default at most ``LIMIT`` times the previous one.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import Check, judge, markdown_table, write_result
-from studies.jobs import job_command
+from studies.jobs import job_command, offline_env
 from zoo.errors import run_command
 from zoo.files import read_sealed_json
 
@@ -35,7 +34,7 @@ QUICK = ["data.image_size=16", "trainer.max_epochs=1", "trainer.limit_train_batc
 
 def prune_run(overrides: list[str], directory: Path) -> dict[str, Any]:
     """One cold ``python prune.py`` in `directory`: wall seconds, phases, search and measured speed-up."""
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(directory)}
+    env = {**offline_env(), "WANDB_DIR": str(directory)}
     places = [f"hydra.run.dir={directory / 'run'}", f"paths.log_dir={directory / 'outputs'}",
               f"prune.cache_dir={directory / 'cache'}"]
     command = job_command("prune.py", [*overrides, *places])
