@@ -11,6 +11,8 @@ rules as a suite's (``python -m benchmarks judge FILE``).
 - ``runtime_diagnosis``: one network timed whole and segment by segment in a deploy runtime.
 - ``timm_prune``: which timm architectures prune to a measured target by ``model=timm``, over seeds, and what
   discovery costs against a declared family.
+- ``timm_census``: which of all of timm's architectures discovery makes prunable, and that every unit it offers is
+  proven again on another draw and removes to a network that runs.
 - ``removal_additivity``: whether the latency savings of removed units add up, as a table assumes (ConvNeXt-atto).
 - ``shared_machine``: what two prune jobs cost when a joblib study runs them at once on one machine.
 - ``stats``: the paired tests and corrections the studies share; ``jobs``: ``prune.py`` and ``train.py`` run as a

@@ -73,6 +73,7 @@ from studies.prune_quality_report import (
     with_statistics,
 )
 from zoo.errors import run_command
+from zoo.files import syntax_of
 
 __all__ = ["checks", "markdown", "overall", "run", "summarise_again", "with_statistics"]
 
@@ -350,20 +351,6 @@ def code_digest(*modules: str) -> str:
     for name in modules:
         digest.update(syntax_of(inspect.getsource(importlib.import_module(name))).encode())
     return digest.hexdigest()[:16]
-
-
-def syntax_of(source: str) -> str:
-    """The syntax tree of Python `source` without its docstrings, dumped: what :func:`code_digest` hashes."""
-    import ast
-
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree)
 
 
 def files_digest(*paths: Path) -> str:

@@ -7,7 +7,8 @@ from . import models  # noqa: F401 - importing registers the families
 from .deploy.export import export
 from .deploy.fuse import fuse
 from .errors import ExportError, PlanError, UnknownModelError, WeightsError, ZooError
-from .models.depth import DepthUnit, depth_units
+from .models.depth import DepthUnit
+from .models.discovered import depth_units
 from .models.registry import (
     get_entry,
     get_family,

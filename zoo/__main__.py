@@ -53,12 +53,18 @@ def print_tags(pattern: str = "*") -> None:
 
 
 def print_prunable(pattern: str) -> None:
-    """For every timm model matching `pattern`, whether it can be depth-pruned: its removable blocks and sub-layers,
-    or why not (each traced on the meta device: seconds for a few models, minutes for all of timm)."""
+    """For every timm model matching `pattern`, whether it can be depth-pruned: its removable blocks and sub-layers
+    (the units ``create_model`` offers: the same discovery and cache), or why not. Each model is built and its units
+    proven (seconds each; the census, ``python -m studies.timm_census``, has all of timm)."""
     from .models.timm_any import PREFIX, prunable
 
     pattern = pattern if pattern.startswith(PREFIX) else PREFIX + ("*" if pattern in ("*", "timm") else pattern)
-    rows = prunable(pattern)
+
+    def progress(done: int, total: int, arch: str) -> None:
+        if total > 1:
+            print(f"[{done + 1}/{total}] {arch}", file=sys.stderr, flush=True)
+
+    rows = prunable(pattern, progress)
     header = f"{'model':<48} {'prunable':<8} {'blocks':>6} {'sublayers':>9}  why not"
     print(header)
     print("-" * len(header))

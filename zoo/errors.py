@@ -26,6 +26,10 @@ class ModelOptionError(ZooError):
     """A builder option (``create_model(name, **options)``, ``model.overrides``) the model does not have or allow."""
 
 
+class UnknownOptionError(ModelOptionError, TypeError):
+    """A builder option the model's constructor does not take: also a ``TypeError``, as timm raises for one."""
+
+
 class WeightsError(ZooError):
     """A weight file or hub id that cannot be loaded into the requested model."""
 

@@ -9,6 +9,8 @@ kill) leaves the previous file intact. :func:`write_sealed_json` adds a SHA-256 
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import json
 import os
@@ -35,6 +37,21 @@ FILE_MODE = _file_mode()
 def json_digest(obj: Any, length: int = 12) -> str:
     """A short, stable hash of JSON-like data (keys sorted): names cache files and shared run directories."""
     return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:length]
+
+
+@functools.lru_cache(maxsize=64)  # a digest of code is taken on every cached build: parse each source once
+def syntax_of(source: str) -> str:
+    """The syntax tree of Python `source` without its docstrings, dumped: what a digest of code hashes (a docstring
+    or comment edit leaves it as it was)."""
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 def file_digest(path: str | Path) -> str:

@@ -138,6 +138,7 @@ def test_slurm_launcher_config_composes():
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "SlurmLauncher" in proc.stdout and "partition: gpu" in proc.stdout and "gpus_per_node: 1" in proc.stdout
+    assert "max_num_timeout: 3" in proc.stdout  # requeued at its time limit: the job resumes from its cache
 
 
 def test_an_optuna_study_searches_two_objectives_and_reports_its_front(tmp_path):

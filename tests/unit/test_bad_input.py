@@ -60,6 +60,7 @@ TRAIN_CASES = [
     (["optim.opt=adamx"], "optim.opt='adamx' is not a timm optimizer. Did you mean adamax"),
     (["optim.sched=cosinus"], "optim.sched='cosinus' is not allowed"),
     (["optim.lr=-1"], "optim.lr=-1.0 is out of range: it must be > 0.0"),
+    (["optim.lr=nan"], "optim.lr=nan is not a finite number: it must be > 0.0"),
     (["data.batch_size=0"], "data.batch_size=0 is out of range: it must be >= 1"),
     (["data.val_fraction=1.5"], "data.val_fraction=1.5 is out of range: it must be > 0.0 and < 1.0"),
     (["trainer.mixup_alpha=0.2", "data.batch_size=33"], "Mixup/CutMix needs an even data.batch_size"),
@@ -139,6 +140,8 @@ def test_train_py_refuses_cuda_without_a_gpu(files):
 # ----------------------------------------------------------------------------------------------- prune.py
 PRUNE_CASES = [
     (["prune.target_speedup=1.0"], "prune.target_speedup=1.0 is out of range: it must be > 1.0"),
+    (["prune.target_speedup=nan"], "prune.target_speedup=nan is not a finite number: it must be > 1.0"),
+    (["prune.target_speedup=inf"], "prune.target_speedup=inf is not a finite number: it must be > 1.0"),
     (["prune.device=cuda:7"], "Device 'cuda:7' is not available"),
     (["prune.device=tpux"], "Unknown device 'tpux'. Allowed devices are 'auto', 'cpu', 'cuda' and 'cuda:N'."),
     (["prune.search=annealing"], "prune.search='annealing'; allowed: interaction, dp, kbest, local, greedy, random"),

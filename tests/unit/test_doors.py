@@ -233,6 +233,33 @@ def test_a_job_records_its_threads_and_why(tmp_path):
         torch.set_num_threads(before)
 
 
+def test_a_job_takes_the_cores_its_scheduler_gave_it_not_the_machines(tmp_path, monkeypatch):
+    """A SLURM job given one CPU (SLURM_CPUS_PER_TASK=1) trains on one thread and says where the number came from;
+    a cgroup quota (v2 cpu.max, v1 cfs quota) caps the cores the same way; the fewest of all limits wins."""
+    from zoo.training.resources import allocated_cores, set_threads
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    v2, v1 = tmp_path / "v2", tmp_path / "v1"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: rounded up to 2
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    mask = len(os.sched_getaffinity(0))
+    try:
+        assert allocated_cores(v2) == (min(mask, 2), "the CPU affinity mask" if mask <= 2 else "the cgroup's CPU quota")
+        assert allocated_cores(v1) == (1, "the cgroup's CPU quota")
+        (v2 / "cpu.max").write_text("max 100000\n")
+        assert allocated_cores(v2) == (mask, "the CPU affinity mask")
+        monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
+        given = set_threads(None)
+        assert (given["threads"], given["cores"], given["cores_from"]) == (1, 1, "SLURM_CPUS_PER_TASK")
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_jobs_waiting_for_a_shared_baseline_lend_their_cores(tmp_path):
     """A job that finds the baseline's lock held marks itself waiting until it gets it; the holder counts the live
     waiters (a dead one's marker is dropped) and takes their cores while it trains, and gives them back. A thread count

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 import zoo
+from zoo.errors import ModelOptionError
 from zoo.models.features import take_indices
 
 CNNS = [f.reference for f in zoo.list_families(capability="features")]  # timm's feature-extraction interface
@@ -225,3 +226,38 @@ def test_the_cpu_peak_covers_the_training_not_the_process():
     high = peak_rss_mb()
     if reset_peak_memory(torch.device("cpu")) == "training":
         assert peak_rss_mb() < high - 100
+
+
+TIMM_FEATURES = [
+    ("resnet18", {}),  # FeatureListNet without flattening the stages, as timm builds ResNet's
+    ("resnet18", {"out_indices": (1, 3)}),
+    ("resnet18", {"feature_cls": "hook"}),
+    ("resnet18", {"feature_cfg": {"feature_cls": "fx"}}),
+    ("deit_tiny_patch16_224", {"img_size": 32}),  # the architecture's own feature config: a getter
+    ("mobilenetv3_small_050", {}),  # a features class of its own (MobileNetV3Features)
+]
+
+
+@pytest.mark.parametrize(("arch", "options"), TIMM_FEATURES, ids=[f"{a}-{'-'.join(o) or 'default'}"
+                                                                  for a, o in TIMM_FEATURES])
+def test_timm_features_only_is_built_as_timm_builds_it(arch, options):
+    """``create_model("timm/<arch>", features_only=True, ...)`` gives timm's feature class with timm's settings for
+    that architecture and those options: the same module names and, with the same weights, the same outputs."""
+    import copy
+
+    ours = zoo.create_model(f"timm/{arch}", features_only=True, **copy.deepcopy(options)).eval()
+    theirs = timm.create_model(arch, features_only=True, **copy.deepcopy(options)).eval()
+    assert type(ours) is type(theirs) and list(ours.state_dict()) == list(theirs.state_dict())
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 3, *((32, 32) if "img_size" in options else (64, 64)))
+    with torch.no_grad():
+        mine, timms = ours(x), theirs(x)
+    assert len(mine) == len(timms) and all(torch.equal(a, b) for a, b in zip(mine, timms))
+    assert ours.feature_info.channels() == theirs.feature_info.channels()
+
+
+def test_feature_options_need_features_only_and_timms_refusals_are_option_errors():
+    with pytest.raises(ModelOptionError, match="feature_cls is for the backbone form"):
+        zoo.create_model("timm/resnet18", feature_cls="getter")
+    with pytest.raises(ModelOptionError, match="timm refuses them"):
+        zoo.create_model("timm/resnet18", features_only=True, feature_cls="no_such_wrapper")

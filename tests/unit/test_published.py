@@ -264,3 +264,23 @@ def test_info_takes_a_tag(capsys):
     assert main(["info", "tresnet_m.miil_in1k_448"]) == 0
     assert json.loads(capsys.readouterr().out)["eval_cfg"]["input_size"] == [3, 448, 448]
 
+
+
+@pytest.mark.parametrize("name", ["timm/vit_tiny_patch16_224", "timm/convnext_atto.d2_in1k", "mobilenetv2_100",
+                                  "tresnet_m.miil_in21k_ft_in1k", "timm/mixer_s16_224.untrained"])
+def test_the_models_pretrained_cfg_is_timms_whole(name):
+    """Untagged, tagged, declared or any timm name: the model's pretrained_cfg is timm's, every key (the fixed input
+    size, the test size and crop, the architecture's own name), so timm's data pipeline resolves the same eval config;
+    a tag timm lists without weights builds when no weights are asked and is refused with the reason when they are."""
+    from timm.data import resolve_data_config
+
+    with torch.device("meta"):  # no weights, no discovery: the config is what is compared
+        ours = zoo.create_model(name)
+        theirs = timm.create_model(name.removeprefix("timm/"))
+    assert dict(ours.pretrained_cfg) == dict(theirs.pretrained_cfg) and ours.default_cfg == ours.pretrained_cfg
+    for test_size in (False, True):
+        assert resolve_data_config(model=ours, use_test_size=test_size) == resolve_data_config(
+            model=theirs, use_test_size=test_size)
+    if name.endswith(".untrained"):
+        with pytest.raises(UnknownTagError, match="names no published weights"):
+            zoo.create_model(name, pretrained=True)

@@ -7,6 +7,7 @@ there), so a misspelt key or a wrongly typed value fails at composition time, be
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -257,11 +258,13 @@ def check_ranges(cfg: Any, ranges: tuple = RANGES) -> None:
         value = OmegaConf.select(cfg, key, default=None)
         if value is None:
             continue
+        low_op, high_op = (">", "<") if exclusive else (">=", "<=")
+        allowed = f"{low_op} {low}" + (f" and {high_op} {high}" if high is not None else "")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value} is not a finite number: it must be {allowed}.")
         outside = (value <= low or (high is not None and value >= high)) if exclusive else \
             (value < low or (high is not None and value > high))
         if outside:
-            low_op, high_op = (">", "<") if exclusive else (">=", "<=")
-            allowed = f"{low_op} {low}" + (f" and {high_op} {high}" if high is not None else "")
             raise ConfigError(f"{key}={value} is out of range: it must be {allowed}.")
 
 

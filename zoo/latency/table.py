@@ -191,7 +191,7 @@ class LatencyTable:
                     raise PlanError(f"Segment {seg.name!r} cannot be removed (its shortcut changes shapes).")
                 variants.append(frozenset({seg.name}))
             else:
-                variants.append(frozenset(a for a in seg.acts if a in removed))
+                variants.append(seg.variant_of(removed))
         return variants
 
     def predict(self, plan: Mapping[str, Any] | None = None, corrected: bool = True) -> float:

@@ -14,7 +14,11 @@ convolutions on either side can be merged into one. :mod:`zoo.surgery` does the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
+import linecache
+import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -29,10 +33,93 @@ UNIT_KINDS = ("block", "act", "retention", "ffn", "sublayer")
 
 class PassThrough(nn.Identity):
     """What a removed unit becomes: its input, whatever else it is called with (a block of a traced model may be called
-    with extra arguments, such as an attention mask). An ``nn.Identity``, so a removed unit is recognised as one."""
+    with extra arguments, such as an attention mask). An ``nn.Identity``, so a removed unit is recognised as one.
+    `like`: the module it replaces, whose call signature a scripted model keeps (TorchScript takes no ``*args``)."""
+
+    zeros = False
+
+    def __init__(self, like: nn.Module | None = None):
+        super().__init__()
+        self._params = _parameters_of(like)
 
     def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
         return x
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        """The same removal with `like`'s parameters spelled out (``torch.jit.script`` puts it in the model)."""
+        scripted = _scriptable(self._params, self.zeros).__new__(_scriptable(self._params, self.zeros))
+        scripted.__setstate__(self.__getstate__())
+        return scripted
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.__dict__.setdefault("_params", "x: torch.Tensor")
+
+
+class ZeroLike(PassThrough):
+    """A removed residual branch's first module: zeros shaped like its input, so the branch adds nothing."""
+
+    zeros = True
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+
+def _annotation(hint: Any) -> str | None:
+    """`hint` as TorchScript source (None: not expressible, the parameter is left unannotated)."""
+    if hint is inspect.Parameter.empty:
+        return None
+    if isinstance(hint, type):
+        return f"torch.{hint.__name__}" if hint.__module__.startswith("torch") else hint.__name__
+    text = repr(hint)
+    return text if text.startswith("typing.") and "<" not in text else None
+
+
+def _parameters_of(module: nn.Module | None) -> str:
+    """The parameters of `module.forward` as source (``x: torch.Tensor, attn_mask: typing.Optional[...] = None``),
+    the first one named ``x``; ``x: torch.Tensor`` when it has no plain signature."""
+    if module is None:
+        return "x: torch.Tensor"
+    try:
+        signature = inspect.signature(module.forward)
+        hints = typing.get_type_hints(module.forward)
+    except (TypeError, ValueError, NameError):
+        return "x: torch.Tensor"
+    parts = []
+    for i, param in enumerate(signature.parameters.values()):
+        if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
+            return "x: torch.Tensor"
+        default = param.default
+        if default is not param.empty and not isinstance(default, (type(None), bool, int, float, str)):
+            return "x: torch.Tensor"
+        hint = _annotation(hints.get(param.name, param.annotation))
+        text = ("x" if i == 0 else param.name) + (f": {hint}" if hint else "")
+        parts.append(text + ("" if default is param.empty else f" = {default!r}"))
+    return ", ".join(parts) or "x: torch.Tensor"
+
+
+@functools.cache
+def _scriptable(params: str, zeros: bool) -> type:
+    """A subclass of :class:`ZeroLike` (`zeros`) or :class:`PassThrough` whose forward takes `params`, with source
+    TorchScript can read (registered in :mod:`linecache`); its instances pickle as made again from the two."""
+    base = ZeroLike if zeros else PassThrough
+    name = f"Scripted{base.__name__}_{hashlib.sha1(f'{params}|{zeros}'.encode()).hexdigest()[:12]}"
+    returns = "torch.zeros_like(x)" if zeros else "x"
+    source = f"class {name}(Base):\n    def forward(self, {params}):\n        return {returns}\n"
+    filename = f"<depthzoo {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict[str, Any] = {"torch": torch, "typing": typing, "Base": base}
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own source, made from a signature
+    made = namespace[name]
+    made.__prepare_scriptable__ = lambda self: self
+    made.__reduce_ex__ = lambda self, protocol: (_scripted_again, (params, zeros), self.__getstate__())
+    return made
+
+
+def _scripted_again(params: str, zeros: bool) -> nn.Module:
+    """An empty instance of ``_scriptable(params, zeros)`` for unpickling (its state follows)."""
+    cls = _scriptable(params, zeros)
+    return cls.__new__(cls)
 
 
 @dataclass(frozen=True)
@@ -236,6 +323,9 @@ def depth_units(model: nn.Module, input_size: Sequence[int] | None = None) -> li
 def check_removable(model: nn.Module, names: Iterable[str]) -> dict[str, DepthUnit]:
     """The model's depth units by name, after checking that every name in `names` is one that may be removed."""
     names = list(names)
+    if not hasattr(model, "depth_unit_specs"):
+        raise PlanError(f"{type(model).__name__} declares no depth units: find them first with "
+                        f"zoo.depth_units(model, input_size=(...)) (discovery from its graph), then apply the plan.")
     by_name = {u.name: u for u in model.depth_unit_specs()}
     bad = [n for n in names if n not in by_name]
     if bad:
@@ -253,3 +343,11 @@ def check_removable(model: nn.Module, names: Iterable[str]) -> dict[str, DepthUn
             f"(a block with a downsampling or projection shortcut). Only units with removable=True can be."
         )
     return by_name
+
+
+def zero_branch(root: nn.Module, modules: Sequence[str]) -> None:
+    """Remove a residual branch of `root`'s module tree: its first module becomes :class:`ZeroLike`, the rest
+    :class:`PassThrough` (paths relative to `root`)."""
+    for position, path in enumerate(modules):
+        old = root.get_submodule(path)
+        root.set_submodule(path, ZeroLike(old) if position == 0 else PassThrough(old))

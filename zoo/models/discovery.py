@@ -1,65 +1,122 @@
-"""Depth units discovered from a model's graph, for models that declare none (any timm model).
+"""Depth units discovered from a model's graph, for models that declare none (any timm model, any ``nn.Module``).
 
-The model is traced once by ``torch.export`` (on the meta device: no memory, no weights) and every residual addition is
-found: an ``add`` whose two operands have the same shape, inside the module that does it (its *owner*). The owner is a
-**removable block** when its output is its input plus branches only: following the additions back from the owner's
-output (through elementwise activations after the last one, as in a ResNet block), each has one operand on the stream
-that starts at the owner's input and one branch computed inside the owner. Replacing such a block by ``nn.Identity``
-leaves its input: the shortcut. An owner whose addition has a computed shortcut (a downsampling block) is a block that
-cannot be removed.
+The unit is a **residual edge**: an addition ``stream + branch`` in the traced graph (``torch.export``) whose operands
+have one shape, where the branch is computed from the stream and joins it only at this addition (every node the
+branch needs dies when the addition passes its stream on), found in the graph, not by which module owns the add. The
+stream may pass through child modules, residual ones included.
 
-A block with more than one branch (a ViT/DeiT block: attention, then MLP) also has each branch as a **sub-layer**
-unit. Removing a sub-layer replaces the first module of its branch by :class:`ZeroLike` and the rest of the branch by
-``nn.Identity``, so the branch adds nothing; a block is offered by sub-layers only when removing every branch that way
-gives back the block's input exactly (checked on a random input), else by whole blocks only, and says so. Blocks nested
-in another removable block are left to their outer block. What tracing cannot show (merged activations, recurrent
-forms) stays with the declared families.
+Edges are grouped by the module whose forward does the addition (its *owner*). The outermost owners are the
+**blocks** (segments of the latency table; they never overlap by construction): a block is removable as a whole when
+its output, walked back along the stream, is its input plus branches (elementwise activations and reshapes allowed
+between). Every edge inside a block, nested owners' edges included, is a **sub-layer** when the block has more than
+one, or when the block itself is not removable: removing it replaces the first module of its branch by
+:class:`ZeroLike` and the branch's other modules by :class:`~zoo.models.depth.PassThrough`.
+
+Every unit is **proven before it is offered**: on a copy of the model whose degenerate parameters (zero or tiny:
+zero-initialised norms, layer scales of 1e-6) are drawn afresh, so that every branch matters, the network with the
+unit removed by that surgery must equal the traced network with the unit's additions passing their stream on (the
+branch contributing nothing), on a random input at the build's input size (discovery's own generator), within float
+tolerance. A unit that fails is not offered, and its reason is kept; a block that fails gives way to the module
+enclosing it when that module holds no other addition and its output is its input plus the same branches (a block
+that receives its shortcut as a second argument is removable as the caller that passes it its stream).
 """
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import ZooError
-from .depth import PassThrough
+from .depth import PassThrough, zero_branch
 
 ADDS = ("aten.add.Tensor", "aten.add_.Tensor")
-VIEWS = ("view", "reshape", "_unsafe_view", "permute", "contiguous", "clone", "alias", "flatten", "unflatten")
-ELEMENTWISE = ("relu", "relu_", "gelu", "silu", "silu_", "hardswish", "hardswish_", "relu6", "hardtanh", "hardtanh_",
-               "leaky_relu", "leaky_relu_", "sigmoid", "clone", "contiguous", "alias", "detach")
+VIEWS = ("view", "reshape", "_unsafe_view", "permute", "contiguous", "clone", "alias", "flatten", "unflatten",
+         "transpose", "expand", "squeeze", "unsqueeze", "to", "_to_copy", "detach")
+ELEMENTWISE = ("relu", "relu_", "gelu", "gelu_", "silu", "silu_", "hardswish", "hardswish_", "relu6", "hardtanh",
+               "hardtanh_", "leaky_relu", "leaky_relu_", "sigmoid", "sigmoid_", "mish", "elu", "elu_", "selu", "tanh",
+               "dropout", "identity")
+TOLERANCE = 1e-4  # a proof's largest difference, relative to the network output's largest magnitude
+MAX_UNITS_PER_BLOCK = 5  # sub-layers of one block: its segment is timed in every combination (2**n + 1 variants)
+SEED = 0
 
 
 class DiscoveryError(ZooError):
     """A model whose depth units cannot be discovered: its graph does not trace, or it has no removable unit."""
 
 
-class ZeroLike(nn.Module):
-    """A removed residual branch's first module: zeros shaped like its input, so the branch adds nothing."""
+@dataclass
+class FoundUnit:
+    """A unit discovery found. `name`: a block's module path, or a sub-layer's largest branch module. `root`: the block
+    whose segment holds it. `branch`: a sub-layer's modules, in call order (the first is zeroed, the rest pass
+    through). `removable`: proven (see the module docstring); `reason` says why not. `error`: the proof's largest
+    difference, relative to the output's scale."""
 
-    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return torch.zeros_like(x)
+    name: str
+    kind: str
+    root: str
+    stage: int = 0
+    index: int = 0
+    removable: bool = False
+    branch: tuple[str, ...] = ()
+    reason: str = ""
+    error: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "branch": list(self.branch)}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> FoundUnit:
+        return cls(**{**values, "branch": tuple(values.get("branch", ()))})
 
 
 @dataclass
-class DiscoveredBlock:
-    """A module whose forward ends in residual additions. `branches`: per addition, the paths of the owner's direct
-    children that compute its branch, in call order (empty when unknown). `sublayers`: whether each branch may be
-    removed alone (verified)."""
+class Discovery:
+    """What discovery found in one model at one input size: its units (blocks and sub-layers, in forward order, each
+    sub-layer before its block; segments never overlap), the owners of additions left out with why (a block holding
+    too many), the same-shape additions seen, and the seconds it took."""
 
-    path: str
-    removable: bool
-    stage: int = 0
-    index: int = 0
-    branches: list[list[str]] = field(default_factory=list)
-    sublayers: bool = False
-    names: list[str] = field(default_factory=list)  # each branch's unit name: its module with the most parameters
+    input_size: tuple[int, ...]
+    units: list[FoundUnit] = field(default_factory=list)
+    left_out: list[FoundUnit] = field(default_factory=list)
+    additions: int = 0
+    seconds: float = 0.0
 
+    def offered(self) -> list[FoundUnit]:
+        """The units the model lists: every block (removable or not: a segment), and the proven sub-layers."""
+        return [u for u in self.units if u.kind == "block" or u.removable]
+
+    def removable(self) -> list[FoundUnit]:
+        return [u for u in self.units if u.removable]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"input_size": list(self.input_size), "units": [u.to_dict() for u in self.units],
+                "left_out": [u.to_dict() for u in self.left_out], "additions": self.additions,
+                "seconds": round(self.seconds, 3)}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Discovery:
+        return cls(tuple(values["input_size"]), [FoundUnit.from_dict(u) for u in values["units"]],
+                   [FoundUnit.from_dict(u) for u in values["left_out"]], values["additions"], values["seconds"])
+
+
+@dataclass
+class Edge:
+    """A residual addition in the graph: ``add = stream + branch``; `dead`: the nodes only the branch needs."""
+
+    add: torch.fx.Node
+    stream: torch.fx.Node
+    dead: set[torch.fx.Node]
+    owner: str
+
+
+# --- the graph ---------------------------------------------------------------------------------------------------
 
 def _path(text: str) -> str:
     """A module path of ``nn_module_stack`` in ``named_modules`` form (``L['self'].stages[0]`` -> ``stages.0``)."""
@@ -73,56 +130,9 @@ def _stack(node: torch.fx.Node) -> list[str]:
     return [_path(path) for path, _ in (node.meta.get("nn_module_stack") or {}).values()]
 
 
-def _inside(node: Any, owner: str) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op != "placeholder" and owner in _stack(node)
-
-
 def _shape(node: Any) -> tuple[int, ...] | None:
     value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     return tuple(value.shape) if torch.is_tensor(value) else None
-
-
-def trace(model: nn.Module, example: torch.Tensor) -> tuple[torch.fx.Graph, set[str]]:
-    """The model's ATen graph from ``torch.export`` (non-strict) and the names of its placeholders that are weights,
-    buffers or constants (not activations); a model that does not trace raises :class:`DiscoveryError` with the
-    reason."""
-    try:
-        program = torch.export.export(model.eval(), (example,), strict=False)
-    except Exception as exc:  # noqa: BLE001 - any failure to trace means the same to the user
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DiscoveryError(f"torch.export cannot trace it ({type(exc).__name__}: {first[:300]}), so its residual "
-                             f"blocks cannot be found") from None
-    signature = program.graph_signature
-    weights = {*signature.inputs_to_parameters, *signature.inputs_to_buffers,
-               *getattr(signature, "inputs_to_lifted_tensor_constants", {})}
-    return program.graph, weights
-
-
-def _child_of(owner: str, path: str) -> str | None:
-    """The owner's direct child that `path` lies in (None: the owner itself or outside it)."""
-    prefix = owner + "." if owner else ""
-    if not path.startswith(prefix) or path == owner:
-        return None
-    return prefix + path[len(prefix):].split(".")[0]
-
-
-def _branch_children(branch: torch.fx.Node, owner: str, stream: set[torch.fx.Node]) -> list[str]:
-    """The owner's direct children that compute `branch` (its producers inside the owner, back to the stream), in
-    call order."""
-    seen, todo = set(), [branch]
-    while todo:
-        node = todo.pop()
-        if node in seen or node in stream or not _inside(node, owner):
-            continue
-        seen.add(node)
-        todo.extend(node.all_input_nodes)
-    children: list[str] = []
-    for node in branch.graph.nodes:  # graph order is call order
-        if node in seen:
-            child = next((c for c in (_child_of(owner, p) for p in reversed(_stack(node))) if c), None)
-            if child is not None and child not in children:
-                children.append(child)
-    return children
 
 
 def _op(node: Any) -> str:
@@ -131,181 +141,413 @@ def _op(node: Any) -> str:
     return target.split(".")[1] if target.startswith("aten.") else ""
 
 
-def _tail(last: torch.fx.Node, owner: str) -> torch.fx.Node:
-    """The last addition, or the elementwise activations and reshapes after it that stay inside the owner (a ResNet
-    block's activation; a Swin block's reshape back to its input's layout)."""
-    tail = last
-    while len(tail.users) == 1:
-        (user,) = tail.users
-        if not _inside(user, owner) or _op(user) not in (*ELEMENTWISE, *VIEWS):
-            break
-        tail = user
-    return tail
+def _inside(path: str, owner: str) -> bool:
+    return owner == "" or path == owner or path.startswith(owner + ".")
 
 
-def _unview(node: Any, owner: str) -> Any:
-    """The node a chain of reshapes inside the owner starts from (the stream passes through them)."""
-    while _inside(node, owner) and _op(node) in VIEWS and node.args and isinstance(node.args[0], torch.fx.Node):
-        node = node.args[0]
-    return node
+def trace(model: nn.Module, example: torch.Tensor) -> torch.fx.GraphModule:
+    """The model's ATen graph from ``torch.export`` (non-strict), as a module that runs with the model's parameters; a
+    model that does not trace raises :class:`DiscoveryError` with the reason."""
+    try:
+        program = torch.export.export(model.eval(), (example,), strict=False)
+    except Exception as exc:  # noqa: BLE001 - any failure to trace means the same to the user
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DiscoveryError(f"torch.export cannot trace it ({type(exc).__name__}: {first[:300]}), so its residual "
+                             f"units cannot be found") from None
+    return program.module()
 
 
-def _stream(adds: list[torch.fx.Node], owner: str, weights: set[str]) -> tuple[bool, list[torch.fx.Node], set]:
-    """Walk back from the owner's last addition to its input: (whether its output is its input plus branches, the
-    branches in order, the stream's nodes)."""
-    node, stream, branches = adds[-1], set(), []
-    tail = _tail(node, owner)
-    if all(_inside(user, owner) for user in tail.users) or _shape(tail) is None:
-        return False, [], set()  # the addition is not what the owner returns
-    while True:
-        a, b = _unview(node.args[0], owner), _unview(node.args[1], owner)
-        back = [x for x in (a, b) if (x in adds and x is not node) or not _inside(x, owner)]
-        if len(back) != 1:
-            return False, [], set()
-        (previous,) = back
-        branch = b if previous is a else a
-        if not _inside(branch, owner) or branch in adds:
-            return False, [], set()
-        stream.add(node)
-        branches.insert(0, branch)
-        if previous in adds:
-            node = previous
-            continue
-        activation = isinstance(previous, torch.fx.Node) and previous.op != "get_attr" and previous.name not in weights
-        stream.add(previous)
-        same = activation and _shape(previous) == _shape(tail)  # Identity in its place keeps the owner's output shape
-        return same, branches, stream
-
-
-def _owner_blocks(graph: torch.fx.Graph, weights: set[str]) -> dict[str, DiscoveredBlock]:
-    """Every module with a residual addition, by path, in forward order: removable when its output is its input plus
-    branches (see the module docstring)."""
-    owners: dict[str, list[torch.fx.Node]] = {}
+def _activations(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Nodes whose value depends on the input (not parameters or constants alone)."""
+    live: set[torch.fx.Node] = set()
     for node in graph.nodes:
-        if node.op == "call_function" and str(node.target) in ADDS:
-            a, b = node.args[0], node.args[1]
-            stack = _stack(node)
-            if stack and stack[-1] and _shape(a) is not None and _shape(a) == _shape(b) == _shape(node):
-                owners.setdefault(stack[-1], []).append(node)
-    blocks = {}
-    for owner, adds in owners.items():
-        removable, branches, stream = _stream(adds, owner, weights)
-        children = [_branch_children(branch, owner, stream) for branch in branches] if removable else []
-        blocks[owner] = DiscoveredBlock(owner, removable, branches=children)
-    return blocks
+        if node.op == "placeholder" or any(a in live for a in node.all_input_nodes):
+            live.add(node)
+    return live
 
 
-def _outermost(blocks: dict[str, DiscoveredBlock]) -> list[DiscoveredBlock]:
-    """Blocks not nested in a removable block (an inner residual is left to its outer block)."""
-    removable = [p for p, b in blocks.items() if b.removable]
-    return [b for p, b in blocks.items() if not any(p.startswith(r + ".") for r in removable)]
+def _dangling(node: torch.fx.Node) -> bool:
+    """A value nothing uses (the unused half of an op's tuple, such as ``max_pool``'s indices)."""
+    return node.op != "output" and not node.users
 
 
-def _number(blocks: list[DiscoveredBlock]) -> None:
-    """Stages and indices: blocks under the same parent module are one stage, in forward order."""
-    parents: list[str] = []
-    counts: dict[str, int] = {}
-    for block in blocks:
-        parent = block.path.rsplit(".", 1)[0] if "." in block.path else ""
-        if parent not in parents:
-            parents.append(parent)
-        block.stage, block.index = parents.index(parent), counts.get(parent, 0)
-        counts[parent] = block.index + 1
+def _dead_without(add: torch.fx.Node, operand: torch.fx.Node, order: dict[torch.fx.Node, int]) -> set[torch.fx.Node]:
+    """The nodes that die when `add` no longer uses `operand`: `operand` and everything only it needs."""
+    if set(operand.users) != {add}:
+        return set()
+    dead, todo = {operand}, sorted(operand.all_input_nodes, key=order.__getitem__, reverse=True)
+    while todo:
+        node = todo.pop(0)
+        if node in dead or node.op == "placeholder" or not node.users:
+            continue
+        if all(user in dead or _dangling(user) for user in node.users):
+            dead.add(node)
+            todo = sorted({*todo, *node.all_input_nodes}, key=order.__getitem__, reverse=True)
+    return dead
 
 
-def zero_branch(root: nn.Module, modules: Sequence[str]) -> None:
-    """Remove a residual branch of `root`'s module tree: its first module becomes :class:`ZeroLike`, the rest
-    :class:`~zoo.models.depth.PassThrough` (paths relative to `root`)."""
-    for position, path in enumerate(modules):
-        root.set_submodule(path, ZeroLike() if position == 0 else PassThrough())
+def _stream_reach(node: torch.fx.Node) -> set[torch.fx.Node]:
+    """`node` and what it is on the stream with: back through additions (either operand) and reshapes."""
+    seen, todo = set(), [node]
+    while todo:
+        current = todo.pop()
+        if not isinstance(current, torch.fx.Node) or current in seen:
+            continue
+        seen.add(current)
+        if str(current.target) in ADDS:
+            todo.extend(a for a in current.args[:2] if isinstance(a, torch.fx.Node))
+        elif _op(current) in VIEWS and current.args and isinstance(current.args[0], torch.fx.Node):
+            todo.append(current.args[0])
+    return seen
 
 
-@torch.no_grad()
-def _sublayers_exact(model: nn.Module, block: DiscoveredBlock, example: torch.Tensor) -> bool:
-    """Whether removing every branch of `block` by :func:`zero_branch` gives back the block's input exactly."""
-    import copy
+def find_edges(graph: torch.fx.Graph) -> tuple[list[Edge], int]:
+    """Every residual edge of the graph, in graph order, and the number of same-shape additions seen."""
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    live = _activations(graph)
+    edges, additions = [], 0
+    for node in graph.nodes:
+        if node.op != "call_function" or str(node.target) not in ADDS or node.kwargs.get("alpha", 1) != 1:
+            continue
+        a, b = node.args[0], node.args[1]
+        if not (isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node) and a in live and b in live):
+            continue
+        if _shape(a) is None or not _shape(a) == _shape(b) == _shape(node):
+            continue
+        additions += 1
+        found = []
+        for stream, branch in ((a, b), (b, a)):
+            dead = _dead_without(node, branch, order)
+            reach = _stream_reach(stream)
+            reads = {i for d in dead for i in d.all_input_nodes if i not in dead}
+            if dead & live and reads & reach & live:
+                found.append(Edge(node, stream, dead, (_stack(node) or [""])[-1]))
+        if len(found) == 1:
+            edges.append(found[0])
+    return edges, additions
 
-    if len(block.branches) < 2 or any(not b for b in block.branches):
-        return False
-    flat = [m for branch in block.branches for m in branch]
-    if len(set(flat)) != len(flat):
-        return False  # a module shared by two branches cannot be removed with one of them
-    module = model.get_submodule(block.path)
-    captured: dict[str, Any] = {}
-    handle = module.register_forward_pre_hook(lambda m, args, kwargs: captured.setdefault("x", (args, kwargs)),
-                                              with_kwargs=True)
+
+# --- units from edges --------------------------------------------------------------------------------------------
+
+def _module_nodes(graph: torch.fx.Graph) -> dict[str, list[torch.fx.Node]]:
+    """Each module path's nodes (its calls', nested modules' included), in graph order."""
+    nodes: dict[str, list[torch.fx.Node]] = {}
+    for node in graph.nodes:
+        for path in dict.fromkeys(_stack(node)):
+            nodes.setdefault(path, []).append(node)
+    return nodes
+
+
+def _branch_modules(edge: Edge, modules: dict[str, list[torch.fx.Node]]) -> list[str]:
+    """The outermost modules inside the edge's owner whose every node the branch alone needs, in call order."""
+    inside = [p for p, nodes in modules.items() if p and p != edge.owner and _inside(p, edge.owner)
+              and all(n in edge.dead for n in nodes)]
+    outer = [p for p in inside if not any(p.startswith(q + ".") for q in inside)]
+    return sorted(outer, key=lambda p: next(i for i, n in enumerate(edge.add.graph.nodes) if n is modules[p][0]))
+
+
+def _block_edges(owner: str, edges: list[Edge], modules: dict[str, list[torch.fx.Node]]) -> tuple[list[Edge], str]:
+    """The additions on the stream from `owner`'s output back to its input, if its output is its input plus branches
+    (elementwise activations and reshapes between); else ([], why not)."""
+    own = set(modules.get(owner, []))
+    outputs = [n for n in own if any(u not in own for u in n.users)]
+    if len(outputs) != 1:
+        return [], f"its forward returns {len(outputs)} values"
+    by_add = {e.add: e for e in edges}
+    node, walked = outputs[0], []
+    while node in own:
+        if node in by_add:
+            walked.append(by_add[node])
+            node = by_add[node].stream
+        elif _op(node) in (*VIEWS, *ELEMENTWISE) and node.args and isinstance(node.args[0], torch.fx.Node):
+            node = node.args[0]
+        else:
+            return [], f"its stream passes through {_op(node) or node.op} ({node.name}), not only additions"
+    if not walked:
+        return [], "its output is not its input plus branches"
+    return walked, ""
+
+
+def _roots(owners: list[str], count: dict[str, int]) -> tuple[list[str], dict[str, str]]:
+    """The outermost owners whose segment holds at most MAX_UNITS_PER_BLOCK additions (an owner over that, with owners
+    inside it, gives way to them), and the owners left out with why. `owners`: outer before inner."""
+    roots: list[str] = []
+    dropped: dict[str, str] = {}
+    for owner in owners:
+        if any(_inside(owner, r) for r in roots):
+            continue
+        if count[owner] > MAX_UNITS_PER_BLOCK and any(o != owner and _inside(o, owner) for o in owners):
+            dropped[owner] = (f"it holds {count[owner]} residual additions, more than the {MAX_UNITS_PER_BLOCK} a "
+                              f"segment is timed with in every combination: the blocks inside it are units instead")
+            continue
+        roots.append(owner)
+    return roots, dropped
+
+
+# --- the proof ---------------------------------------------------------------------------------------------------
+
+def _leaves(value: Any) -> Iterator[torch.Tensor]:
+    if torch.is_tensor(value):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _leaves(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+
+
+def _flat(value: Any) -> torch.Tensor:
+    return torch.cat([t.detach().float().reshape(-1) for t in _leaves(value)])
+
+
+def _with_switches(traced: torch.fx.GraphModule, edges: list[Edge]) -> dict[torch.fx.Node, int]:
+    """Rewrite `traced` in place so that each edge's branch is multiplied by its switch, ``traced.zoo_switches[i]``
+    (1: the network as traced, exactly; 0: the branch contributes nothing), and return each addition's switch."""
+    graph = traced.graph
+    traced.register_buffer("zoo_switches", torch.ones(max(len(edges), 1)))
+    index = {}
+    for i, edge in enumerate(edges):
+        branch = next(a for a in edge.add.args[:2] if a is not edge.stream)
+        with graph.inserting_before(edge.add):
+            switches = graph.get_attr("zoo_switches")
+            switch = graph.call_function(torch.ops.aten.select.int, (switches, 0, i))
+            scaled = graph.call_function(torch.ops.aten.mul.Tensor, (branch, switch))
+        edge.add.args = tuple(scaled if a is branch else a for a in edge.add.args)
+        index[edge.add] = i
+    traced.recompile()
+    return index
+
+
+def _genericise(model: nn.Module, generator: torch.Generator) -> None:
+    """Draw afresh every floating parameter that is zero or tiny (zero-initialised norms, layer scales), so that no
+    branch vanishes by its initialisation and a proof tells surgeries apart."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.is_floating_point() and param.numel() and float(param.abs().max()) < 1e-3:
+                param.copy_(torch.rand(param.shape, generator=generator, dtype=param.dtype) * 0.5 + 0.5)
+
+
+def _surgery(twin: nn.Module, unit: FoundUnit) -> list[tuple[str, nn.Module]]:
+    """Apply `unit`'s removal to `twin` in place; returns what to put back."""
+    if unit.kind == "block":
+        saved = [(unit.name, twin.get_submodule(unit.name))]
+        twin.set_submodule(unit.name, PassThrough(saved[0][1]))
+        return saved
+    saved = [(p, twin.get_submodule(p)) for p in unit.branch]
+    zero_branch(twin, unit.branch)
+    return saved
+
+
+def _prove(twin: nn.Module, traced: torch.fx.GraphModule, example: torch.Tensor, units: list[FoundUnit],
+           edges_of: dict[str, list[Edge]], switch: dict[torch.fx.Node, int]) -> None:
+    """Set each unit's `removable`, `error` and `reason` by its proof (see the module docstring)."""
+    with torch.no_grad():
+        scale = float(_flat(twin(example)).abs().max()) or 1.0
+        for unit in units:
+            if unit.reason:
+                continue
+            traced.zoo_switches.fill_(1.0)
+            for edge in edges_of[unit.name]:
+                traced.zoo_switches[switch[edge.add]] = 0.0
+            reference = _flat(traced(example))
+            saved = _surgery(twin, unit)
+            try:
+                removed = _flat(twin(example))
+            except Exception as exc:  # noqa: BLE001 - a surgery the model's code does not take
+                unit.reason = f"the network with it removed does not run ({type(exc).__name__}: {str(exc)[:120]})"
+                continue
+            finally:
+                for path, module in saved:
+                    twin.set_submodule(path, module)
+            if removed.shape != reference.shape:
+                unit.reason = "its removal changes the network's output shape"
+                continue
+            unit.error = float((removed - reference).abs().max()) / scale
+            unit.removable = bool(torch.isfinite(removed).all()) and unit.error <= TOLERANCE
+            if not unit.removable:
+                unit.reason = (f"its removal is not its branch contributing nothing (they differ by "
+                               f"{unit.error:.2g} of the output's scale)")
+        traced.zoo_switches.fill_(1.0)
+
+
+def _count_calls(model: nn.Module, paths: Sequence[str], example: torch.Tensor) -> dict[str, int]:
+    """How often each module path is called in one forward (a module shared by several paths counts every call)."""
+    found = {}
+    for path in paths:
+        try:
+            found[path] = model.get_submodule(path)
+        except AttributeError:
+            continue
+    calls: dict[int, int] = dict.fromkeys(map(id, found.values()), 0)
+
+    def count(module: nn.Module, *_: Any) -> None:
+        calls[id(module)] += 1
+
+    handles = [m.register_forward_pre_hook(count) for m in {id(m): m for m in found.values()}.values()]
     try:
-        model(example)
-    finally:
-        handle.remove()
-    if "x" not in captured:
-        return False
-    args, kwargs = captured["x"]
-    emptied = copy.deepcopy(module)
-    prefix = block.path + "."
-    for branch in block.branches:
-        zero_branch(emptied, [m[len(prefix):] for m in branch])
-    try:
-        out = emptied(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - a branch that cannot be zeroed this way: blocks only
-        return False
-    x = args[0] if args else None
-    return torch.is_tensor(out) and torch.is_tensor(x) and out.shape == x.shape and torch.equal(out, x)
-
-
-@torch.no_grad()
-def _keep_shape(twin: nn.Module, blocks: dict[str, DiscoveredBlock], example: torch.Tensor) -> None:
-    """Removable only where the block's output is a tensor of its first input's shape in every call: ``nn.Identity``
-    in its place returns that input. (A DLA tree's block adds a shortcut its parent passes in, projected to the
-    output's channels: the addition's operand comes from outside, yet it is not the block's input.) A shortcut passed
-    in with the input's very shape is not told apart: removing that block hands on its input, not the shortcut."""
-    seen: dict[str, list[bool]] = {}
-
-    def hook(path: str) -> Callable[..., None]:
-        def record(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-            x = args[0] if args else next((v for v in kwargs.values() if torch.is_tensor(v)), None)
-            same = torch.is_tensor(x) and torch.is_tensor(output) and output.shape == x.shape
-            seen.setdefault(path, []).append(same)
-        return record
-
-    handles = [twin.get_submodule(path).register_forward_hook(hook(path), with_kwargs=True)
-               for path, block in blocks.items() if block.removable]
-    try:
-        twin(example)
-    except Exception as exc:  # noqa: BLE001 - traced by torch.export, yet not callable on meta: say so
-        raise DiscoveryError(f"its blocks' shapes could not be checked on the meta device ({type(exc).__name__}: "
-                             f"{str(exc)[:200]})") from exc
+        with torch.no_grad():
+            model(example)
     finally:
         for handle in handles:
             handle.remove()
-    for path, calls in seen.items():
-        blocks[path].removable = all(calls)
+    return {path: calls[id(module)] for path, module in found.items()}
 
 
-def discover(build: Callable[[], nn.Module], model: nn.Module, input_size: Sequence[int]) -> list[DiscoveredBlock]:
-    """The residual blocks of `model` (built again by `build` on the meta device to be traced), in forward order,
-    with sub-layers where they are exact. Raises :class:`DiscoveryError` when the graph does not trace or no block
-    can be removed."""
-    with torch.device("meta"):
-        twin = build()
-    graph, weights = trace(twin, torch.empty(1, *input_size, device="meta"))
-    found = _owner_blocks(graph, weights)
-    _keep_shape(twin, found, torch.empty(1, *input_size, device="meta"))
-    blocks = _outermost(found)
-    if not any(b.removable for b in blocks):
-        shortcuts = len(found)
-        raise DiscoveryError(f"it has no residual block whose shortcut is its input ({shortcuts} module(s) with a "
-                             f"residual addition, none of them removable), so there is nothing to remove by depth")
-    _number(blocks)
+# --- discovery ---------------------------------------------------------------------------------------------------
+
+def _units(edges: list[Edge], modules: dict[str, list[torch.fx.Node]], params: dict[str, int]
+           ) -> tuple[list[FoundUnit], list[FoundUnit], dict[str, list[Edge]]]:
+    """Blocks and sub-layers from the edges, in forward order, the owners left out, and the additions each unit's
+    removal takes away."""
+    owners = list(dict.fromkeys(e.owner for e in edges if e.owner))
+    count = {o: sum(_inside(e.owner, o) for e in edges) for o in owners}
+    owners.sort(key=lambda o: (next(i for i, e in enumerate(edges) if _inside(e.owner, o)), o.count(".")))
+    roots, dropped = _roots(owners, count)
+    units, edges_of = [], {}
+    for root in roots:
+        inner = [e for e in edges if _inside(e.owner, root)]
+        walked, why = _block_edges(root, inner, modules)
+        block = FoundUnit(root, "block", root, reason=why)
+        edges_of[root] = walked
+        if len(inner) > 1 or why:
+            names: set[str] = set()
+            for edge in inner:
+                branch = _branch_modules(edge, modules)
+                name = max(branch, key=lambda p: (params.get(p, 0), -branch.index(p))) if branch else ""
+                sub = FoundUnit(name or f"{edge.owner}:{edge.add.name}", "sublayer", root, branch=tuple(branch))
+                if len(inner) > MAX_UNITS_PER_BLOCK:
+                    sub.reason = (f"its block has {len(inner)} residual additions; at most {MAX_UNITS_PER_BLOCK} are "
+                                  f"timed as sub-layers")
+                elif not branch:
+                    sub.reason = "its branch is computed in its block's own forward, in no module that can be zeroed"
+                elif name in names or name == root:
+                    sub.reason = f"its largest module {name} names another unit"
+                names.add(name)
+                edges_of[sub.name] = [edge]
+                units.append(sub)
+        units.append(block)
+    left_out = [FoundUnit(owner, "block", owner, reason=why) for owner, why in dropped.items()]
+    left_out += [FoundUnit(f":{e.add.name}", "block", "", reason="its addition is in the model's own forward, in no "
+                           "block module whose removal could take it away") for e in edges if not e.owner]
+    return units, left_out, edges_of
+
+
+def _number(units: list[FoundUnit]) -> None:
+    """Stages and indices: blocks under the same parent module are one stage, in forward order; a sub-layer takes
+    its block's."""
+    parents: list[str] = []
+    counts: dict[str, int] = {}
+    place: dict[str, tuple[int, int]] = {}
+    for unit in units:
+        if unit.kind == "block":
+            parent = unit.name.rsplit(".", 1)[0] if "." in unit.name else ""
+            if parent not in parents:
+                parents.append(parent)
+            place[unit.name] = (parents.index(parent), counts.get(parent, 0))
+            counts[parent] = place[unit.name][1] + 1
+    for unit in units:
+        unit.stage, unit.index = place.get(unit.root, (0, 0))
+
+
+@dataclass
+class _Analysis:
+    """One model's graph at one draw: the genericised twin, its traced graph with switches, the example, the units
+    and the additions each unit's removal takes away."""
+
+    twin: nn.Module
+    traced: torch.fx.GraphModule
+    example: torch.Tensor
+    units: list[FoundUnit]
+    left_out: list[FoundUnit]
+    edges_of: dict[str, list[Edge]]
+    switch: dict[torch.fx.Node, int]
+    additions: int
+    parents: dict[str, str]
+
+
+def _analyse(model: nn.Module, input_size: Sequence[int], seed: int) -> _Analysis:
+    """Trace a genericised copy of `model` (drawn from a generator seeded `seed`) and find its units, unproven."""
+    generator = torch.Generator().manual_seed(seed)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    example = torch.randn(1, *input_size, device=device, generator=None)
-    was_training = model.training
-    model.eval()
-    try:
-        for block in blocks:
-            block.sublayers = block.removable and _sublayers_exact(model, block, example)
-            block.names = [max(branch, key=lambda p: (sum(x.numel() for x in model.get_submodule(p).parameters()),
-                                                      -branch.index(p))) for branch in block.branches]
-    finally:
-        model.train(was_training)
-    return blocks
+    twin = copy.deepcopy(model).eval()
+    _genericise(twin, generator)
+    example = torch.randn(1, *input_size, generator=generator).to(device)
+    traced = trace(twin, example)
+    edges, additions = find_edges(traced.graph)
+    modules = _module_nodes(traced.graph)
+    params = {name: sum(p.numel() for p in module.parameters()) for name, module in twin.named_modules()}
+    units, left_out, edges_of = _units(edges, modules, params)
+    parents = _parents(units, edges, edges_of, modules)
+    with torch.no_grad():
+        base = _flat(twin(example))
+        graph_out = _flat(traced(example))
+    if base.shape != graph_out.shape or float((base - graph_out).abs().max()) > TOLERANCE * (
+            float(base.abs().max()) or 1.0):
+        for unit in units:
+            unit.reason = unit.reason or "its traced graph does not compute what the model computes"
+    calls = _count_calls(twin, list(dict.fromkeys(p for u in units for p in (u.name, *u.branch))), example)
+    for unit in units:
+        many = [p for p in (unit.name, *unit.branch) if calls.get(p, 1) != 1]
+        if many and not unit.reason:
+            unit.reason = f"{many[0]} is called {calls[many[0]]} times in one forward"
+    _number(units)
+    return _Analysis(twin, traced, example, units, left_out, edges_of, _with_switches(traced, edges), additions,
+                     parents)
+
+
+def _parents(units: list[FoundUnit], edges: list[Edge], edges_of: dict[str, list[Edge]],
+             modules: dict[str, list[torch.fx.Node]]) -> dict[str, str]:
+    """For each block, the module enclosing it that may stand for it should it fail its proof (a block whose shortcut
+    arrives as another argument than its first is removable only as the caller that passes it its stream): the
+    parent holds no other addition and its output is its input plus the same branches. Fills `edges_of` for them."""
+    parents = {}
+    for unit in units:
+        name = unit.name
+        while unit.kind == "block" and "." in name:
+            parent = name.rsplit(".", 1)[0]
+            inner = [e for e in edges if _inside(e.owner, parent)]
+            walked, why = _block_edges(parent, inner, modules)
+            if why or {e.add for e in inner} != {e.add for e in edges_of[name]}:
+                break
+            parents[name], edges_of[parent], name = parent, walked, parent
+    return parents
+
+
+def _settle(found: _Analysis) -> None:
+    """Prove every unit; a block that fails gives way to the enclosing module that passes it its stream, proven in
+    turn, while there is one."""
+    _prove(found.twin, found.traced, found.example, found.units, found.edges_of, found.switch)
+    for i, unit in enumerate(found.units):
+        while not unit.removable and (parent := found.parents.get(unit.name)) is not None:
+            candidate = FoundUnit(parent, "block", parent)
+            if _count_calls(found.twin, [parent], found.example).get(parent) != 1:
+                break
+            _prove(found.twin, found.traced, found.example, [candidate], found.edges_of, found.switch)
+            if not candidate.removable:
+                break
+            for sub in found.units:
+                if sub.root == unit.name:
+                    sub.root = parent
+            found.units[i] = unit = candidate
+    _number(found.units)
+
+
+def discover(model: nn.Module, input_size: Sequence[int]) -> Discovery:
+    """The depth units of `model` at per-sample `input_size`, each proven (see the module docstring). The model is
+    left as it was (the proofs run on a copy); discovery draws from its own generator. Raises
+    :class:`DiscoveryError` when the graph does not trace."""
+    started = time.perf_counter()
+    found = _analyse(model, input_size, SEED)
+    _settle(found)
+    return Discovery(tuple(input_size), found.units, found.left_out, found.additions, time.perf_counter() - started)
+
+
+def recheck(model: nn.Module, discovery: Discovery, seed: int = 1) -> dict[str, float | None]:
+    """Each removable unit of `discovery` proven again on another draw (parameters and input from `seed`): the
+    largest difference, relative to the output's scale, between the network with it removed and with its additions
+    passing their stream on; None where the unit is not found again or its removal does not run."""
+    again = _analyse(model, discovery.input_size, seed)
+    _settle(again)
+    errors = {u.name: u.error for u in again.units}
+    return {u.name: errors.get(u.name) for u in discovery.removable()}

@@ -14,8 +14,10 @@ offers, in forward order; the same values as timm's model of the same name). Fro
 
 from __future__ import annotations
 
+import copy
 import numbers
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -143,4 +145,87 @@ def features_only(model: nn.Module, out_indices: int | Sequence[int] | None = No
     features = FeatureListNet(model, out_indices=indices, flatten_sequential=True)
     features.zoo_name = getattr(model, "zoo_name", None)
     features.default_cfg = features.pretrained_cfg = getattr(model, "default_cfg", {})
+    return features
+
+
+FEATURE_OPTIONS = ("feature_cls", "feature_cfg")  # timm's features_only options beside out_indices
+WRAPPERS = ("FeatureListNet", "FeatureDictNet", "FeatureHookNet", "FeatureGetterNet", "FeatureGraphNet")
+
+
+def _own_features_class(model: nn.Module, theirs: nn.Module, arch: str, options: dict[str, Any],
+                        asked: dict[str, Any]) -> nn.Module:
+    """timm's features model of an architecture that has a class of its own for it, built for real and given
+    `model`'s weights (every one of its keys must come from `model`); a pruned model is refused (that class has
+    no depth interface to remove its units)."""
+    import timm
+
+    if getattr(model, "zoo_plan", None):
+        raise ModelOptionError(f"timm/{arch} builds its backbone form with a class of its own ({type(theirs).__name__})"
+                               f", which cannot take a depth plan: use forward_intermediates on the pruned model.")
+    device = next(model.parameters()).device
+    with torch.device(device):
+        features = timm.create_model(arch, pretrained=False, features_only=True, **options, **copy.deepcopy(asked))
+    state = model.state_dict()
+    missing = [k for k in features.state_dict() if k not in state]
+    if missing:
+        raise ModelOptionError(f"timm/{arch}: timm's {type(features).__name__} has weights the model has not "
+                               f"({missing[:3]}...).")
+    features.load_state_dict({k: state[k] for k in features.state_dict()})
+    return features
+
+
+def _wrapper_settings(theirs: nn.Module, asked: dict[str, Any]) -> dict[str, Any]:
+    """The settings of timm's feature wrapper `theirs` that can be read back from it (the rest as `asked`)."""
+    cfg = dict(asked.get("feature_cfg") or {})
+    fmt = getattr(theirs, "output_fmt", "NCHW")
+    settings: dict[str, Any] = {"output_fmt": getattr(fmt, "value", fmt)}
+    name = type(theirs).__name__
+    if name == "FeatureGetterNet":
+        return {**settings, "out_indices": theirs.out_indices, "return_dict": theirs.return_dict, "norm": theirs.norm,
+                "prune": cfg.get("prune", True), "out_map": theirs.out_map}
+    settings["out_indices"] = tuple(theirs.feature_info.out_indices)
+    if name == "FeatureGraphNet":
+        return {**settings, "return_dict": theirs.return_dict, "out_map": cfg.get("out_map")}
+    if name == "FeatureHookNet":
+        return {**settings, "return_dict": theirs.return_dict, "out_map": cfg.get("out_map"),
+                "no_rewrite": cfg.get("no_rewrite"), "default_hook_type": cfg.get("default_hook_type", "forward")}
+    settings["feature_concat"] = theirs.concat
+    return {**settings, "out_map": cfg.get("out_map")} if name == "FeatureDictNet" else settings
+
+
+def timm_features(model: nn.Module, arch: str, options: dict[str, Any], out_indices: int | Sequence[int] | None,
+                  feature_options: dict[str, Any]) -> nn.Module:
+    """`model` (timm's `arch` built with `options`, pruned or not) wrapped as ``timm.create_model(arch,
+    features_only=True, ...)`` wraps it: the wrapper class and its settings are read from timm's own build on the meta
+    device (no weights), so the architecture's own feature config, ``feature_cls``, ``feature_cfg`` and
+    `out_indices` mean what they mean in timm; the result must give timm's feature_info (channels, reductions) and
+    its module names, else it is refused."""
+    import timm
+    from timm.models._builder import pretrained_cfg_for_features
+    from timm.models._features import _module_list
+
+    asked = {**feature_options, **({"out_indices": out_indices} if out_indices is not None else {})}
+    try:
+        with torch.device("meta"):  # a copy: timm's builder pops from the feature_cfg it is given
+            theirs = timm.create_model(arch, pretrained=False, features_only=True, **options, **copy.deepcopy(asked))
+    except Exception as exc:  # noqa: BLE001 - timm's own refusal of these options, in one line
+        raise ModelOptionError(f"timm/{arch} with features_only=True and {asked or 'no other options'}: timm refuses "
+                               f"them ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}).") from None
+    if type(theirs).__name__ not in WRAPPERS:  # the architecture's own features class (MobileNetV3Features, ...)
+        return _own_features_class(model, theirs, arch, options, asked)
+    settings = _wrapper_settings(theirs, asked)
+    if type(theirs).__name__ in ("FeatureListNet", "FeatureDictNet"):
+        keys = list(theirs.keys())
+        flat = [f for f in (False, True) if [n for n, _, _ in _module_list(model, f)][:len(keys)] == keys]
+        if not flat:
+            raise ModelOptionError(f"timm/{arch}: timm's feature wrapper takes modules {keys[:4]}..., which this "
+                                   f"model does not have in that order.")
+        settings["flatten_sequential"] = flat[0]
+    features = type(theirs)(model, **settings)
+    mine, timms = features.feature_info, theirs.feature_info
+    if (mine.channels(), mine.reduction()) != (timms.channels(), timms.reduction()):
+        raise ModelOptionError(f"timm/{arch}: the feature stages built here (channels {mine.channels()}) are not "
+                               f"timm's ({timms.channels()}).")
+    features.zoo_name = getattr(model, "zoo_name", None)
+    features.default_cfg = features.pretrained_cfg = pretrained_cfg_for_features(getattr(model, "pretrained_cfg", {}))
     return features

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ModelOptionError, UnknownModelError
+from ..errors import ModelOptionError, UnknownModelError, UnknownOptionError
 
 _logger = logging.getLogger(__name__)
 
@@ -264,15 +264,16 @@ def build_model(name: str, **kwargs: Any) -> nn.Module:
         bad = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
         options = ", ".join(builder_options(entry))
         if bad is not None:
-            raise ModelOptionError(f"{name} has no option {bad.group(1)!r} (from create_model(..., "
+            raise UnknownOptionError(f"{name} has no option {bad.group(1)!r} (from create_model(..., "
                                    f"{bad.group(1)}=...) or model.overrides); its options are: {options}.") from None
         given = {k: v for k, v in kwargs.items() if k != "num_classes"}
         if not given:
             raise
-        raise ModelOptionError(f"{name} cannot be built with options {given} ({exc}); its options are: "
-                               f"{options}.") from None
-    cfg = dict(entry.default_cfg)
-    cfg["architecture"] = name
+        error = UnknownOptionError if "unexpected keyword" in str(exc) else ModelOptionError
+        raise error(f"{name} cannot be built with options {given} ({exc}); its options are: {options}.") from None
+    own = model.__dict__.get("pretrained_cfg") or {}  # what timm's builder put there (pretrained_cfg_overlay too)
+    cfg = {**entry.default_cfg, **timm_cfg(name), **own}
+    cfg["architecture"] = name.removeprefix("timm/")
     if "num_classes" in kwargs:
         cfg["num_classes"] = kwargs["num_classes"]
     model.default_cfg = cfg
@@ -280,6 +281,22 @@ def build_model(name: str, **kwargs: Any) -> nn.Module:
     model.zoo_name = name
     model.zoo_overrides = {k: v for k, v in kwargs.items() if k != "num_classes"}
     return model
+
+
+def timm_cfg(name: str, tag: str | None = None) -> dict[str, Any]:
+    """timm's whole pretrained config of the architecture `name` (``timm/<arch>``, or a declared family's member
+    that timm has under the same name) for `tag` (None: timm's default), as timm puts it on the model; {} where timm
+    has no such model or tag."""
+    arch = name.removeprefix("timm/")
+    family = _FAMILIES.get(get_entry(name).family)
+    if not name.startswith("timm/") and not (family is not None and family.has("timm")):
+        return {}
+    from timm.models import get_pretrained_cfg, is_model
+
+    if not is_model(arch):
+        return {}
+    cfg = get_pretrained_cfg(f"{arch}.{tag}" if tag else arch, allow_unregistered=False)
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.to_dict().items()} if cfg is not None else {}
 
 
 def model_class(name: str) -> type:

@@ -1,11 +1,10 @@
 """Any timm model as a zoo model: ``zoo.create_model("timm/<name>")``, ``python prune.py model=timm model.name=<name>``.
 
 No family file: the model is timm's own (its names, weights, tags and eval config), and its depth units are
-discovered from its graph (:mod:`zoo.models.discovery`): whole residual blocks, and the attention and MLP sub-layers of
-transformer blocks where removing them is exact. The instance gets the zoo's depth interface by a subclass made for its
-class (:class:`DiscoveredDepth` first in the bases), so its state dict, its modules and timm's methods stay as they are.
-What tracing cannot show stays with the declared families: merged activations (a discovered model is pruned by
-blocks and sub-layers only, and says so), TResNet's anti-aliasing, RetNet's recurrent forms.
+discovered from its graph and proven (:mod:`zoo.models.discovery`, through :mod:`zoo.models.discovered`, the one
+pipeline that ``create_model``, the prune job's check and ``python -m zoo list --prunable`` share). What tracing
+cannot show stays with the declared families: merged activations (a discovered model is pruned by blocks and
+sub-layers only, and says so), TResNet's anti-aliasing, RetNet's recurrent forms.
 """
 
 from __future__ import annotations
@@ -16,55 +15,18 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import UnknownModelError
-from .depth import DepthMixin, DepthUnit
-from .discovery import DiscoveredBlock, DiscoveryError, ZeroLike, discover
+from ..errors import ModelOptionError, UnknownModelError, UnknownTagError
+from .discovered import cache_key, cached_discovery, check_prunable, make_prunable, prunable_class
+from .discovery import Discovery, DiscoveryError, discover
+from .features import FEATURE_OPTIONS
 from .registry import CLASSIFIER_DEPLOY, ModelEntry, register_family, register_resolver
 
 PREFIX = "timm/"
 FAMILY = "timm"
-NOTE = ("units discovered from the graph: residual blocks and transformer sub-layers; activations are not merged (a "
-        "declared family merges them)")
-
-
-class DiscoveredDepth(DepthMixin):
-    """The zoo's depth interface for a model whose blocks were discovered (``self.zoo_blocks``)."""
-
-    zoo_blocks: list[DiscoveredBlock]
-    zoo_input_size: tuple[int, ...]
-    zoo_depth_note = NOTE
-
-    def depth_blocks(self) -> list[tuple[str, int, int]]:
-        return [(b.path, b.stage, b.index) for b in self.zoo_blocks]
-
-    def example_input(self, batch_size: int = 1, input_size: Sequence[int] | None = None) -> Any:
-        """A zero input of the size the model was built for (timm's, or ``img_size``'s) unless one is given."""
-        return super().example_input(batch_size, input_size or self.zoo_input_size)
-
-    def depth_unit_specs(self) -> list[DepthUnit]:
-        """Each discovered block (removable or not), preceded by its sub-layers where they may be removed alone."""
-        units = []
-        for block in self.zoo_blocks:
-            if isinstance(self.get_submodule(block.path), nn.Identity):
-                continue
-            if block.sublayers:
-                for name, branch in zip(block.names, block.branches):
-                    if not isinstance(self.get_submodule(branch[0]), ZeroLike):  # not removed already
-                        units.append(DepthUnit(name=name, kind="sublayer", stage=block.stage, index=block.index,
-                                               removable=True, merge=tuple(branch)))
-            units.append(DepthUnit(name=block.path, kind="block", stage=block.stage, index=block.index,
-                                   removable=block.removable))
-        return units
-
-
-@functools.cache
-def prunable_class(cls: type) -> type:
-    """A subclass of a timm model class with the zoo's depth interface first (made once per class)."""
-    return type(f"Prunable{cls.__name__}", (DiscoveredDepth, cls), {"__module__": cls.__module__})
 
 
 def input_size_of(model: nn.Module, options: dict[str, Any]) -> tuple[int, ...]:
-    """The per-sample input the model is traced at: timm's, at the image size it was built for."""
+    """The per-sample input the model is discovered at: timm's, at the image size it was built for."""
     size = tuple(getattr(model, "pretrained_cfg", {}).get("input_size", (3, 224, 224)))
     image = options.get("img_size")
     if image is not None:
@@ -73,51 +35,78 @@ def input_size_of(model: nn.Module, options: dict[str, Any]) -> tuple[int, ...]:
     return size
 
 
+def _timm_build(arch: str, options: dict[str, Any]) -> nn.Module:
+    import timm
+
+    return timm.create_model(arch, pretrained=False, **options)
+
+
+def discovered(arch: str, options: dict[str, Any], model: nn.Module | None = None,
+               input_size: Sequence[int] | None = None) -> tuple[nn.Module, Discovery]:
+    """timm's `arch` built with `options` and its discovery at `input_size` (default: timm's, at ``img_size``),
+    cached: a second call pays only timm's build."""
+    model = _timm_build(arch, options) if model is None else model
+    size = tuple(input_size) if input_size is not None else input_size_of(model, options)
+    found = cached_discovery(cache_key(arch, options, size), lambda: discover(model, size))
+    return model, found
+
+
 def build(arch: str, **options: Any) -> nn.Module:
     """timm's `arch` with random weights and its depth units discovered (raises DiscoveryError, a ZooError, when it
     has none)."""
-    import timm
-
-    def make() -> nn.Module:
-        return timm.create_model(arch, pretrained=False, **options)
-
-    model = make()
+    model = _timm_build(arch, options)
+    if next(model.parameters()).is_meta:  # on the meta device (zoo.models.registry.model_class): no discovery
+        model.__class__ = prunable_class(type(model))
+        return model
+    try:
+        _, found = discovered(arch, options, model)
+        check_prunable(found, f"timm's {arch}")
+    except DiscoveryError as exc:
+        raise DiscoveryError(f"timm's {arch} cannot be depth-pruned: {exc}".replace(
+            f"timm's {arch} cannot be depth-pruned: timm's {arch} cannot be depth-pruned: ",
+            f"timm's {arch} cannot be depth-pruned: ")) from None
     size = input_size_of(model, options)
-    blocks: list[DiscoveredBlock] = []
-    if not next(model.parameters()).is_meta:  # on the meta device (zoo.models.registry.model_class): no tracing
-        try:
-            blocks = discover(make, model, size)
-        except DiscoveryError as exc:
-            raise DiscoveryError(f"timm's {arch} cannot be depth-pruned: {exc}.") from None
-    model.__class__ = prunable_class(type(model))
-    model.zoo_blocks, model.zoo_input_size = blocks, size
-    return model
+    return make_prunable(model, size, cache_key(arch, options, size))
 
 
 def precheck(arch: str, options: dict[str, Any], input_size: Sequence[int] | None = None) -> None:
-    """What can be known before any work: the model traces at the run's input size (`input_size`, else timm's) and has
-    a removable unit (on the meta device; raises DiscoveryError naming what is missing)."""
-    import timm
+    """What can be known before any work, by the same discovery the build uses (cached for it): the model has a
+    proven removable unit, and it takes the run's input size (`input_size`, else timm's)."""
     import torch
 
-    from .discovery import _outermost, _owner_blocks, trace
-
-    with torch.device("meta"):
-        model = timm.create_model(arch, pretrained=False, **options)
-    size = tuple(input_size) if input_size is not None else input_size_of(model, options)
+    what = f"model=timm model.name={arch}"
+    backbone = [k for k in ("features_only", "out_indices", *FEATURE_OPTIONS) if k in options]
+    if backbone:
+        raise ModelOptionError(f"model.overrides.{backbone[0]} makes a backbone (stage outputs, no classifier), which "
+                               f"train.py and prune.py cannot train or prune as a classifier: remove it (a pruned "
+                               f"model's backbone form is zoo.create_model(name, pretrained=<checkpoint>, "
+                               f"features_only=True)).")
+    model = _timm_build(arch, options)
+    if options:
+        try:
+            with torch.no_grad():
+                model.eval()(torch.zeros(1, *input_size_of(model, options)))
+        except Exception as exc:  # noqa: BLE001 - the options built a model that does not run
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelOptionError(f"{what} built with model.overrides {options} does not run "
+                                   f"({type(exc).__name__}: {first[:200]}): an option's value has the wrong type or "
+                                   f"range.") from None
     try:
-        graph, weights = trace(model, torch.empty(1, *size, device="meta"))
+        model, found = discovered(arch, options, model)
     except DiscoveryError as exc:
-        fixed = "img_size" in str(exc) or "doesn't match model" in str(exc) or "Input height" in str(exc)
-        hint = (f"; a model built for one input size (ViT, Swin) takes the data's with "
-                f"+model.overrides.img_size={size[-1]}" if fixed and "img_size" not in options else "")
-        raise DiscoveryError(f"model=timm model.name={arch} cannot be depth-pruned at input size {size}: {exc}"
-                             f"{hint}.") from None
-    blocks = _outermost(_owner_blocks(graph, weights))
-    if not any(b.removable for b in blocks):
-        raise DiscoveryError(f"model=timm model.name={arch} cannot be depth-pruned: it has no residual block whose "
-                             f"shortcut is its input ({len(blocks)} module(s) with a residual addition, none "
-                             f"removable), so there is nothing to remove by depth.")
+        raise DiscoveryError(f"{what} cannot be depth-pruned: {exc}.") from None
+    check_prunable(found, what)
+    size = tuple(input_size) if input_size is not None else found.input_size
+    if size != found.input_size:
+        try:
+            with torch.no_grad():
+                model.eval()(torch.zeros(1, *size))
+        except Exception as exc:  # noqa: BLE001 - any failure at the run's size means the same to the user
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            hint = (f"; a model built for one input size (ViT, Swin) takes the data's with "
+                    f"+model.overrides.img_size={size[-1]}" if "img_size" not in options else "")
+            raise DiscoveryError(f"{what} cannot be depth-pruned at input size {size}: it does not run at that size "
+                                 f"({type(exc).__name__}: {first[:200]}){hint}.") from None
 
 
 def _default_cfg(arch: str) -> dict[str, Any]:
@@ -138,6 +127,15 @@ def resolve(name: str) -> ModelEntry | None:
     import timm
 
     arch = name[len(PREFIX):]
+    base, _, tag = arch.partition(".")
+    if tag and timm.is_model(base):
+        from timm.models import get_arch_pretrained_cfgs
+
+        tags = [full.partition(".")[2] for full in get_arch_pretrained_cfgs(base)]
+        if tag not in tags:
+            listed = ", ".join(t for t in tags if t) or "none"
+            raise UnknownTagError(f"Unknown tag {tag!r} for timm's {base}; timm lists: {listed} (model.tag, or "
+                                  f"model.name=<arch>.<tag>).")
     if not timm.is_model(arch):
         import difflib
 
@@ -151,28 +149,28 @@ def resolve(name: str) -> ModelEntry | None:
     return entry
 
 
-def prunable(pattern: str = "*") -> list[dict[str, Any]]:
+def prunable(pattern: str = "*", progress: Any = None) -> list[dict[str, Any]]:
     """For every timm model matching `pattern` (``timm/convnext*``): whether it can be depth-pruned, its removable
-    blocks and sub-layers, or the reason it cannot (traced on the meta device: no weights, no memory)."""
+    blocks and sub-layers (the very units ``create_model`` offers: same discovery, same cache), or the reason it
+    cannot. `progress(i, n, arch)` is called before each model."""
     import timm
 
     rows = []
-    for arch in timm.list_models(pattern.removeprefix(PREFIX)):
+    archs = timm.list_models(pattern.removeprefix(PREFIX))
+    for i, arch in enumerate(archs):
+        if progress is not None:
+            progress(i, len(archs), arch)
         row: dict[str, Any] = {"model": PREFIX + arch}
         try:
-            import torch
-
-            from .discovery import _outermost, _owner_blocks, trace
-
-            with torch.device("meta"):
-                model = timm.create_model(arch, pretrained=False)
-            graph, weights = trace(model, torch.empty(1, *input_size_of(model, {}), device="meta"))
-            blocks = [b for b in _outermost(_owner_blocks(graph, weights)) if b.removable]
-            row.update(prunable=bool(blocks), blocks=len(blocks),
-                       sublayers=sum(len(b.branches) for b in blocks if len(b.branches) > 1),
-                       reason=None if blocks else "no residual block whose shortcut is its input")
+            _, found = discovered(arch, {})
+            units = found.removable()
+            reasons = sorted({u.reason for u in [*found.units, *found.left_out] if u.reason})
+            row.update(prunable=bool(units), blocks=sum(u.kind == "block" for u in units),
+                       sublayers=sum(u.kind == "sublayer" for u in units),
+                       reason=None if units else (reasons[0] if reasons else "no residual addition"))
         except Exception as exc:  # noqa: BLE001 - a model that does not build or trace is listed with why
-            row.update(prunable=False, blocks=0, sublayers=0, reason=str(exc).strip().splitlines()[0][:160])
+            text = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+            row.update(prunable=False, blocks=0, sublayers=0, reason=text)
         rows.append(row)
     return rows
 

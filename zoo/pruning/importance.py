@@ -200,9 +200,10 @@ class PlanLoss:
 
     def variants(self, removed: frozenset[str]) -> list[frozenset[str]]:
         """The variant of every segment in a set of removed units (raises ZooError for a unit in no segment)."""
-        variants = [frozenset(u for u in removed if u == seg.name or u.startswith(seg.name + "."))
-                    for seg in self.segments]
-        unknown = removed - frozenset().union(*variants)
+        inside = [frozenset(u for u in removed if u == seg.name or u.startswith(seg.name + "."))
+                  for seg in self.segments]
+        unknown = removed - frozenset().union(*inside)
+        variants = [seg.variant_of(units) for seg, units in zip(self.segments, inside)]
         if unknown:
             raise ZooError(f"Units {sorted(unknown)} lie in no segment of the model.")
         return variants

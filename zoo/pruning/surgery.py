@@ -32,8 +32,7 @@ from torch import nn
 
 from ..deploy.fuse import fold_bn_into_conv
 from ..errors import PlanError
-from ..models.depth import BlockSpec, Chain, ConvOp, PassThrough, check_removable
-from ..models.discovery import zero_branch
+from ..models.depth import BlockSpec, Chain, ConvOp, DepthUnit, PassThrough, check_removable, zero_branch
 
 
 class ChainBlock(nn.Module):
@@ -242,6 +241,36 @@ def rebuild_block(block: nn.Module, removed_acts: set[str], merge: bool = True, 
     return merge_chain_block(rebuilt) if merge else rebuilt
 
 
+def _within(path: str, outer: str) -> bool:
+    return path == outer or path.startswith(outer + ".")
+
+
+def _paths(unit: DepthUnit) -> tuple[str, ...]:
+    """The module paths a unit's removal replaces: a sub-layer's branch, else the unit's own module."""
+    return unit.merge if unit.kind == "sublayer" else (unit.name,)
+
+
+def covers(outer: DepthUnit, inner: DepthUnit) -> bool:
+    """Whether removing `outer` removes `inner` with it: every module `inner`'s removal replaces lies in one that
+    `outer`'s replaces (a residual sub-layer nested in another's branch, anything inside a removed block)."""
+    if outer.name == inner.name or outer.kind == "act":
+        return False
+    return all(any(_within(p, q) for q in _paths(outer)) for p in _paths(inner))
+
+
+def uncovered(units: dict[str, DepthUnit], removed: list[str] | frozenset[str]) -> list[str]:
+    """`removed` without the units another removed unit covers (their removal is already done by it), in order.
+    Units whose removals touch the same modules without one covering the other cannot be applied together: a
+    :class:`PlanError` (discovery never offers such a pair: branches of residual additions nest or are disjoint)."""
+    chosen = [units[n] for n in dict.fromkeys(removed)]
+    kept = [u for u in chosen if u.kind == "act" or not any(covers(o, u) for o in chosen)]
+    for a, b in itertools.combinations([u for u in kept if u.kind != "act"], 2):
+        if any(_within(p, q) or _within(q, p) for p in _paths(a) for q in _paths(b)):
+            raise PlanError(f"Units {a.name!r} and {b.name!r} overlap without one containing the other: they cannot "
+                            f"be removed together.")
+    return [u.name for u in kept]
+
+
 def _block_of(unit_name: str, block_names: list[str]) -> str:
     for name in block_names:
         if unit_name.startswith(name + "."):
@@ -302,12 +331,12 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
         if units[name].kind == "act":
             block = _block_of(name, block_names)
             acts_by_block.setdefault(block, set()).add(name[len(block) + 1:])
-    for name in removed:
+    kept = uncovered(units, removed)
+    for name in kept:
         if units[name].kind == "sublayer":
-            if not any(b in removed for b in block_names if name.startswith(b + ".")):
-                zero_branch(model, units[name].merge)
+            zero_branch(model, units[name].merge)
         elif units[name].kind != "act":
-            model.set_submodule(name, PassThrough())
+            model.set_submodule(name, PassThrough(model.get_submodule(name)))
     for block_name, acts in acts_by_block.items():
         if block_name in removed:
             continue
@@ -351,13 +380,23 @@ class Segment:
     """A part of the network whose latency depends only on which of its own units are removed."""
 
     name: str                 # module path (a block, or a RetNet sub-layer)
-    acts: tuple[str, ...]     # act units inside it (full names)
+    acts: tuple[str, ...]     # units inside it (full names): mergeable activations, sub-layers
     removable: bool           # the whole segment can be replaced by its shortcut
+    nested: tuple[tuple[str, str], ...] = ()  # (outer, inner): removing outer removes inner with it
 
     def variants(self) -> list[frozenset[str]]:
-        """Every choice for this segment, as the set of its unit names removed."""
-        choices = [frozenset(c) for r in range(len(self.acts) + 1) for c in itertools.combinations(self.acts, r)]
+        """Every distinct choice for this segment, as the set of its unit names removed (a set holding a unit and one
+        nested in it is the same network as the outer unit alone, so it is left out)."""
+        choices = [frozenset(c) for r in range(len(self.acts) + 1) for c in itertools.combinations(self.acts, r)
+                   if not any(o in c and i in c for o, i in self.nested)]
         return choices + ([frozenset({self.name})] if self.removable else [])
+
+    def variant_of(self, removed: set[str] | frozenset[str]) -> frozenset[str]:
+        """This segment's variant when the units `removed` are (a unit nested in another removed one drops out)."""
+        if self.name in removed:
+            return frozenset({self.name})
+        chosen = {a for a in self.acts if a in removed}
+        return frozenset(chosen - {i for o, i in self.nested if o in chosen})
 
 
 INSIDE = ("act", "sublayer")  # units that live inside a block: the block's segment varies over them
@@ -368,23 +407,30 @@ def segments(model: nn.Module) -> list[Segment]:
     sub-layers of a traced transformer block)."""
     specs = model.depth_unit_specs()
     owners = [u for u in specs if u.kind not in INSIDE]
-    acts: dict[str, list[str]] = {u.name: [] for u in owners}
+    for a, b in itertools.combinations(owners, 2):
+        assert not (_within(a.name, b.name) or _within(b.name, a.name)), f"segments {a.name} and {b.name} overlap"
+    acts: dict[str, list[DepthUnit]] = {u.name: [] for u in owners}
     for unit in specs:
         if (unit.kind == "act" and unit.mergeable) or unit.kind == "sublayer":
-            acts[_block_of(unit.name, list(acts))].append(unit.name)
-    return [Segment(u.name, tuple(acts[u.name]), u.removable) for u in owners]
+            acts[_block_of(unit.name, list(acts))].append(unit)
+    found = []
+    for owner in owners:
+        inside = acts[owner.name]
+        nested = tuple((o.name, i.name) for o in inside for i in inside if covers(o, i))
+        found.append(Segment(owner.name, tuple(u.name for u in inside), owner.removable, nested))
+    return found
 
 
 def build_segment(model: nn.Module, segment: Segment, removed: frozenset[str], merge: bool = True) -> nn.Module:
     """The segment's module after removing `removed` (a copy; the model is untouched)."""
     if segment.name in removed:
-        return PassThrough()
+        return PassThrough(model.get_submodule(segment.name))
     module = copy.deepcopy(model.get_submodule(segment.name))
     if not removed:
         return module
     units = {u.name: u for u in model.depth_unit_specs()}
     prefix = segment.name + "."
-    for name in [n for n in removed if units[n].kind == "sublayer"]:
+    for name in [n for n in uncovered(units, removed) if units[n].kind == "sublayer"]:
         zero_branch(module, [m[len(prefix):] for m in units[name].merge])
     relative = {name[len(prefix):] for name in removed if units[name].kind == "act"}
     return rebuild_block(module, relative, merge) if relative else module

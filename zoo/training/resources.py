@@ -77,16 +77,43 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def _cgroup_cpus(root: Path) -> int | None:
+    """The CPUs a cgroup's quota allows (v2 ``cpu.max``, v1 ``cpu/cpu.cfs_quota_us``), rounded up; None if unlimited."""
+    try:
+        if (root / "cpu.max").exists():
+            quota, period = (root / "cpu.max").read_text().split()[:2]
+        else:
+            quota = (root / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (root / "cpu" / "cpu.cfs_period_us").read_text().strip()
+    except (OSError, ValueError):
+        return None
+    if quota in ("max", "-1") or not quota.lstrip("-").isdigit() or not period.isdigit() or int(period) <= 0:
+        return None
+    return max(1, -(-int(quota) // int(period)))
+
+
+def allocated_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> tuple[int, str]:
+    """The cores this process was given, and by whom: the fewest of the CPU affinity mask, a scheduler's allocation
+    (``SLURM_CPUS_PER_TASK``) and the cgroup's CPU quota."""
+    limits = [(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+               "the CPU affinity mask")]
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        limits.append((int(slurm), "SLURM_CPUS_PER_TASK"))
+    quota = _cgroup_cpus(cgroup_root)
+    if quota is not None:
+        limits.append((quota, "the cgroup's CPU quota"))
+    return min(limits, key=lambda limit: limit[0])
+
+
 def set_threads(requested: int | None, sharing: int = 1, why: str = "alone") -> dict[str, Any]:
     """Set this process's torch threads for training and calibration (timing sets its own, per measurement).
 
-    `requested` (``trainer.threads``) wins; else ``$OMP_NUM_THREADS`` when set; else the cores divided by the `sharing`
-    jobs that run on them at once (a joblib study's workers, torchrun's local processes): jobs that each took every
-    core would fight over them (17x slower seen on a 2-core machine). Returns what was set and why, for
-    ``results.json``."""
-    import os
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    `requested` (``trainer.threads``) wins; else ``$OMP_NUM_THREADS`` when set; else the cores this process was given
+    (:func:`allocated_cores`: a SLURM job's allocation, not the machine's) divided by the `sharing` jobs that run on
+    them at once (a joblib study's workers, torchrun's local processes): jobs that each took every core would fight
+    over them (17x slower seen on a 2-core machine). Returns what was set and why, for ``results.json``."""
+    cores, cores_from = allocated_cores()
     env = os.environ.get("OMP_NUM_THREADS", "")
     if requested is not None:
         threads, source = int(requested), "trainer.threads"
@@ -98,7 +125,8 @@ def set_threads(requested: int | None, sharing: int = 1, why: str = "alone") -> 
     _SHARE.clear()
     if requested is None and sharing > 1:  # ours to change while the jobs sharing the cores wait (share_cores)
         _SHARE.update(cores=cores, sharing=sharing, threads=threads)
-    return {"threads": threads, "cores": cores, "jobs_sharing_cores": max(1, sharing), "from": source}
+    return {"threads": threads, "cores": cores, "cores_from": cores_from, "jobs_sharing_cores": max(1, sharing),
+            "from": source}
 
 
 _SHARE: dict[str, int] = {}  # set by set_threads when the thread count is the cores shared out, not asked for

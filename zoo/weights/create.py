@@ -7,15 +7,18 @@ weights), :mod:`zoo.surgery` (plans) and :mod:`zoo.fuse` (deploy form), none of 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..deploy.fuse import fuse
 from ..errors import ModelOptionError, WeightsError
+from ..models.features import FEATURE_OPTIONS, timm_features
 from ..models.features import features_only as features_only_model
 from ..models.registry import build_model, get_entry, model_class
 from ..pruning.surgery import apply_plan
@@ -42,8 +45,10 @@ def create_model(
     checkpoint keeps its own head, overrides and tag unless new ones are given. `features_only` returns timm's
     backbone form (the stage outputs `out_indices` as a list, with ``feature_info``), pruned models included.
     """
-    if out_indices is not None and not features_only:
-        raise ModelOptionError("out_indices is for the backbone form: pass features_only=True as well.")
+    feature_options = {k: overrides.pop(k) for k in FEATURE_OPTIONS if k in overrides}
+    if (out_indices is not None or feature_options) and not features_only:
+        given = ", ".join(["out_indices"] * (out_indices is not None) + list(feature_options))
+        raise ModelOptionError(f"{given} is for the backbone form: pass features_only=True as well.")
     if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int) or
                                     num_classes < 0):
         raise ModelOptionError(f"num_classes={num_classes!r}: give the number of classes, an integer >= 0 (0: no "
@@ -59,7 +64,7 @@ def create_model(
         pretrained = hub_id(arch, tag)
         tag = tag or resolve_tag(arch, None)["tag"]
     if tag is not None:
-        resolve_tag(arch, tag)  # an unknown tag fails before any file is read
+        resolve_tag(arch, tag, weighted=False)  # an unknown tag fails before any file is read
     source = resolve_source(pretrained) if pretrained is not False else None
     meta = source.meta if source is not None else None
     if meta is not None:
@@ -85,7 +90,11 @@ def create_model(
     kwargs = dict(overrides)
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
-    model = build_model(arch, **kwargs)
+    placement = {k: kwargs.pop(k) for k in ("device", "dtype") if kwargs.get(k) is not None}
+    with torch.device(placement["device"]) if "device" in placement else contextlib.nullcontext():
+        model = build_model(arch, **kwargs)  # timm's device and dtype options, for every family
+    if "dtype" in placement:
+        model = model.to(dtype=placement["dtype"])
     if tag is not None:
         model.default_cfg = model.pretrained_cfg = {**cfg, "num_classes": model.default_cfg.get("num_classes")}
     model.zoo_tag = tag
@@ -95,7 +104,14 @@ def create_model(
         model = fuse(model, inplace=True)
     if source is not None:
         load_into(model, source)
-    return features_only_model(model, out_indices) if features_only else model
+    if not features_only:
+        return model
+    if arch.startswith("timm/"):  # timm's own class: wrapped as timm wraps it
+        return timm_features(model, arch.removeprefix("timm/"), kwargs, out_indices, feature_options)
+    if feature_options:
+        raise ModelOptionError(f"{', '.join(feature_options)}: {arch} is a declared family, whose backbone form is "
+                               f"timm's FeatureListNet over its feature_info; these options are for timm/ models.")
+    return features_only_model(model, out_indices)
 
 
 def load(path: str | Path, **kwargs: Any) -> nn.Module:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..errors import UnknownTagError
-from ..models.registry import get_entry
+from ..models.registry import get_entry, timm_cfg
 
 EVAL_KEYS = ("input_size", "test_input_size", "interpolation", "crop_pct", "test_crop_pct", "crop_mode", "mean",
              "std", "num_classes", "pool_size", "first_conv", "classifier", "fixed_input_size", "label_offset")
@@ -31,8 +31,9 @@ def timm_arch(arch: str) -> str:
     return arch.removeprefix("timm/")
 
 
-def _timm_cfgs(arch: str) -> dict[str, dict[str, Any]]:
-    """timm's pretrained configs of `arch` that name published weights, by tag, in timm's order (default first)."""
+def _timm_cfgs(arch: str, weighted: bool = True) -> dict[str, dict[str, Any]]:
+    """timm's pretrained configs of `arch` by tag, in timm's order (default first): those that name published weights,
+    or (`weighted` False) every tag timm lists (``mixer_s16_224.untrained`` too)."""
     from timm.models import get_arch_pretrained_cfgs, is_model
 
     arch = timm_arch(arch)
@@ -41,7 +42,7 @@ def _timm_cfgs(arch: str) -> dict[str, dict[str, Any]]:
     cfgs = {}
     for full, cfg in get_arch_pretrained_cfgs(arch).items():
         values = cfg.to_dict()
-        if values.get("hf_hub_id") or values.get("url"):
+        if values.get("hf_hub_id") or values.get("url") or not weighted:
             cfgs[split_name(full)[1]] = values
     return cfgs
 
@@ -68,9 +69,16 @@ def default_tag(arch: str) -> str | None:
     return next(iter(tag_cfgs(arch)), None)
 
 
-def resolve_tag(arch: str, tag: str | None) -> dict[str, Any]:
-    """The pretrained config of ``arch.tag``; tag None means the default tag. Unknown tags list the known ones."""
+def resolve_tag(arch: str, tag: str | None, weighted: bool = True) -> dict[str, Any]:
+    """The pretrained config of ``arch.tag``; tag None means the default tag. Unknown tags list the known ones.
+    `weighted` False: any tag timm lists is known, with or without weights (a model built without them)."""
     cfgs = tag_cfgs(arch)
+    listed = _timm_cfgs(arch, weighted=False)
+    if tag in listed and tag not in cfgs:
+        if not weighted:
+            return {**listed[tag], "tag": tag}
+        raise UnknownTagError(f"{arch}.{tag} names no published weights (timm lists the tag without a file): build it "
+                              f"with pretrained=False, or pass weights as pretrained=<file or hub id>.")
     tag = tag or default_tag(arch)
     if tag is None:
         raise UnknownTagError(f"Model {arch!r} has no published pretrained weights (no tag is known). Pass a local "
@@ -126,13 +134,14 @@ def pretrained_cfg(arch: str, tag: str | None = None) -> dict[str, Any]:
     """A model's default config (eval config included): the registered defaults, updated with the tag's when a tag
     is given. This is what ``model.default_cfg`` holds and what the data transforms and latency tables use."""
     entry = get_entry(arch)
-    cfg = dict(entry.default_cfg)
+    cfg = {**entry.default_cfg, **timm_cfg(arch, tag if tag in _timm_cfgs(arch, weighted=False) else None)}
     if tag is not None:
-        found = resolve_tag(arch, tag)
+        found = resolve_tag(arch, tag, weighted=False)
         cfg.update({k: found[k] for k in EVAL_KEYS if found.get(k) is not None})
         cfg["tag"] = found["tag"]
-        cfg["hf_hub_id"] = hub_id(arch, tag) if found.get("hf_hub_id") else None
-    cfg["architecture"] = arch
+        if found.get("hf_hub_id"):
+            cfg["hf_hub_id"] = hub_id(arch, tag)
+    cfg["architecture"] = timm_arch(arch)
     return cfg
 
 
