@@ -243,6 +243,9 @@ def assert_tiny_prune_results(base: Path, stdout: str) -> None:
     assert export["passed"] and export["max_rel_diff"] <= 1e-4 and (base / "run" / "pruned.onnx").is_file()
     assert export["checked_shapes"] == [[[2, 3, 16, 16]], [[3, 3, 16, 16]]]  # a dynamic batch, checked at two sizes
     assert export["dynamic_axes"] == {next(iter(export["dynamic_axes"])): {"0": "batch"}} and export["opset"]
+    health = results["baseline"]["health"]  # computed from the baseline's top-1 and the classes, and said loudly
+    assert health["trained"] == (health["top1"] > health["chance"] + 5.0) and health["chance"] == 10.0
+    assert health["trained"] or "THE BASELINE DID NOT LEARN" in stdout
     for side in ("baseline", "pruned"):
         assert results[side]["latency_ms"] > 0 and results[side]["params"] > 0 and "val/acc1" in results[side][
             "metrics"]

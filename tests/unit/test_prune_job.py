@@ -31,6 +31,19 @@ def test_prune_py_digits_end_to_end(digits_prune):
     assert_tiny_prune_results(base, proc.stdout)
 
 
+def test_a_baseline_that_did_not_learn_is_said_loudly_or_refused(tmp_path):
+    """A baseline at chance (learning rate ~0: top-1 within 5 points of 10 % on 10 classes) is refused by
+    prune.require_trained_baseline=true before any latency table is built, with why; a trained one passes."""
+    from zoo.jobs.baseline import baseline_health
+
+    out = prune_in_process(*TINY, "optim.lr=1e-9", "prune.require_trained_baseline=true", base=tmp_path)
+    assert out.returncode == 2 and "The baseline did not learn (top-1" in out.stdout, out.stdout[-2000:]
+    assert "from chance (10.00 % for 10 classes)" in out.stdout and not list(tmp_path.rglob("plan.json"))
+    assert baseline_health({"val/acc1": 93.0}, "classification", 10)["trained"]
+    assert not baseline_health({"val/acc1": 14.0}, "classification", 10)["trained"]
+    assert baseline_health({"val/loss": 3.0}, "language_model", 256)["trained"]
+
+
 def test_measured_target_loop_searches_again_for_the_miss(digits_prune, monkeypatch):
     """On a machine where every plan runs at 0.9 of its predicted speed-up, the plan searched for 1.5x measures 10 %
     short; the loop searches again for the predicted speed-up scaled by the miss and keeps that plan, whose measured

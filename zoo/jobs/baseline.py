@@ -234,3 +234,20 @@ def evaluate_baseline(cfg: Any, config: dict, baseline: nn.Module, data: Any) ->
     if dist.is_main:
         write_sealed_json(path, {"key": key, "metrics": metrics})
     return metrics, False
+
+
+CHANCE_MARGIN = 5.0  # top-1 points above chance (100 / classes) under which a baseline has not learned
+
+
+def baseline_health(metrics: dict[str, float], task: str, num_classes: int) -> dict[str, Any]:
+    """Whether the baseline learned: a classifier's top-1 more than CHANCE_MARGIN points above chance. A baseline at
+    chance makes any pruning result meaningless (every plan keeps chance)."""
+    key = next((k for k in ("val/acc1", "acc1") if k in metrics), None)  # evaluate's keys, or results.json's
+    if task != "classification" or key is None or num_classes < 2:
+        return {"trained": True, "why": "not a classifier: no chance level to compare with"}
+    chance = 100.0 / num_classes
+    top1 = float(metrics[key])
+    trained = top1 > chance + CHANCE_MARGIN
+    why = (f"top-1 {top1:.2f} % is {top1 - chance:+.2f} points from chance ({chance:.2f} % for {num_classes} classes)"
+           + ("" if trained else f": within {CHANCE_MARGIN:g} points, the baseline did not learn"))
+    return {"trained": trained, "top1": round(top1, 4), "chance": round(chance, 4), "why": why}

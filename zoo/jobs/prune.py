@@ -21,7 +21,7 @@ from ..errors import ZooError
 from ..files import write_json
 from ..latency.accuracy import correct
 from ..weights.checkpoint import save_checkpoint
-from .baseline import evaluate_baseline, load_or_train_baseline
+from .baseline import baseline_health, evaluate_baseline, load_or_train_baseline
 from .final_timing import build_job_table, export_pruned, measure_side_by_side, report_runtimes
 from .finetune import finetune, qat_finetune
 from .plan import (
@@ -138,6 +138,14 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         if hasattr(baseline, "zoo_depth_note"):
             _log.info("%s: %s", cfg.model.name, baseline.zoo_depth_note)
         given_plan = read_plan(cfg.prune.plan, baseline) if cfg.prune.plan else None
+        base_metrics, base_cached = evaluate_baseline(cfg, config, baseline, data)  # cached: once per weights+data
+        health = baseline_health(base_metrics, data.task, data.num_classes)
+        if not health["trained"]:
+            if cfg.prune.require_trained_baseline:
+                raise ZooError(f"The baseline did not learn ({health['why']}); prune.require_trained_baseline=true "
+                               f"refuses it: train it longer (trainer.max_epochs) or give trained weights.")
+            _log.warning("THE BASELINE DID NOT LEARN: %s. Pruning it proceeds, but its accuracy numbers mean "
+                         "nothing (prune.require_trained_baseline=true refuses such a baseline).", health["why"])
     logger = create_logger(job_logger_cfg(cfg), config=config, group=hydra_context().get("group"), is_main=dist.is_main)
     try:
         table = correction = damages = options = result = corrections = None
@@ -175,7 +183,6 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         if stopped is not None:
             raise (ZooError if stopped[0] else RuntimeError)(f"rank 0 stopped before fine-tuning ({stopped[1]})")
         with phase(timings, "finetune"):
-            base_metrics, base_cached = evaluate_baseline(cfg, config, baseline, data)
             pruned, pruned_metrics = finetune(cfg, baseline, plan, data, logger, output_dir, config)
         if cfg.finetune.qat:  # every rank trains (DDP); the INT8 model is made from it below
             with phase(timings, "qat"):
@@ -194,7 +201,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         results = assemble_results(cfg, table, plan, result, baseline, pruned, base_metrics, pruned_metrics,
                                    measured, timings, checkpoint, correction, importance_cached)
         results["baseline"].update(source=str(baseline_path), metrics_cached=base_cached,
-                                   tag=getattr(baseline, "zoo_tag", None))
+                                   tag=getattr(baseline, "zoo_tag", None), health=health)
         results["runtimes"] = runtimes
         results["target_check"] = target_check(target, results, corrections)
         results["world_size"] = dist.world

@@ -51,6 +51,7 @@ class PruneSettings:
     max_memory_mb: float | None = None
     table: dict[str, Any] = field(default_factory=dict)
     measure: dict[str, Any] = field(default_factory=dict)
+    require_trained_baseline: bool = False
 
 
 @dataclass
