@@ -223,6 +223,7 @@ def test_the_pruned_checkpoint_has_a_model_card(digits_prune):
     assert all(f"`{unit}`" in card.text for unit in results["plan"]["remove"])
     assert "python prune.py" in card.text and "prune.export=onnx" in card.text
     assert 'zoo.load("pruned.safetensors")' in card.text and "onnxruntime" in card.text
+    assert ("the baseline did not learn" in card.text) == (not results["baseline"]["health"]["trained"])
 
 
 def test_second_job_reuses_baseline_table_and_importance(digits_prune):

@@ -76,6 +76,15 @@ def _how_to_load(results: dict[str, Any], task: str) -> list[str]:
     return lines
 
 
+def _baseline_warning(results: dict[str, Any]) -> list[str]:
+    """A warning above the quality table when the baseline did not learn (``results.json`` ``baseline.health``)."""
+    health = results["baseline"].get("health") or {}
+    if health.get("trained", True):
+        return []
+    return [f"> **Warning: the baseline did not learn** ({health.get('why')}). The accuracy below says nothing about "
+            f"what pruning costs.", ""]
+
+
 def model_card(results: dict[str, Any], overrides: list[str] | None, task: str) -> Any:
     """The card of a prune run's results (``results.json``), as a ``huggingface_hub.ModelCard``."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -101,7 +110,7 @@ def model_card(results: dict[str, Any], overrides: list[str] | None, task: str) 
         f"- **Base model:** {source}", f"- **Task data:** `{results['data']}`",
         f"- **Parameters:** {results['baseline']['params']:,} -> {results['pruned']['params']:,}", "",
         "## Speed (measured side by side with the base model)", "", *_speed_table(results), "",
-        "## Quality", "", *_metrics_table(results), "",
+        "## Quality", "", *_baseline_warning(results), *_metrics_table(results), "",
         "## Plan", "", "Removed depth units (`zoo.apply_plan` replays them on the base model):", "",
         *(f"- `{unit}`" for unit in removed), "",
         "## How it was made", "", "```bash", command_line(overrides), "```", "",
