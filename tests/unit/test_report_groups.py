@@ -76,3 +76,16 @@ def test_the_report_draws_the_measured_pareto_front(tmp_path):
     assert "Pareto front (measured): 3 of 5 configs" in (tmp_path / "report.md").read_text()
     (line,) = [ln for ln in pareto_figure(result["rows"]).axes[0].lines if "Pareto front" in ln.get_label()]
     assert list(line.get_xdata()) == [4.0, 5.0, 7.0] and list(line.get_ydata()) == [70.0, 80.0, 85.0]
+
+
+def test_the_report_warns_where_a_baseline_did_not_learn(tmp_path):
+    """A job whose results.json says its baseline did not learn (baseline.health) puts a warning above its model's
+    table; results without health (written before it existed) count as trained."""
+    write_job(tmp_path, "ok_0", "A", 0, "dp", 5.0, 80.0)
+    make_report(tmp_path)
+    assert "did not learn" not in (tmp_path / "report.md").read_text()
+    data = json.loads((tmp_path / "ok_0" / "results.json").read_text())
+    data["baseline"]["health"] = {"trained": False, "top1": 10.0, "chance": 10.0, "why": "top-1 at chance"}
+    (tmp_path / "ok_0" / "results.json").write_text(json.dumps(data))
+    make_report(tmp_path)
+    assert "Warning: a baseline of mobilenetv2_035 did not learn" in (tmp_path / "report.md").read_text()

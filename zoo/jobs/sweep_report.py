@@ -65,6 +65,7 @@ def row_of(results: Any, job: str) -> dict[str, Any]:
             "baseline_metric": _number(results["baseline"]["metrics"].get(metric), f"baseline {metric}"),
             "pruned_metric": _number(results["pruned"]["metrics"].get(metric), f"pruned {metric}"), "job": job,
             "seed": (results.get("seeds") or {}).get("trainer.seed"), "group": results.get("config_group") or job,
+            "baseline_trained": (results["baseline"].get("health") or {}).get("trained", True),
         }
     except (KeyError, TypeError, AttributeError) as exc:
         raise ReportError(f"results.json lacks {exc}") from None
@@ -152,6 +153,7 @@ def markdown(rows: list[dict[str, Any]], problems: list[dict[str, str]]) -> str:
     """A table per model (one row per config; mean ± standard deviation over its seeds), then the problem jobs."""
     lines = ["# Pruning study report", "",
              "Each row is one config; `n` jobs repeat it over seeds, shown as mean ± sample standard deviation.", ""]
+    untrained = {row["model"] for row in rows if not row.get("baseline_trained", True)}
     by_model: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for summary in summarize(rows):
         by_model[summary["model"]].append(summary)
@@ -160,6 +162,9 @@ def markdown(rows: list[dict[str, Any]], problems: list[dict[str, str]]) -> str:
         lines += [f"## {model} on {first['device']}", "",
                   f"Baseline: {first['baseline_ms']:.3f} ms, {first['baseline_params']:,} params, "
                   f"{first['metric']} {_spread(first, 'baseline_metric', '.3f')}", "",
+                  *([f"> **Warning: a baseline of {model} did not learn** (its top-1 is within 5 points of chance; "
+                     f"`results.json` `baseline.health`): the accuracy columns say nothing about pruning.", ""]
+                    if model in untrained else []),
                   "| search | importance | target | n | measured ms | speed-up | pred. error | params | "
                   f"{first['metric']} before | after |", "|---|---|---|---|---|---|---|---|---|---|"]
         for row in summaries:
