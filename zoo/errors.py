@@ -15,6 +15,13 @@ class ZooError(ValueError):
     """Base class of depthzoo's user-facing errors."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message, or its type's name when it has none: how a caught error is quoted in
+    one line."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 # -- models and weights
 
 
@@ -136,8 +143,7 @@ def run_command(main: Callable[[], Any]) -> int:
     try:
         code = main()
     except ZooError as exc:
-        text = str(exc).strip()
-        print(f"error: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
+        print(f"error: {first_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

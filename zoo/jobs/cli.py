@@ -37,7 +37,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from ..errors import Interrupted, RunConflictError, ZooError
+from ..errors import Interrupted, RunConflictError, ZooError, first_line
 from ..files import write_json
 from ..signals import on_stop_signals
 from .runs import names_a_job
@@ -222,7 +222,7 @@ def one_line(exc: BaseException) -> str:
     """The first line of an error's message (a DataLoader worker's wrapped error: the original one)."""
     text = str(exc).strip()
     match = re.search(r"^\w+(?:\.\w+)*(?:Error|Exception): (.+)$", text, re.M) if "Original Traceback" in text else None
-    return (match.group(1) if match else text.splitlines()[0] if text else type(exc).__name__)[:500]
+    return (match.group(1) if match else first_line(exc))[:500]
 
 
 def _ledger(sweep_dir: str | Path) -> Path:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ModelOptionError
+from ..errors import ModelOptionError, first_line
 
 
 def check_fraction(enable: bool | float) -> None:
@@ -210,7 +210,7 @@ def timm_features(model: nn.Module, arch: str, options: dict[str, Any], out_indi
             theirs = timm.create_model(arch, pretrained=False, features_only=True, **options, **copy.deepcopy(asked))
     except Exception as exc:  # noqa: BLE001 - timm's own refusal of these options, in one line
         raise ModelOptionError(f"timm/{arch} with features_only=True and {asked or 'no other options'}: timm refuses "
-                               f"them ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}).") from None
+                               f"them ({type(exc).__name__}: {first_line(exc)[:200]}).") from None
     if type(theirs).__name__ not in WRAPPERS:  # the architecture's own features class (MobileNetV3Features, ...)
         return _own_features_class(model, theirs, arch, options, asked)
     settings = _wrapper_settings(theirs, asked)

@@ -286,16 +286,16 @@ def build_model(name: str, **kwargs: Any) -> nn.Module:
 def timm_cfg(name: str, tag: str | None = None) -> dict[str, Any]:
     """timm's whole pretrained config of the architecture `name` (``timm/<arch>``, or a declared family's member
     that timm has under the same name) for `tag` (None: timm's default), as timm puts it on the model; {} where timm
-    has no such model or tag."""
+    has no such model or does not list the tag (a tag of the zoo's own)."""
     arch = name.removeprefix("timm/")
     family = _FAMILIES.get(get_entry(name).family)
     if not name.startswith("timm/") and not (family is not None and family.has("timm")):
         return {}
-    from timm.models import get_pretrained_cfg, is_model
+    from timm.models import get_arch_pretrained_cfgs, get_pretrained_cfg, is_model
 
     if not is_model(arch):
         return {}
-    cfg = get_pretrained_cfg(f"{arch}.{tag}" if tag else arch, allow_unregistered=False)
+    cfg = get_arch_pretrained_cfgs(arch).get(f"{arch}.{tag}") if tag else get_pretrained_cfg(arch)
     return {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.to_dict().items()} if cfg is not None else {}
 
 

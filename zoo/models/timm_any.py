@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import ModelOptionError, UnknownModelError, UnknownTagError
+from ..errors import ModelOptionError, UnknownModelError, UnknownTagError, first_line
 from .discovered import cache_key, cached_discovery, check_prunable, make_prunable, prunable_class
 from .discovery import Discovery, DiscoveryError, discover
 from .features import FEATURE_OPTIONS
@@ -60,11 +60,9 @@ def build(arch: str, **options: Any) -> nn.Module:
         return model
     try:
         _, found = discovered(arch, options, model)
-        check_prunable(found, f"timm's {arch}")
     except DiscoveryError as exc:
-        raise DiscoveryError(f"timm's {arch} cannot be depth-pruned: {exc}".replace(
-            f"timm's {arch} cannot be depth-pruned: timm's {arch} cannot be depth-pruned: ",
-            f"timm's {arch} cannot be depth-pruned: ")) from None
+        raise DiscoveryError(f"timm's {arch} cannot be depth-pruned: {exc}") from None
+    check_prunable(found, f"timm's {arch}")
     size = input_size_of(model, options)
     return make_prunable(model, size, cache_key(arch, options, size))
 
@@ -87,10 +85,9 @@ def precheck(arch: str, options: dict[str, Any], input_size: Sequence[int] | Non
             with torch.no_grad():
                 model.eval()(torch.zeros(1, *input_size_of(model, options)))
         except Exception as exc:  # noqa: BLE001 - the options built a model that does not run
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ModelOptionError(f"{what} built with model.overrides {options} does not run "
-                                   f"({type(exc).__name__}: {first[:200]}): an option's value has the wrong type or "
-                                   f"range.") from None
+                                   f"({type(exc).__name__}: {first_line(exc)[:200]}): an option's value has the "
+                                   f"wrong type or range.") from None
     try:
         model, found = discovered(arch, options, model)
     except DiscoveryError as exc:
@@ -102,11 +99,10 @@ def precheck(arch: str, options: dict[str, Any], input_size: Sequence[int] | Non
             with torch.no_grad():
                 model.eval()(torch.zeros(1, *size))
         except Exception as exc:  # noqa: BLE001 - any failure at the run's size means the same to the user
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             hint = (f"; a model built for one input size (ViT, Swin) takes the data's with "
                     f"+model.overrides.img_size={size[-1]}" if "img_size" not in options else "")
             raise DiscoveryError(f"{what} cannot be depth-pruned at input size {size}: it does not run at that size "
-                                 f"({type(exc).__name__}: {first[:200]}){hint}.") from None
+                                 f"({type(exc).__name__}: {first_line(exc)[:200]}){hint}.") from None
 
 
 def _default_cfg(arch: str) -> dict[str, Any]:
@@ -169,8 +165,7 @@ def prunable(pattern: str = "*", progress: Any = None) -> list[dict[str, Any]]:
                        sublayers=sum(u.kind == "sublayer" for u in units),
                        reason=None if units else (reasons[0] if reasons else "no residual addition"))
         except Exception as exc:  # noqa: BLE001 - a model that does not build or trace is listed with why
-            text = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-            row.update(prunable=False, blocks=0, sublayers=0, reason=text)
+            row.update(prunable=False, blocks=0, sublayers=0, reason=first_line(exc)[:160])
         rows.append(row)
     return rows
 

@@ -203,10 +203,9 @@ class PlanLoss:
         inside = [frozenset(u for u in removed if u == seg.name or u.startswith(seg.name + "."))
                   for seg in self.segments]
         unknown = removed - frozenset().union(*inside)
-        variants = [seg.variant_of(units) for seg, units in zip(self.segments, inside)]
         if unknown:
             raise ZooError(f"Units {sorted(unknown)} lie in no segment of the model.")
-        return variants
+        return [seg.variant_of(units) for seg, units in zip(self.segments, inside)]
 
     def __call__(self, removed: frozenset[str] | Sequence[str]) -> float:
         removed = frozenset(removed)

@@ -73,8 +73,8 @@ def resolve_tag(arch: str, tag: str | None, weighted: bool = True) -> dict[str, 
     """The pretrained config of ``arch.tag``; tag None means the default tag. Unknown tags list the known ones.
     `weighted` False: any tag timm lists is known, with or without weights (a model built without them)."""
     cfgs = tag_cfgs(arch)
-    listed = _timm_cfgs(arch, weighted=False)
-    if tag in listed and tag not in cfgs:
+    listed = _timm_cfgs(arch, weighted=False) if tag is not None and tag not in cfgs else {}
+    if tag in listed:
         if not weighted:
             return {**listed[tag], "tag": tag}
         raise UnknownTagError(f"{arch}.{tag} names no published weights (timm lists the tag without a file): build it "
@@ -134,7 +134,7 @@ def pretrained_cfg(arch: str, tag: str | None = None) -> dict[str, Any]:
     """A model's default config (eval config included): the registered defaults, updated with the tag's when a tag
     is given. This is what ``model.default_cfg`` holds and what the data transforms and latency tables use."""
     entry = get_entry(arch)
-    cfg = {**entry.default_cfg, **timm_cfg(arch, tag if tag in _timm_cfgs(arch, weighted=False) else None)}
+    cfg = {**entry.default_cfg, **((timm_cfg(arch, tag) if tag else {}) or timm_cfg(arch))}
     if tag is not None:
         found = resolve_tag(arch, tag, weighted=False)
         cfg.update({k: found[k] for k in EVAL_KEYS if found.get(k) is not None})
