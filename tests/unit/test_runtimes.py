@@ -131,7 +131,11 @@ def test_the_compile_int8_runtime_runs_inductors_int8_program():
         rounded = quantize_pt2e(conv, (x,), [(x,)])(x)
     assert not torch.equal(got, want)  # quantised ...
     torch.testing.assert_close(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())  # ... close to float
-    torch.testing.assert_close(got, rounded, rtol=1e-3, atol=1e-3 * want.abs().max().item())  # the program's numbers
+    # the program's numbers: nearer to them than to float by far (inductor's int8 kernels requantise in integers, so
+    # an intermediate may round one step away from eager's: a few elements differ by that step)
+    assert (got - rounded).norm() < 0.2 * (got - want).norm()
+    close = torch.isclose(got, rounded, rtol=1e-3, atol=1e-3 * want.abs().max().item())
+    assert close.float().mean() > 0.98
     with pytest.raises(RuntimeFailure, match="compile_int8 times INT8 models that inductor builds for the CPU"):
         check_runtime("compile_int8", torch.device("cuda"))
 
@@ -146,11 +150,12 @@ def test_an_int8_table_is_its_own_condition(tmp_path):
     assert len(list(tmp_path.glob("*.json"))) == 2 and int8.predict() > 0 and fp32.predict() > 0
 
 
-def in_onnxruntime(path: Path):
-    """The ONNX file at `path` as onnxruntime computes it on the CPU, called like a one-input model."""
-    import onnxruntime as ort
+def in_onnxruntime(path: Path, qdq_in_float: bool = False):
+    """The ONNX file at `path` as onnxruntime computes it on the CPU, called like a one-input model (`qdq_in_float`:
+    its Q/DQ pairs computed as such, as TensorRT does, not fused into onnxruntime's int8 kernels)."""
+    from zoo.deploy.export import onnx_session
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = onnx_session(path, qdq_in_float=qdq_in_float)
     name = session.get_inputs()[0].name
     return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
 
@@ -224,7 +229,7 @@ def test_int8_export_for_tensorrt_writes_symmetric_qdq(tmp_path):
     dequantised = [stored[n.input[0]].dtype for n in graph.node if n.op_type == "DequantizeLinear"
                    and n.input[0] in stored]
     assert dequantised and set(dequantised) == {np.dtype(np.int8)}  # no int32 bias: TensorRT's parser takes none
-    agree, largest = agreement(model, in_onnxruntime(tmp_path / "trt.onnx"), calibration)
+    agree, largest = agreement(model, in_onnxruntime(tmp_path / "trt.onnx", qdq_in_float=True), calibration)
     assert report.int8_scheme == "tensorrt" and report.top1_agreement == pytest.approx(agree)
     assert 0 < report.max_abs_diff == pytest.approx(largest, rel=1e-5)
     with pytest.raises(ExportError, match="int8_scheme='openvino'"):
@@ -279,8 +284,13 @@ def test_the_tensorrt_int8_runtime_runs_the_symmetric_qdq_file():
     x = torch.randn(2, 8, 16, 16)
     with torch.no_grad():
         want = block(x)
+    from zoo.deploy.quantization import QDQ_IN_FLOAT
+
     qdq = quantize_int8(onnx_bytes(block, (x,), {}, "the block")[0], [(x,)], scheme="tensorrt")
-    session = ort.InferenceSession(qdq, providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    for key, value in QDQ_IN_FLOAT.items():  # TensorRT's arithmetic: Q/DQ pairs rounded, layers in float
+        options.add_session_config_entry(key, value)
+    session = ort.InferenceSession(qdq, options, providers=["CPUExecutionProvider"])
     rounded = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
     gpu_block = block.to(cuda)
     with timing_context(cuda, torch.float32, 1):

@@ -324,7 +324,7 @@ def _export_int8(model: nn.Module, path: Path, format: str, example: Any, batch_
             atomic_write(path, lambda tmp: tmp.write_bytes(quantized))
 
             def run(check: tuple[Any, ...]) -> tuple[list[torch.Tensor], str]:
-                return _run_onnx(path, check)
+                return _run_onnx(path, check, qdq_in_float=scheme == "tensorrt")
         else:
             input_names = [f"input_{i}" for i in range(len(inputs))]
             float_size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
@@ -443,27 +443,34 @@ def _torch_export(program: nn.Module, inputs: tuple[Any, ...], name: str, dynami
                           f"{str(error).splitlines()[0] if str(error) else ''}") from error
 
 
-def _run_onnx(path: Path, inputs: tuple[Any, ...]) -> tuple[list[torch.Tensor], str]:
+def _run_onnx(path: Path, inputs: tuple[Any, ...], qdq_in_float: bool = False) -> tuple[list[torch.Tensor], str]:
     """Outputs of the ONNX file in an onnxruntime session (CUDA when the inputs are and it is available), and the
-    runtime that ran it."""
+    runtime that ran it. `qdq_in_float`: an INT8 file's Q/DQ pairs computed as such, not fused into onnxruntime's
+    int8 kernels (a TensorRT-form file, checked with TensorRT's arithmetic)."""
     cuda = any(torch.is_tensor(t) and t.is_cuda for t in inputs)
     try:
-        session = onnx_session(path, cuda=cuda)
+        session = onnx_session(path, cuda=cuda, qdq_in_float=qdq_in_float)
         feed = {arg.name: torch.as_tensor(t).detach().cpu().numpy() for arg, t in zip(session.get_inputs(), inputs)}
         outputs = [torch.from_numpy(out) for out in session.run(None, feed)]
     except Exception as error:  # noqa: BLE001 - onnxruntime's own errors, named as one
         raise ExportError(f"onnxruntime could not run {path}: {type(error).__name__}: {error}") from error
-    return outputs, f"onnxruntime {_version('onnxruntime')} ({session.get_providers()[0]})"
+    how = f"{session.get_providers()[0]}, Q/DQ in float" if qdq_in_float else session.get_providers()[0]
+    return outputs, f"onnxruntime {_version('onnxruntime')} ({how})"
 
 
-def onnx_session(path: str | Path, threads: int | None = None, cuda: bool = False) -> Any:
+def onnx_session(path: str | Path, threads: int | None = None, cuda: bool = False, qdq_in_float: bool = False) -> Any:
     """An onnxruntime session of the ONNX file: CUDA when asked for and available, else the CPU (`threads` intra-op
-    threads; None: onnxruntime's default)."""
+    threads; None: onnxruntime's default). `qdq_in_float`: Q/DQ pairs computed, not fused into int8 kernels
+    (:data:`zoo.deploy.quantization.QDQ_IN_FLOAT`)."""
     import onnxruntime as ort
+
+    from .quantization import QDQ_IN_FLOAT
 
     options = ort.SessionOptions()
     if threads is not None:
         options.intra_op_num_threads = threads
+    for key, value in (QDQ_IN_FLOAT if qdq_in_float else {}).items():
+        options.add_session_config_entry(key, value)
     providers = ["CUDAExecutionProvider"] if cuda and "CUDAExecutionProvider" in ort.get_available_providers() \
         else []
     return ort.InferenceSession(str(path), options, providers=[*providers, "CPUExecutionProvider"])

@@ -4,6 +4,12 @@ onnxruntime's pre-processing (shape inference, graph optimisation). What cannot 
 island: GroupNorm, for example). Activations are unsigned 8-bit for onnxruntime on the CPU, and signed symmetric 8-bit
 for TensorRT (``scheme="tensorrt"``: its explicit quantisation takes Q/DQ pairs with zero points 0 only).
 
+On an x86 CPU without VNNI (AVX2 only), the u8s8 kernels of onnxruntime and oneDNN add pairs of products in 16 bits
+(``vpmaddubsw``), which saturates with full-range weights; there, as both libraries advise, the CPU schemes quantise
+with ``reduce_range`` (:func:`saturating_cpu`): 7-bit weights in onnxruntime's scheme (-64..64), 7-bit activations in
+PT2E's (0..127). TensorRT's scheme is for the GPU and keeps full range; on the CPU, :data:`QDQ_IN_FLOAT` runs its file
+as TensorRT computes it (each Q/DQ pair rounded, the layers in float), not through those kernels.
+
 Used by the ``onnxruntime_int8`` and ``tensorrt_int8`` latency runtimes (each table record quantised on its own
 inputs, for its timing) and by :func:`zoo.export` with ``quantize="int8"`` (the network quantised on calibration
 batches, for its accuracy).
@@ -14,15 +20,18 @@ int8 weights, uint8 activations; ranges from a histogram observer), for the ``co
 
 Quantisation-aware training (:func:`prepare_qat`, :func:`strip_qat`) simulates the same scheme in PyTorch with
 ``torch.ao.quantization.FakeQuantize``: each Conv2d/Linear weight rounded per output channel to signed 8-bit
-(symmetric, -127..127, the range onnxruntime gives symmetric int8 weights), each Conv2d/Linear input rounded per tensor
-to unsigned 8-bit (min/max ranges, moving average; signed and symmetric, -127..127, in TensorRT's scheme). Trained on
-the deploy form (BatchNorm folded), so the weights it rounds are the weights onnxruntime quantises afterwards.
+(symmetric, -127..127, the range onnxruntime gives symmetric int8 weights; -64..64 where it reduces the range), each
+Conv2d/Linear input rounded per tensor to unsigned 8-bit (min/max ranges, moving average; signed and symmetric,
+-127..127, in TensorRT's scheme). Trained on the deploy form (BatchNorm folded), so the weights it rounds are the
+weights onnxruntime quantises afterwards.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
+import platform
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -43,6 +52,10 @@ INT8_SCHEMES = {  # who runs the QDQ model -> how onnxruntime's quantize_static 
     "tensorrt": ("QInt8", {"WeightSymmetric": True, "ActivationSymmetric": True, "QuantizeBias": False}),
 }
 INSTALL = "pip install onnx onnxscript onnxruntime, or pip install -e \".[export]\""
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # /proc/cpuinfo flags of x86 CPUs whose int8 dot products
+# accumulate in 32 bits
+QDQ_IN_FLOAT = {"session.disable_quant_qdq": "1"}  # onnxruntime session config: Q/DQ pairs computed, not fused into
+# its int8 kernels (the arithmetic of a runtime that does not saturate, as TensorRT's)
 
 
 class QuantizationError(ZooError):
@@ -54,6 +67,24 @@ def check_quantization_available() -> None:
     missing = [m for m in ("onnx", "onnxruntime") if importlib.util.find_spec(m) is None]
     if missing:
         raise QuantizationError(f"INT8 quantisation needs {', '.join(missing)}: {INSTALL}.")
+
+
+@functools.cache
+def saturating_cpu() -> bool:
+    """Whether this is an x86 CPU without VNNI (its u8s8 int8 kernels saturate 16-bit pair sums), read from
+    /proc/cpuinfo's flags; an x86 CPU whose flags cannot be read counts as one (reduced range is exact anywhere)."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return True
+    return not any(flag in flags for flag in VNNI_FLAGS)
+
+
+def reduce_range(scheme: str) -> bool:
+    """Whether `scheme`'s INT8 files are written with 7-bit ranges here: the CPU schemes on a saturating CPU."""
+    return scheme == "onnxruntime" and saturating_cpu()
 
 
 def input_names(model: bytes) -> list[str]:
@@ -100,7 +131,8 @@ def quantize_int8(model: bytes, calibration: Iterable[Sequence[Any]], what: str 
             activations, options = INT8_SCHEMES[scheme]
             quantize_static(str(prepared), str(target), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=QuantType[activations], weight_type=QuantType.QInt8,
-                            nodes_to_exclude=float_nodes, extra_options=options)
+                            nodes_to_exclude=float_nodes, extra_options=options,
+                            reduce_range=reduce_range(scheme))
         except Exception as error:  # noqa: BLE001 - onnxruntime's own errors become one message naming the model
             first = str(error).splitlines()[0] if str(error) else ""
             raise QuantizationError(f"onnxruntime could not quantise {what} to INT8: {type(error).__name__}: "
@@ -125,7 +157,8 @@ def float_islands(path: Path) -> list[str]:
             or (node.op_type in ("Mul", "Add") and any(i in constants for i in node.input))]
 
 
-WEIGHT_RANGE = (-127, 127)  # signed 8-bit, symmetric: onnxruntime's range for symmetric int8 weights
+WEIGHT_RANGES = {False: (-127, 127), True: (-64, 64)}  # signed, symmetric: onnxruntime's range for int8 weights
+# (by reduce_range: 8 or 7 bits)
 ACTIVATION_RANGES = {  # per scheme: (qmin, qmax, dtype, qscheme) of onnxruntime's activation quantisation
     "onnxruntime": (0, 255, torch.quint8, torch.per_tensor_affine),  # QuantType.QUInt8, min/max
     "tensorrt": (-127, 127, torch.qint8, torch.per_tensor_symmetric),  # QInt8 with ActivationSymmetric: max|x| / 127
@@ -148,8 +181,9 @@ def prepare_qat(model: nn.Module, scheme: str = "onnxruntime") -> nn.Module:
     for layer in layers:
         if parametrize.is_parametrized(layer, "weight"):
             raise QuantizationError(f"{type(model).__name__} is already prepared for quantisation-aware training.")
+        weight_min, weight_max = WEIGHT_RANGES[reduce_range(scheme)]
         weight_quant = FakeQuantize(observer=MovingAveragePerChannelMinMaxObserver, averaging_constant=1.0,
-                                    quant_min=WEIGHT_RANGE[0], quant_max=WEIGHT_RANGE[1], dtype=torch.qint8,
+                                    quant_min=weight_min, quant_max=weight_max, dtype=torch.qint8,
                                     qscheme=torch.per_channel_symmetric, ch_axis=0)
         parametrize.register_parametrization(layer, "weight", weight_quant)
         qmin, qmax, dtype, qscheme = ACTIVATION_RANGES[scheme]
@@ -192,8 +226,9 @@ def quantize_pt2e(module: nn.Module, inputs: Sequence[Any], calibration: Iterabl
                   what: str = "the model", dynamic_shapes: Any = None) -> nn.Module:
     """`module` (a function of tensors, eval) exported with ``torch.export`` on `inputs` and quantised by torchao's
     PT2E flow for inductor (``X86InductorQuantizer``'s default: static, per-channel signed 8-bit weights, unsigned
-    8-bit activations, ranges observed on `calibration`, an iterable of input tuples). Returns the converted
-    program (Q/DQ ops around float ops), which ``torch.compile`` lowers to INT8 kernels and which runs eagerly with
+    8-bit activations (7-bit on a :func:`saturating_cpu`), ranges observed on `calibration`, an iterable of input
+    tuples). Returns the converted program (Q/DQ ops around float ops), which ``torch.compile`` lowers to INT8
+    kernels and which runs eagerly with
     the same rounding. Sizes stay those of `inputs` except the axes ``dynamic_shapes`` (torch.export's) names.
     Activation ranges: the quantizer's default observer (a histogram); weights: per output channel, symmetric."""
     check_pt2e_available()
@@ -210,7 +245,7 @@ def quantize_pt2e(module: nn.Module, inputs: Sequence[Any], calibration: Iterabl
             feeds = [tuple(t.clone() if torch.is_tensor(t) else t for t in feed) for feed in feeds]
             program = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes).module()
             quantizer = x86.X86InductorQuantizer()
-            quantizer.set_global(x86.get_default_x86_inductor_quantization_config())
+            quantizer.set_global(x86.get_default_x86_inductor_quantization_config(reduce_range=saturating_cpu()))
             prepared = prepare_pt2e(program, quantizer)
             for feed in feeds:
                 prepared(*feed)
@@ -255,5 +290,6 @@ def _array(x: Any) -> Any:
     return np.asarray(x)
 
 
-__all__ = ["INT8_SCHEMES", "QUANTIZE", "QuantizationError", "check_pt2e_available", "check_quantization_available",
-           "input_names", "prepare_qat", "quantize_int8", "quantize_pt2e", "strip_qat"]
+__all__ = ["INT8_SCHEMES", "QDQ_IN_FLOAT", "QUANTIZE", "QuantizationError", "check_pt2e_available",
+           "check_quantization_available", "input_names", "prepare_qat", "quantize_int8", "quantize_pt2e",
+           "reduce_range", "saturating_cpu", "strip_qat"]
