@@ -270,3 +270,26 @@ def assert_tiny_prune_results(base: Path, stdout: str) -> None:
     assert convs(pruned) < convs(zoo.create_model("mobilenetv2_035"))
     with torch.no_grad():
         assert pruned(torch.zeros(1, 3, 16, 16)).shape == (1, 10)
+
+
+def in_onnxruntime(path: Path, qdq_in_float: bool = False):
+    """The ONNX file at `path` as onnxruntime computes it on the CPU, called like a one-input model (`qdq_in_float`:
+    its Q/DQ pairs computed as such, as TensorRT does, not fused into onnxruntime's int8 kernels)."""
+    import torch
+
+    from zoo.deploy.export import onnx_session
+
+    session = onnx_session(path, qdq_in_float=qdq_in_float)
+    name = session.get_inputs()[0].name
+    return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
+
+
+def agreement(model: Any, written: Any, batches: list[Any]) -> tuple[float, float]:
+    """Recomputed here: the top-1 agreement of a written INT8 model with `model` over `batches`, and the largest
+    output difference."""
+    import torch
+
+    with torch.no_grad():
+        pairs = [(model(x), written(x)) for x in batches]
+    agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in pairs) / sum(len(a) for a, _ in pairs)
+    return agree, max((a - b).abs().max().item() for a, b in pairs)

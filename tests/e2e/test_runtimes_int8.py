@@ -3,16 +3,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from zoo.latency import NetworkTimingSettings, TableSettings
+from zoo.latency import NetworkTimingSettings, TableSettings, build_table
 
 from ..helpers import TINY_PRUNE as TINY
-from ..helpers import run_prune
+from ..helpers import agreement, in_onnxruntime, run_prune
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = TableSettings(warmup_s=0.1, entry_warmup_s=0.0, min_rounds=3, max_rounds=4)
@@ -61,3 +63,49 @@ def test_prune_plans_on_compiled_int8_latencies_and_ships_a_pt2e_program(tmp_pat
     ops = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
     assert any("quantize_per_tensor" in op for op in ops)  # the shipped program is the quantised one
     assert "int8 (torch.compile, PT2E)" in out.stdout
+
+
+# In process, but minutes of onnxruntime and PT2E work on 2 cores: here rather than in the unit tier.
+def test_an_int8_table_is_its_own_condition(tmp_path):
+    # plainresnet8: a handful of entries (every entry is exported and, for INT8, quantised: MobileNetV2 takes minutes)
+    fp32 = build_table("plainresnet8", input_size=16, device="cpu", cache_dir=str(tmp_path),
+                       settings=replace(FAST, runtime="onnxruntime"))
+    int8 = build_table("plainresnet8", input_size=16, device="cpu", cache_dir=str(tmp_path),
+                       settings=replace(FAST, runtime="onnxruntime_int8"))
+    assert int8.condition["runtime"] == "onnxruntime_int8" and int8.n_measured > 0  # not fp32's records
+    assert len(list(tmp_path.glob("*.json"))) == 2 and int8.predict() > 0 and fp32.predict() > 0
+
+
+def test_int8_export_reports_agreement_and_refuses_what_it_cannot_quantise(tmp_path):
+    import zoo
+    from zoo.errors import ExportError
+
+    from ..helpers import randomise_norm_stats
+
+    torch.manual_seed(0)
+    model = randomise_norm_stats(zoo.create_model("mobilenetv2_035", num_classes=10)).eval()
+    calibration = [torch.randn(4, 3, 32, 32) for _ in range(3)]
+    report = zoo.export(model, tmp_path / "m.onnx", input_size=(3, 32, 32), quantize="int8", calibration=calibration,
+                        min_agreement=0.0)  # (random weights: near-equal logits, so agreement is not the point here)
+    agree, largest = agreement(model, in_onnxruntime(tmp_path / "m.onnx"), calibration)
+    assert report.quantize == "int8" and report.calibration_batches == 3 and report.passed
+    assert report.top1_agreement == pytest.approx(agree)  # recomputed here from the file it wrote
+    assert report.max_abs_diff == pytest.approx(largest, rel=1e-5) and largest > 0  # quantised: close, not equal
+    import onnx
+
+    ops = {node.op_type for node in onnx.load(str(tmp_path / "m.onnx")).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    with pytest.raises(ExportError, match="below min_agreement=101%"):  # the verdict follows the threshold
+        zoo.export(model, tmp_path / "n.onnx", input_size=(3, 32, 32), quantize="int8", min_agreement=1.01)
+    with pytest.raises(ExportError, match="quantised export is quantize='int8' of a model's forward"):
+        zoo.export(model, tmp_path / "m.pt2", format="torch_export", quantize="int4")
+    if importlib.util.find_spec("torchao") is None:
+        return
+    import torchao.quantization.pt2e  # noqa: F401 - the program's quantise/dequantise operators
+
+    report = zoo.export(model, tmp_path / "m.pt2", format="torch_export", input_size=(3, 32, 32), quantize="int8",
+                        calibration=calibration, min_agreement=0.0)  # PT2E, for torch.compile
+    agree, largest = agreement(model, torch.export.load(str(tmp_path / "m.pt2")).module(), calibration)
+    assert report.format == "torch_export" and report.top1_agreement == pytest.approx(agree)
+    assert report.max_abs_diff == pytest.approx(largest, rel=1e-5)
+    assert report.max_abs_diff > 0 and (tmp_path / "m.pt2").stat().st_size < report.float_size_bytes

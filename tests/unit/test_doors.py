@@ -260,6 +260,36 @@ def test_a_job_takes_the_cores_its_scheduler_gave_it_not_the_machines(tmp_path, 
         torch.set_num_threads(before)
 
 
+def test_srun_tasks_become_one_process_group():
+    """Tasks that ``srun --ntasks=2`` started get torchrun's variables from SLURM's (rank, world, local rank, the
+    rendezvous on the step's first node, a port from the job id); a process torchrun started, or a one-task step,
+    gets none."""
+    from zoo.training.distributed import slurm_group_env
+
+    step = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_STEP_TASKS_PER_NODE": "2",
+            "SLURM_STEP_NODELIST": "", "SLURM_JOB_ID": "20017"}
+    assert slurm_group_env(step) == {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "20017"}
+    assert slurm_group_env({**step, "SLURM_STEP_TASKS_PER_NODE": "2(x3)", "SLURM_STEP_NUM_TASKS": "6"})["WORLD_SIZE"] \
+        == "6"
+    assert slurm_group_env({**step, "MASTER_ADDR": "head", "MASTER_PORT": "29500"})["MASTER_ADDR"] == "head"
+    assert slurm_group_env({**step, "WORLD_SIZE": "2"}) == {}  # torchrun's own
+    assert slurm_group_env({**step, "SLURM_STEP_NUM_TASKS": "1"}) == {}
+    assert slurm_group_env({}) == {}
+
+
+def test_squeue_answers_in_sacct_terms():
+    """Where a cluster keeps no accounting, job states come from squeue, read as submitit reads sacct: array tasks,
+    a pending array's range, and a requeued job's state."""
+    pytest.importorskip("submitit")
+    from zoo.jobs.slurm import SqueueWatcher
+
+    shown = "JOBID|STATE|NODELIST\n8_0|RUNNING|vm\n8_1|COMPLETED|vm\n9_[0-2]|PENDING|\n10|REQUEUED|\n"
+    info = SqueueWatcher().read_info(shown)
+    assert info["8_0"]["State"] == "RUNNING" and info["8_1"]["State"] == "COMPLETED" and info["8_0"]["NodeList"] == "vm"
+    assert {info[f"9_{i}"]["State"] for i in range(3)} == {"PENDING"} and info["10"]["State"] == "REQUEUED"
+
+
 def test_jobs_waiting_for_a_shared_baseline_lend_their_cores(tmp_path):
     """A job that finds the baseline's lock held marks itself waiting until it gets it; the holder counts the live
     waiters (a dead one's marker is dropped) and takes their cores while it trains, and gives them back. A thread count

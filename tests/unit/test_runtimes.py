@@ -4,10 +4,8 @@ the record."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +20,7 @@ from zoo.latency.runtime import RuntimeCall, RuntimeFailure, check_runtime, in_r
 from zoo.latency.timing import Pending, measure_rounds
 from zoo.pruning.capture import Capture
 
-from ..helpers import TINY_PRUNE, prune_in_process
+from ..helpers import TINY_PRUNE, agreement, in_onnxruntime, prune_in_process
 
 CPU = torch.device("cpu")
 FAST = TableSettings(warmup_s=0.1, entry_warmup_s=0.0, min_rounds=3, max_rounds=4)
@@ -138,70 +136,6 @@ def test_the_compile_int8_runtime_runs_inductors_int8_program():
     assert close.float().mean() > 0.98
     with pytest.raises(RuntimeFailure, match="compile_int8 times INT8 models that inductor builds for the CPU"):
         check_runtime("compile_int8", torch.device("cuda"))
-
-
-def test_an_int8_table_is_its_own_condition(tmp_path):
-    # plainresnet8: a handful of entries (every entry is exported and, for INT8, quantised: MobileNetV2 takes minutes)
-    fp32 = build_table("plainresnet8", input_size=16, device="cpu", cache_dir=str(tmp_path),
-                       settings=replace(FAST, runtime="onnxruntime"))
-    int8 = build_table("plainresnet8", input_size=16, device="cpu", cache_dir=str(tmp_path),
-                       settings=replace(FAST, runtime="onnxruntime_int8"))
-    assert int8.condition["runtime"] == "onnxruntime_int8" and int8.n_measured > 0  # not fp32's records
-    assert len(list(tmp_path.glob("*.json"))) == 2 and int8.predict() > 0 and fp32.predict() > 0
-
-
-def in_onnxruntime(path: Path, qdq_in_float: bool = False):
-    """The ONNX file at `path` as onnxruntime computes it on the CPU, called like a one-input model (`qdq_in_float`:
-    its Q/DQ pairs computed as such, as TensorRT does, not fused into onnxruntime's int8 kernels)."""
-    from zoo.deploy.export import onnx_session
-
-    session = onnx_session(path, qdq_in_float=qdq_in_float)
-    name = session.get_inputs()[0].name
-    return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
-
-
-def agreement(model: nn.Module, written, batches: list[torch.Tensor]) -> tuple[float, float]:
-    """Recomputed here: the top-1 agreement of a written INT8 model with `model` over `batches`, and the largest
-    output difference."""
-    with torch.no_grad():
-        pairs = [(model(x), written(x)) for x in batches]
-    agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum()) for a, b in pairs) / sum(len(a) for a, _ in pairs)
-    return agree, max((a - b).abs().max().item() for a, b in pairs)
-
-
-def test_int8_export_reports_agreement_and_refuses_what_it_cannot_quantise(tmp_path):
-    import zoo
-    from zoo.errors import ExportError
-
-    from ..helpers import randomise_norm_stats
-
-    torch.manual_seed(0)
-    model = randomise_norm_stats(zoo.create_model("mobilenetv2_035", num_classes=10)).eval()
-    calibration = [torch.randn(4, 3, 32, 32) for _ in range(3)]
-    report = zoo.export(model, tmp_path / "m.onnx", input_size=(3, 32, 32), quantize="int8", calibration=calibration,
-                        min_agreement=0.0)  # (random weights: near-equal logits, so agreement is not the point here)
-    agree, largest = agreement(model, in_onnxruntime(tmp_path / "m.onnx"), calibration)
-    assert report.quantize == "int8" and report.calibration_batches == 3 and report.passed
-    assert report.top1_agreement == pytest.approx(agree)  # recomputed here from the file it wrote
-    assert report.max_abs_diff == pytest.approx(largest, rel=1e-5) and largest > 0  # quantised: close, not equal
-    import onnx
-
-    ops = {node.op_type for node in onnx.load(str(tmp_path / "m.onnx")).graph.node}
-    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
-    with pytest.raises(ExportError, match="below min_agreement=101%"):  # the verdict follows the threshold
-        zoo.export(model, tmp_path / "n.onnx", input_size=(3, 32, 32), quantize="int8", min_agreement=1.01)
-    with pytest.raises(ExportError, match="quantised export is quantize='int8' of a model's forward"):
-        zoo.export(model, tmp_path / "m.pt2", format="torch_export", quantize="int4")
-    if importlib.util.find_spec("torchao") is None:
-        return
-    import torchao.quantization.pt2e  # noqa: F401 - the program's quantise/dequantise operators
-
-    report = zoo.export(model, tmp_path / "m.pt2", format="torch_export", input_size=(3, 32, 32), quantize="int8",
-                        calibration=calibration, min_agreement=0.0)  # PT2E, for torch.compile
-    agree, largest = agreement(model, torch.export.load(str(tmp_path / "m.pt2")).module(), calibration)
-    assert report.format == "torch_export" and report.top1_agreement == pytest.approx(agree)
-    assert report.max_abs_diff == pytest.approx(largest, rel=1e-5)
-    assert report.max_abs_diff > 0 and (tmp_path / "m.pt2").stat().st_size < report.float_size_bytes
 
 
 def test_int8_export_for_tensorrt_writes_symmetric_qdq(tmp_path):

@@ -372,7 +372,9 @@ def guard(main: Callable[[], Any], schema: type, setup: Callable[[], Any] | None
     from omegaconf.errors import OmegaConfBaseException
 
     from ..errors import BUG
+    from ..training.distributed import slurm_group_env
 
+    os.environ.update(slurm_group_env())  # srun's tasks: torchrun's variables before anything reads a rank
     previous = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing and exiting 1
     try:

@@ -1,9 +1,15 @@
 """torchrun support: process-group setup (gloo on CPU, nccl on CUDA), broadcasting rank 0's values, and metric
-reduction. Everything is a no-op in a single process."""
+reduction. Everything is a no-op in a single process.
+
+The processes of one group are started by torchrun (its variables: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...)
+or by SLURM's ``srun`` with several tasks (``srun --ntasks=2 python train.py``), whose variables say the same
+(SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, the step's first node): :func:`slurm_group_env`."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,11 +36,39 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def slurm_group_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """torchrun's variables for a process that ``srun`` started as one of several tasks of a job step (none when
+    torchrun started it, or when the step has one task): rank and world from SLURM_PROCID and SLURM_STEP_NUM_TASKS,
+    the local rank and local world from SLURM_LOCALID and the tasks on this node, the rendezvous on the step's first
+    node at a port derived from the job id."""
+    tasks = environ.get("SLURM_STEP_NUM_TASKS", "")
+    if "WORLD_SIZE" in environ or not tasks.isdigit() or int(tasks) < 2 or "SLURM_PROCID" not in environ:
+        return {}
+    local_tasks = environ.get("SLURM_STEP_TASKS_PER_NODE", tasks).split("(")[0].split(",")[0]
+    return {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": tasks, "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
+            "LOCAL_WORLD_SIZE": local_tasks if local_tasks.isdigit() else tasks,
+            "MASTER_ADDR": environ.get("MASTER_ADDR") or _first_node(environ.get("SLURM_STEP_NODELIST", "")),
+            "MASTER_PORT": environ.get("MASTER_PORT") or str(20000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000)}
+
+
+def _first_node(nodelist: str) -> str:
+    """The first host of a SLURM host list (``node[01-04]``), as ``scontrol show hostnames`` expands it."""
+    if not nodelist:
+        return "127.0.0.1"
+    try:
+        shown = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+        hosts = shown.stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        hosts = []
+    return hosts[0] if hosts else nodelist.split(",")[0]
+
+
 def setup() -> DistInfo:
     """Join the torchrun process group once (idempotent); returns this process's rank and world size.
 
     Backend: gloo for CPU tensors and, where CUDA is available, nccl for CUDA tensors.
     """
+    os.environ.update(slurm_group_env())
     if not launched_by_torchrun():
         return DistInfo()
     if not dist.is_initialized():

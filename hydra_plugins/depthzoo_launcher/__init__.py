@@ -1,0 +1,1 @@
+"""depthzoo's Hydra launcher plugin: Hydra finds plugins only under the ``hydra_plugins`` namespace package."""

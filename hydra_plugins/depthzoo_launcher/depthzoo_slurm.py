@@ -1,0 +1,24 @@
+"""``hydra/launcher=slurm``: Hydra's submitit SLURM launcher, polling job states with ``squeue`` where the cluster
+keeps no accounting (:mod:`zoo.jobs.slurm`). Importing this module (Hydra scans every plugin at start-up) needs
+neither submitit nor depthzoo; the launcher imports them when it launches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+try:
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
+except ImportError:  # the launchers extra is not installed: no SLURM launcher to offer
+    SubmititSlurmLauncher = None
+
+if SubmititSlurmLauncher is not None:
+
+    class SlurmLauncher(SubmititSlurmLauncher):
+        """Hydra's submitit SLURM launcher, quiet where ``sacct`` cannot answer."""
+
+        def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[Any]:
+            from zoo.jobs.slurm import job_state_polling
+
+            with job_state_polling():
+                return super().launch(job_overrides, initial_job_idx)

@@ -1,0 +1,67 @@
+"""SLURM through Hydra's submitit launcher (``hydra/launcher=slurm``), quiet where the cluster keeps no accounting.
+
+submitit polls a job's state with ``sacct``; on a cluster without accounting storage (many small ones) every poll
+fails and prints three lines. The launcher (``hydra_plugins.depthzoo_launcher``, :func:`job_state_polling`) asks the
+cluster once (``scontrol show config``) and, there, polls with ``squeue`` instead (the controller's memory of
+pending, running and recently ended jobs). Everything else is the submitit launcher's: requeue at the time limit or
+on preemption (``max_num_timeout``), its checkpoint hook resubmitting the same job, which resumes from its run
+directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import subprocess
+from collections.abc import Iterator
+
+from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
+
+NO_ACCOUNTING = "accounting_storage/none"
+
+
+@functools.cache
+def accounting_enabled() -> bool:
+    """Whether this cluster stores job accounting (``sacct`` answers): its AccountingStorageType is not
+    ``accounting_storage/none``. Unknown (no ``scontrol``, no answer): assumed, so submitit keeps its own way."""
+    try:
+        shown = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    for line in shown.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "AccountingStorageType":
+            return value.strip() != NO_ACCOUNTING
+    return True
+
+
+class SqueueWatcher(SlurmInfoWatcher):
+    """submitit's job-state watcher reading ``squeue`` (every state the controller still holds) in sacct's format."""
+
+    COLUMNS = {"JOBID": "JobID", "STATE": "State", "NODELIST": "NodeList"}  # squeue's header -> sacct's names
+
+    def _make_command(self) -> list[str] | None:
+        if super()._make_command() is None:  # nothing left to watch
+            return None
+        return ["squeue", "--me", "--states=all", "--format=%i|%T|%N"]
+
+    def read_info(self, string: bytes | str) -> dict[str, dict[str, str]]:
+        text = string.decode() if isinstance(string, bytes) else string
+        header, _, rows = text.partition("\n")
+        names = "|".join(self.COLUMNS.get(name.strip(), name.strip()) for name in header.split("|"))
+        return super().read_info(f"{names}\n{rows}")
+
+
+@contextlib.contextmanager
+def job_state_polling() -> Iterator[None]:
+    """SLURM jobs submitted in this block report their states through ``sacct`` where the cluster keeps accounting,
+    else through ``squeue`` (:class:`SqueueWatcher`)."""
+    if accounting_enabled():
+        yield
+        return
+    previous = SlurmJob.watcher
+    SlurmJob.watcher = SqueueWatcher(delay_s=previous._delay_s)
+    try:
+        yield
+    finally:
+        SlurmJob.watcher = previous
