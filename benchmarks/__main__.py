@@ -74,12 +74,6 @@ def on_cuda(device: str) -> bool:
 def run_suites_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from benchmarks.common import suite_module, verdict_table
 
-    unknown = [s for s in args.suites if s not in SUITES]
-    if unknown:
-        parser.error(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
-    outside = [s for s in args.suites if args.set and s not in SETS[args.set]]
-    if outside:
-        parser.error(f"suite(s) {', '.join(outside)} are not in the set {args.set} ({', '.join(SETS[args.set])})")
     set_name = args.set or (None if args.suites or not on_cuda(args.device) else "gpu_check")
     names = args.suites or list(SETS[set_name] if set_name else SUITES)
     device = "cuda" if args.device == "auto" and on_cuda("auto") else "cpu" if args.device == "auto" else args.device
@@ -102,32 +96,53 @@ def run_suites_command(args: argparse.Namespace, parser: argparse.ArgumentParser
     return exit_code(statuses(report).values())
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+def command_line() -> argparse.ArgumentParser:
+    from benchmarks.common import CommandLine, out_file, out_folder, positive
+
+    parser = CommandLine("benchmarks", __doc__, check=runner_problem)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the suites, and the sets they belong to")
     run_cmd = sub.add_parser("run", help="run suites (or a set) and write their report")
-    run_cmd.add_argument("suites", nargs="*", help="default: on CUDA the gpu_check set, else every suite "
-                         f"({', '.join(SUITES)})")
+    run_cmd.add_argument("suites", nargs="*", type=suite_name, help="default: on CUDA the gpu_check set, else every "
+                         f"suite ({', '.join(SUITES)})")
     run_cmd.add_argument("--set", choices=list(SETS), default=None, help="a named set of suites")
     run_cmd.add_argument("--quick", action="store_true", help="the smallest configuration (a smoke test / dry run)")
-    run_cmd.add_argument("--device", default="auto")
-    run_cmd.add_argument("--budget-s", type=float, default=None,
+    run_cmd.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
+    run_cmd.add_argument("--budget-s", type=positive, default=None,
                          help=f"start no new work after this long (a set's default: {DEFAULT_BUDGET_S:g} s)")
-    run_cmd.add_argument("--out", default=None)
+    run_cmd.add_argument("--out", type=out_folder, default=None)
     run_cmd.add_argument("--no-docs", action="store_true")
     judge_cmd = sub.add_parser("judge", help="recompute the verdicts of a stored report from its numbers")
     judge_cmd.add_argument("report", help="a run report (<set>.json, run.json, gpu_check.json) or a suite's result")
-    judge_cmd.add_argument("--suite", default=None, help="the suite of a result file that does not name it")
-    judge_cmd.add_argument("--out", default=None, help="write the judged report here")
+    judge_cmd.add_argument("--suite", type=suite_name, default=None,
+                           help="the suite of a result file that does not name it")
+    judge_cmd.add_argument("--out", type=out_file, default=None, help="write the judged report here")
     merge_cmd = sub.add_parser("merge", help="one report from the reports of several calls (a set run over several "
                                "short device leases), judged")
     merge_cmd.add_argument("reports", nargs="+", help="run reports, in the order they were run")
     merge_cmd.add_argument("--set", choices=list(SETS), default=None, help="the set they make up (default: the "
                            "first report's)")
-    merge_cmd.add_argument("--out", required=True, help="where the merged report is written")
-    args = parser.parse_args(argv)
-    return boundary(lambda: command(args, parser))
+    merge_cmd.add_argument("--out", type=out_file, required=True, help="where the merged report is written")
+    return parser
+
+
+def suite_name(text: str) -> str:
+    if text not in SUITES:
+        raise argparse.ArgumentTypeError(f"unknown suite {text!r}; allowed: {', '.join(SUITES)}")
+    return text
+
+
+def runner_problem(args: argparse.Namespace) -> str | None:
+    """Suites named beside a set they are not in (None: none)."""
+    outside = [s for s in getattr(args, "suites", []) if args.set and s not in SETS[args.set]]
+    if outside:
+        return f"suite(s) {', '.join(outside)} are not in the set {args.set} ({', '.join(SETS[args.set])})"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = command_line()
+    return boundary(lambda: command(parser.parse_args(argv), parser))
 
 
 def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -1,5 +1,6 @@
 """Shared pieces of the benchmark suites: interleaved timing, the environment of a row, result files, the
-families a suite runs (from the registry), the time budget, and the one way a suite's verdicts are computed.
+families a suite runs (from the registry), the time budget, the one way a suite's verdicts are computed, and the one
+door of every suite's and study's command line (:class:`CommandLine`).
 
 **Verdicts.** A suite states its targets in one function, ``checks(result) -> [Check, ...]``: each check is a label,
 the measured number read from the result (None where it was not measured: skipped, out of budget, missing from a
@@ -10,9 +11,11 @@ the same computation with the current targets.
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import importlib
 import json
+import math
 import operator
 import os
 import platform
@@ -20,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 
@@ -331,3 +334,184 @@ def speed_plan(table: Any, target: float) -> dict[str, Any] | None:
         return None
     result = dp_search(options, budget, bins=2000)
     return {"remove": result.removed(options), "merge": table.merge}
+
+
+# ------------------------------------------------------------------------------------------------ the command line
+class CommandLine(argparse.ArgumentParser):
+    """The door of every suite's and study's command line: each argument is read by a type that checks it against
+    what the command can do (:func:`count`, :func:`positive`, :func:`out_folder`, :func:`out_file`,
+    :func:`names_from`, :func:`result_of`, :func:`run_folder`), then what they ask for together (`check`), all before
+    any work; a wrong one is one line (``error: <command>: argument --seeds: ...``, with what is allowed) and exit
+    status 2 through :func:`zoo.errors.run_command`. `command`: how the user ran it (``studies.timm_prune``)."""
+
+    def __init__(self, command: str | None = None, doc: str | None = None,
+                 check: Callable[[argparse.Namespace], str | None] | None = None, **kwargs: Any) -> None:
+        if command is not None:  # (a sub-command's parser is made by argparse, with its own prog)
+            kwargs.update(prog=f"python -m {command}", description=(doc or command).strip().splitlines()[0])
+        super().__init__(**kwargs)
+        self.check = check  # what the arguments ask for together that the command cannot do (None: nothing)
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        parsed = super().parse_args(args, namespace)
+        problem = self.check(parsed) if self.check is not None else None
+        if problem:
+            self.error(problem)
+        return parsed
+
+    def error(self, message: str) -> NoReturn:
+        raise BenchmarkInputError(f"{self.prog}: {message.splitlines()[0]}") from None
+
+
+def count(text: str) -> int:
+    """A whole number, 1 or more (seeds, rounds, pairs, batch sizes)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give 1 or more") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1; give 1 or more")
+    return value
+
+
+def whole(text: str) -> int:
+    """A whole number, 0 or more (an optional count, a first seed)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give 0 or more") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below 0; give 0 or more")
+    return value
+
+
+def positive(text: str) -> float:
+    """A finite number above 0 (hours, seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give one above 0") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number above 0")
+    return value
+
+
+def non_negative(text: str) -> float:
+    """A finite number, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give 0 or more") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number of 0 or more")
+    return value
+
+
+def _writable_dir(path: Path) -> bool:
+    """Whether `path` (a folder, or one that can be made) can be written: its nearest existing ancestor is a
+    writable folder."""
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            return False
+        existing = existing.parent
+    return existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
+
+
+def out_folder(text: str) -> str:
+    """``--out``: a folder this command may write its result into (made if missing), not a file."""
+    path = Path(text).expanduser()
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give a folder for the result (default: benchmarks/results)")
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file; give a folder for the result file (made if missing)")
+    if not _writable_dir(path):
+        raise argparse.ArgumentTypeError(f"{text} cannot be written here; give a folder you can write to")
+    return text
+
+
+def out_file(text: str) -> Path:
+    """An output file: not a folder, in a folder this command may write to."""
+    path = Path(text).expanduser()
+    if not text.strip() or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is {'a folder' if text.strip() else 'empty'}; give a file name")
+    if not _writable_dir(path.parent if str(path.parent) else Path(".")):
+        raise argparse.ArgumentTypeError(f"{path.parent} cannot be written here; give a file in a folder you can "
+                                         "write to")
+    return path
+
+
+def names_from(allowed: Iterable[str], what: str) -> Callable[[str], list[str]]:
+    """A comma-separated list of `what`, each one of `allowed` (in the order given, each once)."""
+    choices = list(allowed)
+
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in choices]
+        if not names or unknown:
+            given = f"unknown {what} {', '.join(map(repr, unknown))}" if unknown else f"no {what} given"
+            raise argparse.ArgumentTypeError(f"{given}; allowed (comma-separated): {', '.join(choices)}")
+        return list(dict.fromkeys(names))
+
+    return parse
+
+
+def result_of(suite: str, fields: Sequence[str] = ()) -> Callable[[str], str]:
+    """``--resume``/``--summarise``: a JSON result that this suite or study wrote (its ``suite`` is `suite`, and it
+    holds `fields`), read once here; returns the path."""
+    wanted = f"a {suite} result that python -m {'benchmarks' if suite in SUITES_HERE else 'studies'}.{suite} wrote"
+
+    def parse(text: str) -> str:
+        try:
+            stored = read_json(text)
+        except BenchmarkInputError as error:
+            raise argparse.ArgumentTypeError(f"{str(error).split('; give')[0]}; give {wanted}") from None
+        named = stored.get("suite", stored.get("benchmark")) if isinstance(stored, dict) else None
+        missing = [f for f in fields if not isinstance(stored, dict) or f not in stored]
+        if named != suite or missing:
+            found = f"its suite is {named!r}" if named != suite else f"it has no {', '.join(missing)}"
+            raise argparse.ArgumentTypeError(f"{text} is not a {suite} result ({found}); give {wanted}")
+        return text
+
+    return parse
+
+
+SUITES_HERE = {p.stem for p in Path(__file__).parent.glob("*.py") if not p.stem.startswith("_")}
+
+
+def existing_file(text: str) -> Path:
+    """A file that exists (an input of the command)."""
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text} is {'a folder' if path.is_dir() else 'missing'}; give a file")
+    return path
+
+
+def at_least(minimum: int, what: str = "a whole number") -> Callable[[str], int]:
+    """A whole number, `minimum` or more."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}; give {minimum} or more") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}; give {minimum} or more")
+        return value
+
+    return parse
+
+
+def model_name(text: str) -> str:
+    """A model the zoo can build: a registered name, or ``timm/<name>``."""
+    if not zoo.is_model(text):
+        raise argparse.ArgumentTypeError(f"unknown model {text!r}; allowed: a name python -m zoo list shows, or "
+                                         "timm/<name>")
+    return text
+
+
+def run_folder(text: str) -> Path:
+    """The folder of a finished ``prune.py`` run (it holds results.json)."""
+    path = Path(text).expanduser()
+    if not (path / "results.json").is_file():
+        raise argparse.ArgumentTypeError(f"{text} holds no results.json; give the folder of a finished prune.py run")
+    return path

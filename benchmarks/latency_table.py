@@ -23,7 +23,6 @@ wall clock, one thread, the p10 estimator); ``--clock``/``--entries`` change tha
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import statistics
@@ -37,7 +36,20 @@ from typing import Any
 import torch
 
 import zoo
-from benchmarks.common import SESSION_TIMING, Budget, Check, exact_rounds, families, smoke_model, within_budget
+from benchmarks.common import (
+    SESSION_TIMING,
+    Budget,
+    Check,
+    CommandLine,
+    count,
+    exact_rounds,
+    families,
+    names_from,
+    out_folder,
+    smoke_model,
+    whole,
+    within_budget,
+)
 from zoo.errors import run_command
 from zoo.files import write_json
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, correct, prediction_error, random_plans
@@ -346,36 +358,37 @@ def markdown_conditions(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line() -> CommandLine:
+    parser = CommandLine("benchmarks.latency_table", __doc__)
     parser.add_argument("--quick", action="store_true", help="one tiny model, a few plans, 2 builds (smoke test)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=str(RESULTS))
-    parser.add_argument("--models", default=None, help="comma-separated model names (default: every family's "
-                        "reference member)")
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--input-size", type=int, default=224)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    parser.add_argument("--out", type=out_folder, default=str(RESULTS))
+    parser.add_argument("--models", type=names_from(zoo.list_models(), "model"), default=None,
+                        help="comma-separated model names (default: every family's reference member)")
+    parser.add_argument("--batch-size", type=count, default=1)
+    parser.add_argument("--input-size", type=count, default=224)
+    parser.add_argument("--threads", type=count, default=1)
     parser.add_argument("--clock", choices=("wall", "thread"), default=None, help="default: prune.py's (wall)")
     parser.add_argument("--entries", choices=("auto", "context", "isolated"), default=None,
                         help="how entries are timed; default: prune.py's (auto: in context on the CPU)")
-    parser.add_argument("--probe-spacing", type=int, default=None,
+    parser.add_argument("--probe-spacing", type=count, default=None,
                         help="TableSettings.probe_spacing (in-context probe networks); default: prune.py's")
-    parser.add_argument("--warm-calls", type=int, default=None,
+    parser.add_argument("--warm-calls", type=whole, default=None,
                         help="TableSettings.warm_calls, also for the measured networks; default: prune.py's (0)")
     parser.add_argument("--round-order", choices=ROUND_ORDERS, default=None,
                         help="TableSettings.round_order, also for the measured networks; default: prune.py's")
-    parser.add_argument("--session-rounds", type=int, default=0, metavar="ROUNDS",
+    parser.add_argument("--session-rounds", type=whole, default=0, metavar="ROUNDS",
                         help="every measured network exactly this many rounds (default: 20-60, until converged)")
-    parser.add_argument("--table-rounds", type=int, default=None, metavar="ROUNDS",
+    parser.add_argument("--table-rounds", type=count, default=None, metavar="ROUNDS",
                         help="TableSettings.min_rounds: every network (entry) of the build at least this many rounds; "
                              "default: prune.py's (TableSettings.min_rounds)")
-    parser.add_argument("--plans", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=10, help="cold builds per model")
-    args = parser.parse_args()
-    if (args.probe_spacing is not None and args.probe_spacing < 1 or args.warm_calls is not None and args.warm_calls < 0
-            or args.session_rounds < 0 or args.table_rounds is not None and args.table_rounds < 1):
-        parser.error("--probe-spacing and --table-rounds must be >= 1, --warm-calls and --session-rounds >= 0")
+    parser.add_argument("--plans", type=count, default=20)
+    parser.add_argument("--repeats", type=count, default=10, help="cold builds per model")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
     models = args.models.split(",") if args.models else None
     result = run(args.quick, args.device, models, args.batch_size, args.input_size, args.threads, args.clock,
                  args.entries, args.plans, repeats=args.repeats, out=args.out, probe_spacing=args.probe_spacing,

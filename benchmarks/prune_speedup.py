@@ -14,7 +14,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Check, compose, families, family_of, markdown_table, smoke_model, write_result
+from benchmarks.common import (
+    Check,
+    CommandLine,
+    compose,
+    families,
+    family_of,
+    markdown_table,
+    model_name,
+    out_folder,
+    positive,
+    smoke_model,
+    write_result,
+)
 from zoo.errors import run_command
 
 SPEEDUP_SHARE = 0.9
@@ -94,15 +106,28 @@ def markdown(result: dict[str, Any]) -> str:
                                            "dtype", "batch", "threads", "torch"])
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line() -> CommandLine:
+    parser = CommandLine("benchmarks.prune_speedup", __doc__)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--models", nargs="+", default=None)
-    parser.add_argument("--targets", type=float, nargs="+", default=[1.25, 1.5, 2.0])
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--workdir", default=None, help="where baselines, caches and runs go (default: a temp dir)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
+    parser.add_argument("--models", type=model_name, nargs="+", default=None)
+    parser.add_argument("--targets", type=speedup, nargs="+", default=[1.25, 1.5, 2.0])
+    parser.add_argument("--out", type=out_folder, default=None)
+    parser.add_argument("--workdir", type=out_folder, default=None,
+                        help="where baselines, caches and runs go (default: a temp dir)")
+    return parser
+
+
+def speedup(text: str) -> float:
+    """A target speed-up: a finite number above 1."""
+    value = positive(text)
+    if value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not above 1; a target speed-up is a number above 1, e.g. 1.5")
+    return value
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
     print(markdown(run(args.quick, args.device, args.models, tuple(args.targets), args.out, args.workdir)))
 
 

@@ -21,7 +21,6 @@ Targets (CPU, one thread): step <= 1.0x the Transformer's at context 512 and <= 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
 import statistics
@@ -34,7 +33,18 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import zoo
-from benchmarks.common import Budget, Check, judge, time_calls, verdicts, warm_up, within_budget
+from benchmarks.common import (
+    Budget,
+    Check,
+    CommandLine,
+    count,
+    judge,
+    out_file,
+    time_calls,
+    verdicts,
+    warm_up,
+    within_budget,
+)
 from benchmarks.transformer import KVCacheTransformer, count_params, parameter_matched_transformer
 from zoo.errors import run_command
 from zoo.files import write_json
@@ -412,15 +422,19 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line() -> CommandLine:
+    parser = CommandLine("benchmarks.retnet_decode", __doc__)
     parser.add_argument("--quick", action="store_true", help="tiny smoke-test configuration")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--threads", type=count, default=None,
                         help="torch threads (default 1 on the CPU, the most stable on a shared machine)")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS, help="JSON result file")
-    args = parser.parse_args(argv)
+    parser.add_argument("--batch", type=count, default=1)
+    parser.add_argument("--out", type=out_file, default=RESULTS, help="JSON result file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = command_line().parse_args(argv)
     result = run(quick=args.quick, device=args.device, threads=args.threads, batch=args.batch)
     write_json(args.out, result)
     print(markdown(result))

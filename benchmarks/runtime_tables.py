@@ -26,7 +26,6 @@ plans; a runtime the machine lacks is recorded as skipped with its reason (its t
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -36,13 +35,18 @@ from typing import Any
 
 import torch
 
+import zoo
 from benchmarks.common import (
     SESSION_TIMING,
     Budget,
     Check,
+    CommandLine,
+    count,
     environment,
     families,
     judge,
+    names_from,
+    out_folder,
     smoke_model,
     speed_plan,
     verdicts,
@@ -57,7 +61,7 @@ from zoo.latency import (
     random_plans,
     resolve_device,
 )
-from zoo.latency.runtime import RuntimeFailure, check_runtime, tensorrt_backend
+from zoo.latency.runtime import RUNTIMES, RuntimeFailure, check_runtime, tensorrt_backend
 
 TARGETS = (1.5, 2.0)
 GPU_RUNTIMES = ("onnxruntime", "tensorrt")  # the GPU check's deploy runtimes (its dry run: onnxruntime's CPU EP)
@@ -273,21 +277,26 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line() -> CommandLine:
+    parser = CommandLine("benchmarks.runtime_tables", __doc__)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--models", default=None, help="comma-separated (default: every classification "
-                        "family's reference member)")
-    parser.add_argument("--runtimes", default=None, help="comma-separated (default: every runtime this machine has)")
-    parser.add_argument("--plans", type=int, default=20)
-    parser.add_argument("--compile-plans", type=int, default=None, help="random plans under compile (default --plans)")
-    parser.add_argument("--input-size", type=int, default=224)
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
-    result = run(args.quick, args.device, args.models.split(",") if args.models else None,
-                 args.runtimes.split(",") if args.runtimes else None, args.plans, args.compile_plans,
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    parser.add_argument("--models", type=names_from(zoo.list_models(), "model"), default=None,
+                        help="comma-separated (default: every classification family's reference member)")
+    parser.add_argument("--runtimes", type=names_from(RUNTIMES, "runtime"), default=None,
+                        help="comma-separated (default: every runtime this machine has)")
+    parser.add_argument("--plans", type=count, default=20)
+    parser.add_argument("--compile-plans", type=count, default=None,
+                        help="random plans under compile (default --plans)")
+    parser.add_argument("--input-size", type=count, default=224)
+    parser.add_argument("--batch-size", type=count, default=1)
+    parser.add_argument("--out", type=out_folder, default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
+    result = run(args.quick, args.device, args.models, args.runtimes, args.plans, args.compile_plans,
                  args.input_size, args.batch_size, args.out)
     print(markdown(result))
 

@@ -22,7 +22,6 @@ and 32, in an 80 GB budget, with CUDA's peak allocated memory beside the counted
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -35,12 +34,15 @@ import zoo
 from benchmarks.common import (
     Budget,
     Check,
+    CommandLine,
     environment,
     families,
     family_of,
     interleaved,
     judge,
     markdown_table,
+    out_folder,
+    positive,
     verdicts,
     write_result,
 )
@@ -288,13 +290,17 @@ def markdown(result: dict[str, Any]) -> str:
     return table + "\n\n" + note + "\n\n" + "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line() -> CommandLine:
+    parser = CommandLine("benchmarks.train_memory", __doc__)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--budget-gb", type=float, default=16.0)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
+    parser.add_argument("--budget-gb", type=positive, default=16.0)
+    parser.add_argument("--out", type=out_folder, default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
     print(markdown(run(args.quick, args.device, args.out, args.budget_gb)))
 
 

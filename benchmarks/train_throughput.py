@@ -10,7 +10,6 @@ as a robustness check, the median of the per-round ratios. Target: ratio >= 0.95
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from benchmarks.common import Check
+from benchmarks.common import Check, CommandLine, out_file
 from zoo.errors import run_command
 from zoo.files import write_json
 from zoo.latency.device import synchronize
@@ -128,12 +127,16 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join([head, rule, row])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line() -> CommandLine:
+    parser = CommandLine("benchmarks.train_throughput", __doc__)
     parser.add_argument("--quick", action="store_true", help="a few seconds instead of about a minute")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto")
-    parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON output (default {RESULTS})")
-    args = parser.parse_args(argv)
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    parser.add_argument("--out", type=out_file, default=RESULTS, help=f"JSON output (default {RESULTS})")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = command_line().parse_args(argv)
     result = run(quick=args.quick, device=args.device)
     write_json(args.out, result)
     print(markdown(result))

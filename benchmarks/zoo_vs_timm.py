@@ -7,14 +7,24 @@ family declaring the ``timm`` capability (``--quick``: the smoke model).
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import timm
 import torch
 
 import zoo
-from benchmarks.common import Check, environment, families, interleaved, markdown_table, smoke_model, write_result
+from benchmarks.common import (
+    Check,
+    CommandLine,
+    count,
+    environment,
+    families,
+    interleaved,
+    markdown_table,
+    out_folder,
+    smoke_model,
+    write_result,
+)
 from zoo.errors import run_command
 
 EAGER_LIMIT, FUSED_LIMIT = 1.05, 1.0
@@ -66,16 +76,19 @@ def markdown(result: dict[str, Any]) -> str:
                                            "fused_ratio", "device", "dtype", "threads", "torch"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def command_line() -> CommandLine:
+    parser = CommandLine("benchmarks.zoo_vs_timm", __doc__)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    print(markdown(run(args.quick, args.device, tuple(args.batch_sizes), args.threads, args.out)))
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto")
+    parser.add_argument("--batch-sizes", type=count, nargs="+", default=[1, 32])
+    parser.add_argument("--threads", type=count, default=1)
+    parser.add_argument("--out", type=out_folder, default=None)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
+    print(markdown(run(args.quick, args.device, tuple(args.batch_sizes), args.threads, args.out)))
 
 if __name__ == "__main__":
     raise SystemExit(run_command(main))

@@ -25,7 +25,6 @@ Resumable: each finished part is stored with the fingerprint of its inputs; a re
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -36,7 +35,19 @@ from typing import Any
 import torch
 
 import zoo
-from benchmarks.common import Check, environment, judge, results_dir, write_result
+from benchmarks.common import (
+    Check,
+    CommandLine,
+    count,
+    environment,
+    judge,
+    names_from,
+    out_folder,
+    read_json,
+    result_of,
+    results_dir,
+    write_result,
+)
 from studies.jobs import python_job
 from zoo.errors import run_command
 from zoo.files import json_digest, read_sealed_json
@@ -225,21 +236,25 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line() -> CommandLine:
+    parser = CommandLine("studies.int8_decode", __doc__)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--parts", default="speed,quality")
-    parser.add_argument("--seeds", type=int, default=None)
-    parser.add_argument("--workdir", default=None)
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--resume", default=None, metavar="JSON")
-    parser.add_argument("--summarise", default=None, metavar="JSON", help="judge a stored result again and print it")
-    args = parser.parse_args(argv)
+    parser.add_argument("--parts", type=names_from(("speed", "quality"), "part"), default=["speed", "quality"])
+    parser.add_argument("--seeds", type=count, default=None)
+    parser.add_argument("--workdir", type=out_folder, default=None)
+    parser.add_argument("--out", type=out_folder, default=None)
+    parser.add_argument("--resume", type=result_of("int8_decode"), default=None, metavar="JSON")
+    parser.add_argument("--summarise", type=result_of("int8_decode"), default=None, metavar="JSON",
+                        help="judge a stored result again and print it")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
     if args.summarise:
-        print(markdown(judge("int8_decode", json.loads(Path(args.summarise).read_text()))))
+        print(markdown(judge("int8_decode", read_json(args.summarise))))
         return
-    print(markdown(run(args.quick, "cpu", tuple(args.parts.split(",")), args.seeds, args.workdir, args.out,
-                       resume=args.resume)))
+    print(markdown(run(args.quick, "cpu", tuple(args.parts), args.seeds, args.workdir, args.out, resume=args.resume)))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ recomputes the rest, saying which.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -54,9 +53,15 @@ import zoo
 from benchmarks.common import (
     Budget,
     Check,
+    CommandLine,
+    count,
     environment,
     families,
     judge,
+    names_from,
+    out_folder,
+    read_json,
+    result_of,
     results_dir,
     smoke_model,
     speed_plan,
@@ -507,24 +512,33 @@ def verdicts_of(result: dict[str, Any]) -> dict[str, bool | None]:
     return judge_checks(checks(result))
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line() -> CommandLine:
+    parser = CommandLine("studies.int8_depth", __doc__)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--models", default=None, help="comma-separated (default: every CNN family's reference)")
-    parser.add_argument("--parts", default="speed,quality")
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--workdir", default=None, help="baselines, runs and tables (default ~/.cache/depthzoo)")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--resume", default=None, metavar="JSON", help="keep the finished parts of this result "
-                        "(e.g. results/int8_depth_cpu.json) where their inputs match")
-    parser.add_argument("--summarise", default=None, metavar="JSON", help="judge a stored result again and print it")
-    parser.add_argument("--device", default="cpu", help="cpu (onnxruntime), cuda (TensorRT) or auto")
-    args = parser.parse_args(argv)
+    parser.add_argument("--models", type=names_from(zoo.list_models(), "model"), default=None,
+                        help="comma-separated (default: every CNN family's reference)")
+    parser.add_argument("--parts", type=names_from(("speed", "quality"), "part"), default=["speed", "quality"])
+    parser.add_argument("--seeds", type=count, default=5)
+    parser.add_argument("--workdir", type=out_folder, default=None,
+                        help="baselines, runs and tables (default ~/.cache/depthzoo)")
+    parser.add_argument("--out", type=out_folder, default=None)
+    parser.add_argument("--resume", type=result_of("int8_depth"), default=None, metavar="JSON",
+                        help="keep the finished parts of this result (e.g. results/int8_depth_cpu.json) where their "
+                        "inputs match")
+    parser.add_argument("--summarise", type=result_of("int8_depth"), default=None, metavar="JSON",
+                        help="judge a stored result again and print it")
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                        help="cpu (onnxruntime), cuda (TensorRT) or auto")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
     if args.summarise:
-        print(markdown(judge("int8_depth", json.loads(Path(args.summarise).read_text()))))
+        print(markdown(judge("int8_depth", read_json(args.summarise))))
         return
-    result = run(args.quick, args.device, args.models.split(",") if args.models else None, tuple(args.parts.split(",")),
-                 args.seeds, args.workdir, args.out, resume=args.resume)
+    result = run(args.quick, args.device, args.models, tuple(args.parts), args.seeds, args.workdir, args.out,
+                 resume=args.resume)
     print(markdown(result))
 
 

@@ -47,7 +47,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import SESSION_TIMING, exact_rounds
+from benchmarks.common import (
+    SESSION_TIMING,
+    CommandLine,
+    count,
+    exact_rounds,
+    model_name,
+    non_negative,
+    positive,
+    whole,
+)
 from zoo.errors import run_command
 from zoo.files import write_json
 from zoo.latency import NetworkTimingSettings, TableSettings, build_table, prediction_error, random_plans
@@ -454,56 +463,71 @@ def report(result: dict[str, Any], top: int = 12) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="mobilenetv2_100")
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--input-size", type=int, default=None)
-    parser.add_argument("--plans", type=int, default=6)
-    parser.add_argument("--seed", type=int, default=2)
+def command_line() -> CommandLine:
+    parser = CommandLine("studies.latency_diagnosis", __doc__, check=argument_problem)
+    parser.add_argument("--model", type=model_name, default="mobilenetv2_100")
+    parser.add_argument("--batch-size", type=count, default=1)
+    parser.add_argument("--input-size", type=count, default=None)
+    parser.add_argument("--plans", type=count, default=6)
+    parser.add_argument("--seed", type=whole, default=2)
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall")
     parser.add_argument("--estimator", choices=("median", "p10", "min"), default="p10")
-    parser.add_argument("--entries", default=None, help="TableSettings.entries: auto, context or isolated")
-    parser.add_argument("--probe-spacing", type=int, default=None, help="TableSettings.probe_spacing")
-    parser.add_argument("--warm-calls", type=int, default=0,
+    parser.add_argument("--entries", choices=("auto", "context", "isolated"), default=None,
+                        help="TableSettings.entries")
+    parser.add_argument("--probe-spacing", type=count, default=None, help="TableSettings.probe_spacing")
+    parser.add_argument("--warm-calls", type=whole, default=0,
                         help="TableSettings.warm_calls, also for the networks timed after the build")
     parser.add_argument("--round-order", choices=ROUND_ORDERS, default="fixed",
                         help="TableSettings.round_order, also for the networks timed after the build")
-    parser.add_argument("--session-rounds", type=int, default=0, metavar="ROUNDS",
+    parser.add_argument("--session-rounds", type=whole, default=0, metavar="ROUNDS",
                         help="every measured network exactly this many rounds (per session with --sessions; default: "
                              "20-60 rounds, each network until its median converged)")
     parser.add_argument("--rebuild", action="store_true", help="time the isolated entries once more afterwards")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--drift", type=float, default=0.0, metavar="SECONDS",
+    parser.add_argument("--drift", type=non_negative, default=0.0, metavar="SECONDS",
                         help="instead: run the network back to back this long and print its speed per 10-s window")
-    parser.add_argument("--drift-window", type=float, default=10.0, metavar="SECONDS",
+    parser.add_argument("--drift-window", type=positive, default=10.0, metavar="SECONDS",
                         help="with --drift: the window's length")
     parser.add_argument("--alternate-cpus", action="store_true",
                         help="with --drift: window k pinned to CPU k mod 2, and the p10 per CPU")
-    parser.add_argument("--hooks", type=int, default=0, metavar="ROUNDS",
+    parser.add_argument("--hooks", type=whole, default=0, metavar="ROUNDS",
                         help="instead: a cold table, then its intact network plain and hooked for this many rounds")
-    parser.add_argument("--neighbours", type=int, default=0, metavar="COPIES",
+    parser.add_argument("--neighbours", type=whole, default=0, metavar="COPIES",
                         help="instead: the original as COPIES copies per round, alone and between plans, 3 sessions")
-    parser.add_argument("--page-faults", nargs="+", default=None, metavar="IN,OUT",
+    parser.add_argument("--page-faults", nargs="+", type=channel_pair, default=None, metavar="IN,OUT",
                         help="instead: 3x3 convs of these channels, glibc's thresholds and freed memory kept")
-    parser.add_argument("--part-drift", type=int, default=0, metavar="WINDOWS",
+    parser.add_argument("--part-drift", type=whole, default=0, metavar="WINDOWS",
                         help="instead: the network and three convs, call by call, per 4-s window: does drift move "
                              "every part alike")
     parser.add_argument("--memory-hog", action="store_true",
                         help="with --part-drift: stream memory on CPU 1 in every other window")
-    parser.add_argument("--sessions", type=int, default=0,
+    parser.add_argument("--sessions", type=whole, default=0,
                         help="instead: one cold table, then the same --plans (--seed) in this many sessions")
-    args = parser.parse_args()
-    if args.probe_spacing is not None and args.probe_spacing < 1 or args.warm_calls < 0 or args.session_rounds < 0:
-        parser.error("--probe-spacing must be >= 1, --warm-calls and --session-rounds >= 0")
-    if args.part_drift < 0 or args.part_drift == 1 or args.memory_hog and args.part_drift < 3:
-        parser.error("--part-drift takes 2 or more windows (3 or more with --memory-hog, whose hog runs in every "
-                     "other one)")
-    if args.drift_window <= 0 or args.alternate_cpus and not args.drift:
-        parser.error("--drift-window must be > 0 seconds; --alternate-cpus goes with --drift SECONDS")
+    return parser
+
+
+def channel_pair(text: str) -> tuple[int, int]:
+    """``IN,OUT``: two channel counts, 1 or more."""
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"{text!r} is not IN,OUT; give two channel counts, e.g. 64,64")
+    return count(parts[0]), count(parts[1])
+
+
+def argument_problem(args: argparse.Namespace) -> str | None:
+    """What the arguments ask for together that this study cannot do (None: nothing)."""
+    if args.part_drift == 1 or args.memory_hog and args.part_drift < 3:
+        return "--part-drift takes 2 or more windows (3 or more with --memory-hog, whose hog runs in every other one)"
+    if args.alternate_cpus and not args.drift:
+        return "--alternate-cpus goes with --drift SECONDS"
     if (args.memory_hog or args.alternate_cpus) and not {0, 1} <= os.sched_getaffinity(0):
-        parser.error(f"--memory-hog and --alternate-cpus use CPUs 0 and 1; this process may only run on CPUs "
-                     f"{sorted(os.sched_getaffinity(0))}")
+        return (f"--memory-hog and --alternate-cpus use CPUs 0 and 1; this process may only run on CPUs "
+                f"{sorted(os.sched_getaffinity(0))}")
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
     settings = TableSettings(clock=args.clock, estimator=args.estimator, warm_calls=args.warm_calls,
                              round_order=args.round_order)
     if args.probe_spacing is not None:
@@ -511,7 +535,7 @@ def main() -> None:
     if args.entries:
         settings = replace(settings, entries=args.entries)
     if args.page_faults:
-        rows = page_fault_check([tuple(map(int, pair.split(","))) for pair in args.page_faults])
+        rows = page_fault_check(args.page_faults)
         write_json(RESULTS / "latency_page_faults.json", rows)
         print("| conv in -> out | weights MiB | allocator | p10 ms | median ms | page faults per call |\n"
               "|---|---|---|---|---|---|")

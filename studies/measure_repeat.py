@@ -13,7 +13,6 @@ standard deviation and range of the measured speed-up.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 from pathlib import Path
@@ -21,7 +20,16 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import machine, results_dir, write_result
+from benchmarks.common import (
+    CommandLine,
+    at_least,
+    count,
+    machine,
+    out_folder,
+    results_dir,
+    run_folder,
+    write_result,
+)
 from zoo.errors import ZooError, run_command
 from zoo.files import read_sealed_json
 
@@ -66,15 +74,17 @@ def run(run_dir: str, rounds: tuple[int, ...] = (20, 200), repeats: int = 8, out
     return result
 
 
+def command_line() -> CommandLine:
+    parser = CommandLine("studies.measure_repeat", __doc__)
+    parser.add_argument("--run", type=run_folder, required=True, help="the folder of a finished prune.py run")
+    parser.add_argument("--rounds", type=count, nargs="+", default=[20, 200])
+    parser.add_argument("--repeats", type=at_least(2), default=8)
+    parser.add_argument("--out", type=out_folder, default=None)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", required=True, help="the folder of a finished prune.py run")
-    parser.add_argument("--rounds", type=int, nargs="+", default=[20, 200])
-    parser.add_argument("--repeats", type=int, default=8)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
-    if args.repeats < 2 or min(args.rounds) < 1:
-        raise ZooError(f"--repeats {args.repeats} must be >= 2 and every --rounds >= 1 (got {args.rounds}).")
+    args = command_line().parse_args(argv)
     torch.set_num_threads(1)
     result = run(args.run, tuple(args.rounds), args.repeats, args.out)
     for row in result["rows"]:

@@ -12,7 +12,6 @@ today's default at most ``LIMIT`` times the previous one.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import tempfile
@@ -20,7 +19,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Check, judge, markdown_table, write_result
+from benchmarks.common import (
+    Check,
+    CommandLine,
+    count,
+    judge,
+    markdown_table,
+    out_folder,
+    write_result,
+)
 from studies.jobs import job_command, offline_env
 from zoo.errors import run_command
 from zoo.files import read_sealed_json
@@ -91,12 +98,16 @@ def markdown(result: dict[str, Any]) -> str:
             f"**{judge('prune_cost', result)['status']}**.")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line() -> CommandLine:
+    parser = CommandLine("studies.prune_cost", __doc__)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--pairs", type=int, default=2)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
+    parser.add_argument("--pairs", type=count, default=2)
+    parser.add_argument("--out", type=out_folder, default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
     print(markdown(run(args.quick, args.pairs, args.out)))
 
 

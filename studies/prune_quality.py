@@ -58,7 +58,23 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import BenchmarkInputError, compose, judge, read_json, results_dir, smoke_model, write_result
+import zoo
+from benchmarks.common import (
+    BenchmarkInputError,
+    CommandLine,
+    compose,
+    count,
+    existing_file,
+    judge,
+    names_from,
+    out_folder,
+    read_json,
+    result_of,
+    results_dir,
+    smoke_model,
+    whole,
+    write_result,
+)
 from benchmarks.common import families as declared_families
 from studies.prune_quality_report import (
     STAGES,
@@ -792,62 +808,69 @@ def run(quick: bool = False, device: str = "auto", out: str | None = None, famil
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def task_names() -> list[str]:
+    """What ``--families`` takes: the declared families' tasks, the families' names, the named variants, and any
+    model of the zoo (its derived task)."""
+    return list(dict.fromkeys([*tasks(), *TUNED, *VARIANTS, *zoo.list_models()]))
+
+
+def command_line() -> CommandLine:
+    parser = CommandLine("studies.prune_quality", __doc__, check=argument_problem)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--select", action="store_true", help="choose among candidate searches on development data")
-    parser.add_argument("--device", default=None, help="default auto: CUDA when there is one")
-    parser.add_argument("--families", default=None, help="comma-separated task names (default: every declared "
-                        f"family's: {', '.join(tasks())}) or family names")
-    parser.add_argument("--rules", default=None, help=f"comma-separated, of {', '.join(RULES)}")
-    parser.add_argument("--seeds", type=int, default=None, help="default 5 (2 with --quick)")
-    parser.add_argument("--first-seed", type=int, default=None, help="seeds first_seed, first_seed + 1, ... "
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
+                        help="default auto: CUDA when there is one")
+    parser.add_argument("--families", type=names_from(task_names(), "task"), default=None,
+                        help=f"comma-separated task names (default: every declared family's: {', '.join(tasks())}) "
+                        "or family names")
+    parser.add_argument("--rules", type=names_from(RULES, "rule"), default=None,
+                        help=f"comma-separated, of {', '.join(RULES)}")
+    parser.add_argument("--seeds", type=count, default=None, help="default 5 (2 with --quick)")
+    parser.add_argument("--first-seed", type=whole, default=None, help="seeds first_seed, first_seed + 1, ... "
                         "(default 0): fresh seeds for a confirmatory run (never the development seeds)")
     parser.add_argument("--confirmatory", action="store_true", help="the run declared in advance (CONFIRMATORY)")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--workdir", default=None, help="baselines, caches and finished cells (default: a temp dir)")
-    parser.add_argument("--resume", default=None, metavar="JSON", help="a stored prune_quality result: its families "
-                        "whose inputs match are kept, the others recomputed")
-    parser.add_argument("--summarise", default=None, metavar="JSON",
+    parser.add_argument("--out", type=out_folder, default=None)
+    parser.add_argument("--workdir", type=out_folder, default=None,
+                        help="baselines, caches and finished cells (default: a temp dir)")
+    parser.add_argument("--resume", type=result_of("prune_quality", ["families"]), default=None, metavar="JSON",
+                        help="a stored prune_quality result: its families whose inputs match are kept, the others "
+                        "recomputed")
+    parser.add_argument("--summarise", type=existing_file, default=None, metavar="JSON",
                         help="recompute the statistics and plot of a stored result (nothing is run or measured)")
-    args = parser.parse_args(argv)
+    return parser
 
-    def split(text: str | None) -> list[str] | None:
-        return text.split(",") if text else None
 
-    unknown = [r for r in split(args.rules) or [] if r not in RULES]
-    if unknown:
-        parser.error(f"unknown rule(s) {', '.join(unknown)}; choose from {', '.join(RULES)}")
+def argument_problem(args: argparse.Namespace) -> str | None:
+    """What the arguments ask for together that this study cannot do (None: nothing): a confirmatory run with
+    anything but what was declared, tested seeds that are the selection's development seeds."""
+    if args.confirmatory:
+        return confirmatory_problem(args)
+    if args.summarise or args.select:
+        return None
+    return seed_problem(args.first_seed or 0, args.seeds or (2 if args.quick else 5))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
     name = "prune_quality"
     if args.confirmatory:
-        problem = confirmatory_problem(args)
-        if problem:
-            parser.error(problem)
-        args.families = ",".join(CONFIRMATORY["families"])
+        args.families = list(CONFIRMATORY["families"])
         args.first_seed, args.seeds, args.device = (CONFIRMATORY[k] for k in ("first_seed", "seeds", "device"))
         name = CONFIRMATORY["name"]
     if args.summarise:
         print(markdown(summarise_again(args.summarise, args.out)))
         return
     if args.select:
-        names = split(args.families) or default_names(args.quick)
+        names = args.families or default_names(args.quick)
         root = Path(args.workdir or tempfile.mkdtemp(prefix="prune_quality-"))
         seeds = list(DEV_SEEDS[:2] if args.quick else DEV_SEEDS)
-        result = run_selection(names, root, split(args.rules) or list(SELECT_RULES), seeds,
+        result = run_selection(names, root, args.rules or list(SELECT_RULES), seeds,
                                TARGETS[:1] if args.quick else TARGETS, args.quick)
         write_result("prune_quality_selection", result, args.out)
         print(markdown(result))
         return
-    first_seed = args.first_seed or 0
-    problem = seed_problem(first_seed, args.seeds or (2 if args.quick else 5))
-    if problem:
-        parser.error(problem)
-    try:
-        finished_families(args.resume) if args.resume else None
-    except ValueError as exc:
-        parser.error(str(exc))
-    print(markdown(run(args.quick, args.device or "auto", args.out, split(args.families), args.seeds, args.workdir,
-                       split(args.rules), first_seed, args.resume, name)))
+    print(markdown(run(args.quick, args.device or "auto", args.out, args.families, args.seeds, args.workdir,
+                       args.rules, args.first_seed or 0, args.resume, name)))
 
 
 def confirmatory_problem(args: argparse.Namespace) -> str | None:

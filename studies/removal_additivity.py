@@ -12,13 +12,19 @@ estimator), all in one session; the noise floor is the spread between two copies
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from typing import Any
 
 import torch
 
-from benchmarks.common import machine, results_dir, write_result
+from benchmarks.common import (
+    CommandLine,
+    count,
+    machine,
+    out_folder,
+    results_dir,
+    write_result,
+)
 from zoo.errors import run_command
 
 GROUPS = {  # arch: named plans (every unit of a joint plan is also timed alone)
@@ -77,13 +83,17 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line() -> CommandLine:
+    parser = CommandLine("studies.removal_additivity", __doc__)
     parser.add_argument("--arch", default="convnext_atto", choices=sorted(GROUPS))
-    parser.add_argument("--rounds", type=int, default=200, help="rounds of the side-by-side timing (prune.py's: "
+    parser.add_argument("--rounds", type=count, default=200, help="rounds of the side-by-side timing (prune.py's: "
                         "200-400)")
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=out_folder, default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
     print(markdown(run(args.arch, rounds=args.rounds, out=args.out)))
     print(f"result: {results_dir(args.out)}")
 

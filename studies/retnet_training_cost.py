@@ -7,7 +7,6 @@ autograd saves for backward, the activation memory that grows with length).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,13 @@ import torch
 import torch.nn.functional as F
 
 import zoo
-from benchmarks.common import time_calls, warm_up
+from benchmarks.common import (
+    CommandLine,
+    count,
+    out_file,
+    time_calls,
+    warm_up,
+)
 from zoo.errors import run_command
 from zoo.files import write_json
 from zoo.models.retnet import RetNet
@@ -68,13 +73,17 @@ def bench_train(model: RetNet, cfg: dict, device: torch.device, batch: int) -> l
     return rows
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line() -> CommandLine:
+    parser = CommandLine("studies.retnet_training_cost", __doc__)
     parser.add_argument("--quick", action="store_true", help="tiny smoke-test configuration")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=Path("retnet_training_cost.json"), help="JSON result file")
-    args = parser.parse_args(argv)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--batch", type=count, default=1)
+    parser.add_argument("--out", type=out_file, default=Path("retnet_training_cost.json"), help="JSON result file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = command_line().parse_args(argv)
     cfg = QUICK if args.quick else FULL
     device = torch.device(args.device)
     torch.set_num_threads(1) if device.type == "cpu" else None

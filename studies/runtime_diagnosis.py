@@ -19,7 +19,6 @@ layout kept between programs), which a per-segment table cannot see.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import statistics
 import tempfile
@@ -29,7 +28,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from benchmarks.common import environment, write_result
+from benchmarks.common import (
+    CommandLine,
+    count,
+    environment,
+    model_name,
+    names_from,
+    out_folder,
+    write_result,
+)
 from zoo.errors import run_command
 from zoo.latency import TableSettings, build_table, random_plans
 from zoo.latency.accuracy import pruned_network
@@ -129,17 +136,22 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="mobilenetv2_100")
+def command_line() -> CommandLine:
+    parser = CommandLine("studies.runtime_diagnosis", __doc__)
+    parser.add_argument("--model", type=model_name, default="mobilenetv2_100")
     parser.add_argument("--runtime", default="compile", choices=("compile", "onnxruntime"))
-    parser.add_argument("--plans", default="4,6,12,0", help="indices into the suite's 20 random plans")
-    parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--input-size", type=int, default=224)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
+    parser.add_argument("--plans", type=names_from([str(i) for i in range(20)], "plan index"),
+                        default=["4", "6", "12", "0"], help="indices into the suite's 20 random plans")
+    parser.add_argument("--rounds", type=count, default=40)
+    parser.add_argument("--input-size", type=count, default=224)
+    parser.add_argument("--out", type=out_folder, default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
     start = time.perf_counter()
-    result = diagnose(args.model, args.runtime, [int(p) for p in args.plans.split(",")], rounds=args.rounds,
+    result = diagnose(args.model, args.runtime, [int(p) for p in args.plans], rounds=args.rounds,
                       input_size=args.input_size)
     result["time_s"] = round(time.perf_counter() - start, 1)
     path = write_result(f"runtime_diagnosis_{args.model}_{args.runtime}", result, args.out)

@@ -19,7 +19,6 @@ the sequential pair then took 132 s instead of 24 s, and 579 s in one CI run).
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import tempfile
@@ -27,7 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Check, judge, write_result
+from benchmarks.common import (
+    Check,
+    CommandLine,
+    judge,
+    out_folder,
+    write_result,
+)
 from studies.jobs import job_command
 from zoo.errors import run_command
 
@@ -113,12 +118,16 @@ def markdown(result: dict[str, Any]) -> str:
            f"{r['joblib_all_cores']:.2f} |"] if "joblib_all_cores" in s else []), "", f"Status: {result['status']}."])
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line() -> CommandLine:
+    parser = CommandLine("studies.shared_machine", __doc__)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
+    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    parser.add_argument("--out", type=out_folder, default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
     print(markdown(run(args.quick, args.device, args.out)))
 
 

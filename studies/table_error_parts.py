@@ -9,14 +9,18 @@ RESULT: what ``python -m benchmarks.latency_table`` wrote (the builds form; each
 
 from __future__ import annotations
 
-import argparse
 import statistics
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.common import BenchmarkInputError, read_json
+from benchmarks.common import (
+    BenchmarkInputError,
+    CommandLine,
+    out_file,
+    read_json,
+    result_of,
+)
 from zoo.errors import run_command
 from zoo.files import write_json
 
@@ -88,13 +92,18 @@ def markdown(rows: list[dict[str, Any]], worst: int = 3) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m studies.table_error_parts", description=__doc__.splitlines()[0])
-    parser.add_argument("results", nargs="+", type=Path, help="latency_table result files (builds form)")
+def command_line() -> CommandLine:
+    parser = CommandLine("studies.table_error_parts", __doc__)
+    parser.add_argument("results", nargs="+", type=result_of("latency_table", ["rows"]),
+                        help="latency_table result files (builds form)")
     parser.add_argument("--kind", choices=KINDS, default="anchored", help="which error: anchored (the predicted "
                         "speed-up's) or raw (the predicted ms)")
-    parser.add_argument("--out", type=Path, default=None, help="also write the parts as JSON here")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=out_file, default=None, help="also write the parts as JSON here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = command_line().parse_args(argv)
     found = {str(path): parts(read_json(path), args.kind) for path in args.results}
     for path, rows in found.items():
         print(f"## {path}\n\n{markdown(rows)}\n")

@@ -20,7 +20,6 @@ architectures that build and trace are prunable; every architecture under the li
 
 from __future__ import annotations
 
-import argparse
 import math
 import multiprocessing
 import time
@@ -30,8 +29,20 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import Check, judge, markdown_table, read_json, results_dir, write_result
-from zoo.errors import ZooError, run_command
+from benchmarks.common import (
+    Check,
+    CommandLine,
+    count,
+    judge,
+    markdown_table,
+    out_folder,
+    positive,
+    read_json,
+    result_of,
+    results_dir,
+    write_result,
+)
+from zoo.errors import run_command
 from zoo.files import json_digest
 
 MAX_PARAMS = 100_000_000
@@ -298,18 +309,18 @@ def markdown(result: dict[str, Any]) -> str:
                       f"Status: {result.get('status')}."])
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line() -> CommandLine:
+    parser = CommandLine("studies.timm_census", __doc__)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--resume", default=None, metavar="JSON")
-    parser.add_argument("--hours", type=float, default=None, help="stop starting new architectures after this long")
-    parser.add_argument("--max-params", type=int, default=MAX_PARAMS)
-    args = parser.parse_args(argv)
-    if args.hours is not None and not args.hours > 0:
-        raise ZooError(f"--hours is a positive number of hours; got {args.hours}.")
-    if args.resume:
-        read_json(args.resume)  # a file that is not a result: one line, exit 2, before any work
+    parser.add_argument("--out", type=out_folder, default=None)
+    parser.add_argument("--resume", type=result_of("timm_census", ["rows"]), default=None, metavar="JSON")
+    parser.add_argument("--hours", type=positive, default=None, help="stop starting new architectures after this long")
+    parser.add_argument("--max-params", type=count, default=MAX_PARAMS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
     print(markdown(run(args.quick, args.out, args.resume, args.hours, args.max_params)))
     print(f"result: {results_dir(args.out)}")
 

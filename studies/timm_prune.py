@@ -20,7 +20,6 @@ Targets: at least 12 architectures from at least 8 timm families prune to the me
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -32,7 +31,18 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import Check, judge, markdown_table, read_json, results_dir, write_result
+from benchmarks.common import (
+    Check,
+    CommandLine,
+    count,
+    judge,
+    markdown_table,
+    out_folder,
+    read_json,
+    result_of,
+    results_dir,
+    write_result,
+)
 from studies.jobs import ROOT, job_command
 from zoo.errors import run_command
 from zoo.files import json_digest, read_sealed_json
@@ -227,16 +237,18 @@ def markdown(result: dict[str, Any]) -> str:
                       f"{cost.get('ratio')} ({cost.get('median_s')}). Status: {result.get('status')}."])
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line() -> CommandLine:
+    parser = CommandLine("studies.timm_prune", __doc__)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--seeds", type=int, default=None)
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--resume", default=None, metavar="JSON")
-    parser.add_argument("--workdir", default=None)
-    args = parser.parse_args(argv)
-    if args.resume:
-        read_json(args.resume)  # a file that is not a result: one line, exit 2, before any work
+    parser.add_argument("--seeds", type=count, default=None)
+    parser.add_argument("--out", type=out_folder, default=None)
+    parser.add_argument("--resume", type=result_of("timm_prune", ["rows"]), default=None, metavar="JSON")
+    parser.add_argument("--workdir", type=out_folder, default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = command_line().parse_args(argv)
     print(markdown(run(args.quick, "cpu", args.out, args.seeds, args.resume, args.workdir)))
     print(f"result: {results_dir(args.out)}")
 

@@ -75,8 +75,9 @@ def test_prune_quality_resume_refuses_what_is_not_its_result(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "studies.prune_quality", "--resume", str(path), "--workdir",
                                str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path),
                               timeout=300)
-        assert proc.returncode == 2 and f"--resume {path}" in proc.stderr, proc.stderr[-2000:]
-        assert "allowed: a prune_quality.json.gz" in proc.stderr and not (tmp_path / "w").exists()
+        assert proc.returncode == 2 and f"argument --resume: {path}" in proc.stderr, proc.stderr[-2000:]
+        assert "python -m studies.prune_quality wrote" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "w").exists()
     for extra in (["--seeds", "3"], ["--select"], ["--device", "cuda"], ["--first-seed", "0"]):
         proc = subprocess.run([sys.executable, "-m", "studies.prune_quality", "--confirmatory", *extra,
                                "--workdir", str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT,
