@@ -322,3 +322,20 @@ def test_jobs_waiting_for_a_shared_baseline_lend_their_cores(tmp_path):
         assert got.wait(10) and not list(holder.waiting.iterdir())  # the waiter got the lock and unmarked itself
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_target_beyond_the_ceiling_is_refused_before_the_baseline_trains(tmp_path):
+    """A target no plan can reach is refused from the latency table of the untrained architecture, before the
+    baseline trains (no baseline checkpoint is written), in the words the search uses; the table it built is the one
+    the job would use (cached by architecture)."""
+    from ..helpers import TINY_PRUNE
+
+    outcome = run_in_process("prune", *TINY_PRUNE, "prune.target_speedup=50", f"hydra.run.dir={tmp_path / 'run'}",
+                             "logger=none", f"paths.log_dir={tmp_path / 'outputs'}",
+                             f"prune.cache_dir={tmp_path / 'cache'}")
+    assert outcome.code == 2, outcome.output[-3000:]
+    assert "prune.target_speedup=50.0 cannot be reached: removing and merging every removable unit gives at most" \
+        in outcome.output
+    assert "ceiling ..." in outcome.output and "baseline ..." not in outcome.output  # the phase before the baseline
+    assert not list((tmp_path / "outputs").glob("baselines/*/checkpoints/*.safetensors"))
+    assert list((tmp_path / "cache").rglob("*.json"))  # the table, kept for the job that asks for less

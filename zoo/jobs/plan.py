@@ -225,24 +225,43 @@ def choose_plan(cfg: Any, target: Target, table: Any, options: list[list[Choice]
         if cfg.prune.search in WHOLE_SEGMENT_SEARCHES or windowed:  # its own message says what is not met
             raise
         result = fastest_plan(options)
-        fastest = table.fixed_cost() + result.latency
-        baseline = table.predict({"remove": []})
-        best = baseline / fastest
-        if fastest <= goal * (1.0 + target.tolerance):
-            why = (f"within prune.bins={cfg.prune.bins} steps of the table's fastest plan" if fastest <= goal else
-                   f"{100 * (fastest / goal - 1.0):.1f} % beyond the table's fastest plan, within "
-                   f"prune.target_tolerance={target.tolerance:.3g}")
-            _log.warning("the target (%.3f ms predicted) is %s (%.3f ms, %.2fx): the fastest plan is taken and "
-                         "measured", goal, why, fastest, best)
-            return {"remove": result.removed(options), "merge": cfg.prune.merge}, result
-        instead = (f"ask for prune.target_latency_ms above {fastest:.3f}" if target.latency_ms
-                   else f"ask for prune.target_speedup below {best:.2f}")
-        raise BudgetError(
-            f"{target.asked()} cannot be reached: removing and merging every removable unit gives at most {best:.2f}x "
-            f"({baseline:.3f} -> {fastest:.3f} ms predicted); {instead}."
-        ) from None
+        refuse_beyond_ceiling(cfg, target, table, options)
+        _log.warning("the target (%.3f ms predicted) is %s: the fastest plan is taken and measured", goal,
+                     near_ceiling(cfg, target, table, options))
+        return {"remove": result.removed(options), "merge": cfg.prune.merge}, result
     plan = {"remove": result.removed(options), "merge": cfg.prune.merge}
     return plan, result
+
+
+def near_ceiling(cfg: Any, target: Target, table: Any, options: list[list[Choice]]) -> str:
+    """How the target stands to the table's fastest plan, when it is beyond the budget a search can meet."""
+    goal, _ = budget_for(target, table)
+    fastest = table.fixed_cost() + fastest_plan(options).latency
+    why = (f"within prune.bins={cfg.prune.bins} steps of the table's fastest plan" if fastest <= goal else
+           f"{100 * (fastest / goal - 1.0):.1f} % beyond the table's fastest plan, within "
+           f"prune.target_tolerance={target.tolerance:.3g}")
+    return f"{why} ({fastest:.3f} ms, {table.predict({'remove': []}) / fastest:.2f}x)"
+
+
+def refuse_beyond_ceiling(cfg: Any, target: Target, table: Any, options: list[list[Choice]]) -> None:
+    """Raise BudgetError (naming the most this network can give, and what to ask for instead) when even the table's
+    fastest plan misses the target by more than ``prune.target_tolerance``."""
+    goal, _ = budget_for(target, table)
+    fastest = table.fixed_cost() + fastest_plan(options).latency
+    if fastest <= goal * (1.0 + target.tolerance):
+        return
+    baseline = table.predict({"remove": []})
+    best = baseline / fastest
+    instead = (f"ask for prune.target_latency_ms above {fastest:.3f}" if target.latency_ms
+               else f"ask for prune.target_speedup below {best:.2f}")
+    raise BudgetError(f"{target.asked()} cannot be reached: removing and merging every removable unit gives at most "
+                      f"{best:.2f}x ({baseline:.3f} -> {fastest:.3f} ms predicted); {instead}.")
+
+
+def latency_only_options(table: Any, max_memory_mb: float | None = None) -> list[list[Choice]]:
+    """Search options from the table alone (every damage 0): enough to know the fastest plan, before any weights."""
+    return build_options(table, [{variant: 0.0 for variant, _ in costs} for costs in table.segment_costs()],
+                         max_memory_mb)
 
 
 def ceiling_speedup(table: Any, options: list[list[Choice]]) -> float:

@@ -31,8 +31,10 @@ from .plan import (
     choose_plan,
     corrected_plan,
     importance_of,
+    latency_only_options,
     model_search_inputs,
     read_plan,
+    refuse_beyond_ceiling,
     resumed_plan,
     target_check,
 )
@@ -86,6 +88,28 @@ def run(cfg: Any) -> dict[str, Any]:
         dist_utils.cleanup()
 
 
+def baseline_ready(cfg: Any, config: dict) -> bool:
+    """Whether the baseline needs no training: weights were given (``checkpoint=``), or this config's baseline is
+    cached and intact."""
+    from .baseline import baseline_config, baseline_dir, finished_baseline
+
+    if cfg.checkpoint:
+        return True
+    directory = baseline_dir(cfg, config)
+    return directory.is_dir() and finished_baseline(directory, baseline_config(config)) is not None
+
+
+def check_ceiling_before_training(cfg: Any, data: Any, target: Any) -> None:
+    """Refuse a target beyond the network's reach before its baseline trains: the latency table of the untrained
+    architecture (a latency does not depend on the weights, and the table is cached by architecture, so the job
+    reuses it) and its fastest plan, as :func:`~zoo.jobs.plan.choose_plan` would judge them."""
+    from .model_spec import build_model
+
+    architecture = build_model(cfg.model, data, pretrained=False).eval()
+    table = build_job_table(cfg, architecture, data)
+    refuse_beyond_ceiling(cfg, target, table, latency_only_options(table, cfg.prune.max_memory_mb))
+
+
 def forget_results_without_checkpoint(output_dir: Path, ours: str) -> None:
     """A finished run of this config whose pruned checkpoint is gone or changed is not finished: its results file is
     dropped (with a warning) so that the run completes again from its saved state."""
@@ -132,6 +156,9 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
     data = build_loaders(typed(cfg.data, DataConfig), seed=cfg.trainer.seed,
                          model_cfg=data_model_cfg(cfg.model, weights), rank=dist.rank, world=dist.world,
                          pin_memory=device.type == "cuda")
+    if dist.is_main and not dist.enabled and cfg.prune.plan is None and not baseline_ready(cfg, config):
+        with phase(timings, "ceiling"):  # before the baseline trains: a target beyond reach is refused first
+            check_ceiling_before_training(cfg, data, target)
     with phase(timings, "baseline"):
         baseline, baseline_path = load_or_train_baseline(cfg, data, config)
         baseline.eval()
