@@ -7,6 +7,7 @@ boundary of every command line.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ class ZooError(ValueError):
 def first_line(exc: BaseException) -> str:
     """The first line of an error's message, or its type's name when it has none: how a caught error is quoted in
     one line."""
-    text = str(exc).strip()
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # (without a terminal's colour codes)
     return text.splitlines()[0] if text else type(exc).__name__
 
 

@@ -148,6 +148,9 @@ PRUNE_CASES = [
     (["prune.importance=taylor"], "prune.importance='taylor'; allowed: loss, tempered, similarity, finetune"),
     (["prune.workload=decode"], "needs a language model with a decode state"),
     (["prune.export=tflite"], "prune.export='tflite'; allowed: null, onnx, torch_export, hf"),
+    (["prune.export_dynamic_size=true"], "it goes with prune.export=onnx or torch_export"),
+    (["model=retnet_tiny", "data=bytes", "prune.export=onnx", "prune.export_dynamic_size=true"],
+     "retnet_tiny takes no images: set prune.export_dynamic_size=false"),
     (["prune.export=hf"], "prune.export=hf is not possible for model=mobilenetv2_050 (the mobilenetv2 family): "
                           "writes a Hugging Face model folder"),
     (["prune.objectives=[val/ppl]"], "prune.objectives=['val/ppl']: give one or more of metric"),

@@ -82,3 +82,30 @@ def test_low_precision_models(tmp_path):
         zoo.export(model, tmp_path / "m.onnx", input_size=SMALL)
     report = zoo.export(model, tmp_path / "m.pt2", format="torch_export", input_size=SMALL)
     assert report.passed
+
+
+def test_a_failing_exporter_is_quiet_and_keeps_what_it_printed(tmp_path, capfd):
+    """An exporter that fails (data-dependent control flow) prints nothing: one message names the model and the
+    cause (no terminal colour codes) and where the exporter's own output was kept. A language model is refused
+    INT8 export before any exporter runs."""
+
+    class Branchy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x) if x.sum().item() > 0 else x
+
+    with pytest.raises(ExportError) as refused:
+        zoo.export(Branchy(), tmp_path / "b.onnx", example=torch.randn(2, 4))
+    message = str(refused.value)
+    assert message.startswith("Branchy could not be exported to ONNX") and "\x1b" not in message
+    log = tmp_path / "b.onnx.export.log"
+    assert f"(the exporter's output: {log})" in message and log.read_text().strip()
+    printed = capfd.readouterr()
+    assert not printed.out.strip() and not printed.err.strip(), printed
+    with pytest.raises(ExportError, match="RetNet is a language model, which decodes in INT8 with generate"):
+        zoo.export(zoo.create_model("retnet_tiny"), tmp_path / "r.onnx", quantize="int8")
+    assert not capfd.readouterr().err.strip()
+

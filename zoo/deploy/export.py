@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ExportError
+from ..errors import ExportError, first_line
 from ..models.depth import run_example
 
 FORMATS = ("onnx", "torch_export", "hf")
@@ -110,6 +110,10 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
         _require("onnx", "onnxscript", "onnxruntime")
     if quantize is None and int8_scheme != "onnxruntime":
         raise ExportError(f"int8_scheme={int8_scheme!r} is the form of an INT8 file; give quantize='int8' with it.")
+    if quantize is not None and getattr(model, "task", "classification") == "language_model":
+        raise ExportError(f"quantize={quantize!r} exports an image model quantised on calibration images; "
+                          f"{type(model).__name__} is a language model, which decodes in INT8 with "
+                          f"generate(..., quantize='int8'). Export it without quantize.")
     if quantize is not None:
         from .quantization import INT8_SCHEMES, QUANTIZE
 
@@ -416,13 +420,20 @@ def _export_onnx(program: nn.Module, inputs: tuple[Any, ...], path: Path, opset:
     graph's input names."""
     log = io.StringIO()
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(log):
+        with warnings.catch_warnings(), contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             warnings.simplefilter("ignore")
             torch.onnx.export(program, inputs, str(path), dynamo=True, opset_version=opset, external_data=False,
                               verbose=False, dynamic_shapes=dynamic_shapes)
     except Exception as error:  # noqa: BLE001 - any exporter failure becomes one message naming the model
+        kept = ""
+        if log.getvalue().strip():  # what the exporter printed: kept beside the file, not on the terminal
+            from ..files import atomic_write
+
+            saved = path.with_name(path.name + ".export.log")
+            atomic_write(saved, lambda tmp: tmp.write_text(log.getvalue()))
+            kept = f" (the exporter's output: {saved})"
         raise ExportError(f"{name} could not be exported to ONNX: {type(error).__name__}: "
-                          f"{str(error).splitlines()[0] if str(error) else ''}") from error
+                          f"{first_line(error)}{kept}") from error
     import onnx
 
     return [i.name for i in onnx.load(str(path), load_external_data=False).graph.input]

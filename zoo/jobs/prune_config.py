@@ -154,6 +154,11 @@ def validate_prune(cfg: Any) -> None:
     if p.workload not in WORKLOADS:
         raise ZooError(f"prune.workload={p.workload!r}; allowed: forward (the whole forward pass) or decode "
                        "(one recurrent decode step of a language model such as RetNet).")
+    if p.export_dynamic_size and (p.export is None or "val/ppl" in task_metrics):
+        raise ZooError("prune.export_dynamic_size=true makes an exported image model take any height and width; "
+                       + ("it goes with prune.export=onnx or torch_export." if p.export is None else
+                          f"{cfg.model.name} takes no images: set prune.export_dynamic_size=false (the batch axis is "
+                          "always dynamic)."))
     if p.export is not None:
         from ..deploy.export import FORMATS, _require
 
