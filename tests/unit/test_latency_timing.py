@@ -250,7 +250,8 @@ def test_table_error_parts_reads_a_latency_table_run_and_refuses_anything_else(t
     builds = [{"plans": [{"label": name, "remove": ["x"], "error_anchored": e[b]} for name, e in errors.items()]}
               for b in range(2)]
     good, bad = tmp_path / "run.json", tmp_path / "other.json"
-    good.write_text(json.dumps({"rows": [{"model": "m", "batch_size": 1, "builds": builds}]}))
+    good.write_text(json.dumps({"benchmark": "latency_table", "rows": [{"model": "m", "batch_size": 1,
+                                                                      "builds": builds}]}))
     bad.write_text(json.dumps({"suite": "latency_table", "form": "conditions", "conditions": {}}))
     assert run_command(lambda: main([str(good), "--out", str(tmp_path / "parts.json")])) == 0
     printed = capsys.readouterr().out
@@ -261,7 +262,8 @@ def test_table_error_parts_reads_a_latency_table_run_and_refuses_anything_else(t
     assert "not a latency_table result" in capsys.readouterr().err
     bad.write_text(json.dumps({"form": "conditions", "rows": []}))  # the GPU check's form: no builds
     assert run_command(lambda: main([str(bad)])) == 2 and "not a latency_table result" in capsys.readouterr().err
-    bad.write_text(json.dumps({"rows": [{"model": "m", "batch_size": 1, "builds": [{"plans": [{"label": "a"}]}] * 2}]}))
+    bad.write_text(json.dumps({"benchmark": "latency_table",
+                               "rows": [{"model": "m", "batch_size": 1, "builds": [{"plans": [{"label": "a"}]}] * 2}]}))
     assert run_command(lambda: main([str(bad)])) == 2 and "keeps no per-plan error_anchored" in capsys.readouterr().err
 
 
