@@ -130,6 +130,42 @@ def test_a_corrected_search_across_a_gap_takes_the_nearest_plan_below(digits_pru
         planning.windowed_plan(cfg, target, table, options, {}, (below * above) ** 0.5)
 
 
+def test_an_empty_window_times_the_nearest_plans_on_both_sides(digits_prune):
+    """When a corrected target's window holds no plan (here a tolerance too narrow for any), the measured-target
+    loop times the plans nearest that target on either side (the slowest that reaches it, the fastest that does
+    not) and keeps the closest measured plan of all it tried, not only the first."""
+    from dataclasses import replace
+
+    from benchmarks.common import compose
+    from zoo.jobs import plan as planning
+    from zoo.jobs.baseline import load_or_train_baseline
+    from zoo.jobs.final_timing import build_job_table
+    from zoo.jobs.model_spec import to_container
+    from zoo.jobs.runs import with_inputs
+    from zoo.training import build_loaders
+
+    base, _ = digits_prune
+    cfg = compose([*TINY, "prune.search=dp", f"paths.log_dir={base / 'outputs'}", f"prune.cache_dir={base / 'cache'}"],
+                  base / "bracket")
+    data = build_loaders(cfg.data, seed=cfg.trainer.seed)
+    baseline, _ = load_or_train_baseline(cfg, data, with_inputs(to_container(cfg)))
+    table = build_job_table(cfg, baseline, data)
+    options = planning.latency_only_options(table)
+    target = replace(planning.Target.of(cfg.prune), tolerance=1e-9, corrections=1)
+    plan, result = planning.choose_plan(cfg, target, table, options)
+    kept, tried = planning.corrected_plan(cfg, target, table, options, {}, baseline, plan, result)
+    assert len(tried) >= 2, [t.predicted for t in tried]  # the first plan, then the nearest ones timed
+    assert kept is min(tried, key=lambda t: abs(t.miss))
+    corrected = tried[1].searched_for
+    bracket = [t for t in tried[1:] if t.searched_for == corrected]
+    assert bracket and all(t.measured > 0 for t in bracket)
+    removed = [tuple(sorted(t.plan["remove"])) for t in tried]
+    assert len(set(removed)) == len(removed)  # no plan timed twice
+    within, beyond = planning.nearest_plans(options, table.predict({"remove": []}) / corrected - table.fixed_cost())
+    nearest = {tuple(sorted(r.removed(options))) for r in (within, beyond) if r is not None}
+    assert nearest <= set(removed)  # both sides were timed (or had been already)
+
+
 def test_a_target_just_beyond_the_tables_ceiling_gets_the_fastest_plan(digits_prune):
     """A target within prune.target_tolerance beyond the table's fastest plan gets that plan (the measurement
     decides); one further beyond stops with the best achievable speed-up named."""

@@ -330,3 +330,34 @@ def test_rules_start_from_the_slowest_kept_variant_when_the_intact_one_is_left_o
     assert result.latency <= 1.6
     if method in ("interaction", "greedy"):
         assert result.removed(options) == ["s0.act", "s1"] and result.damage == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_nearest_plans_bracket_the_budget_as_brute_force_does(seed):
+    """nearest_plans: the slowest plan within the budget and the fastest beyond it, each the least damage among the
+    plans of its latency, as enumeration finds them (integer costs: the latency steps are exact); none where no plan
+    lies on that side."""
+    import itertools
+
+    from zoo.pruning.search import nearest_plans
+
+    rng = random.Random(seed)
+    options = random_instance(rng, rng.randint(1, 4), integer=True)
+    every = [(sum(seg[i].latency for seg, i in zip(options, picks)), sum(seg[i].damage for seg, i in
+              zip(options, picks))) for picks in itertools.product(*[range(len(seg)) for seg in options])]
+    budget = rng.uniform(min(t for t, _ in every) - 2, max(t for t, _ in every) + 2)
+    within, beyond = nearest_plans(options, budget)
+    inside = [p for p in every if p[0] <= budget]
+    outside = [p for p in every if p[0] > budget]
+    if inside:
+        latency = max(t for t, _ in inside)
+        assert within.latency == pytest.approx(latency)
+        assert within.damage == pytest.approx(min(d for t, d in inside if t == latency))
+    else:
+        assert within is None
+    if outside:
+        latency = min(t for t, _ in outside)
+        assert beyond.latency == pytest.approx(latency)
+        assert beyond.damage == pytest.approx(min(d for t, d in outside if t == latency))
+    else:
+        assert beyond is None

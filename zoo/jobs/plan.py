@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ZooError
+from ..errors import ZooError, first_line
 from ..pruning import surgery
 from ..pruning.importance import (
     PlanLoss,
@@ -25,7 +25,15 @@ from ..pruning.importance import (
     unit_io,
     weights_digest,
 )
-from ..pruning.search import SEARCHES, WHOLE_SEGMENT_SEARCHES, BudgetError, Choice, fastest_plan, search
+from ..pruning.search import (
+    SEARCHES,
+    WHOLE_SEGMENT_SEARCHES,
+    BudgetError,
+    Choice,
+    fastest_plan,
+    nearest_plans,
+    search,
+)
 from .final_timing import measure_side_by_side
 from .prune_config import measure_settings, read_plan_file
 
@@ -349,12 +357,14 @@ def corrected_plan(cfg: Any, target: Target, table: Any, options: list[list[Choi
         try:
             plan, result = windowed_plan(cfg, target, table, options, model_inputs, searched_for)
         except BudgetError as exc:
-            _log.warning("no plan for the corrected target %.3fx (%s): keeping the closest plan tried", searched_for,
-                         exc)
+            _log.warning("no plan for the corrected target %.3fx in its window (%s): timing the nearest plans on "
+                         "both sides of it", searched_for, first_line(exc))
+            tried += time_bracket(cfg, target, table, options, baseline, searched_for, tried, settings)
             break
         if any(sorted(c.plan["remove"]) == sorted(plan["remove"]) for c in tried):
-            _log.info("the corrected target %.3fx gives a plan already timed: keeping the closest plan tried",
-                      searched_for)
+            _log.info("the corrected target %.3fx gives a plan already timed: timing the nearest plans on both sides "
+                      "of it", searched_for)
+            tried += time_bracket(cfg, target, table, options, baseline, searched_for, tried, settings)
             break
     best = min(tried, key=lambda c: abs(c.miss))
     if abs(best.miss) > target.tolerance:
@@ -362,6 +372,29 @@ def corrected_plan(cfg: Any, target: Target, table: Any, options: list[list[Choi
                      "measured); the plan closest to it is kept", target.tolerance, best.wanted,
                      best.measured)
     return best, tried
+
+
+def time_bracket(cfg: Any, target: Target, table: Any, options: list[list[Choice]], baseline: nn.Module,
+                 speedup: float, tried: list[TargetAttempt], settings: Any) -> list[TargetAttempt]:
+    """The plans nearest a predicted `speedup` on either side (:func:`~zoo.pruning.search.nearest_plans`: the slowest
+    that reaches it, the fastest that does not), each timed beside the baseline unless it was tried already: when the
+    window around a corrected target is empty, the plan kept is the closest measured one of these, not the only
+    plan tried."""
+    goal = table.predict({"remove": []}) / speedup
+    timed = {tuple(sorted(c.plan["remove"])) for c in tried}
+    found = []
+    for result in nearest_plans(options, goal - table.fixed_cost()):
+        if result is None:
+            continue
+        plan = {"remove": result.removed(options), "merge": cfg.prune.merge}
+        if tuple(sorted(plan["remove"])) in timed:
+            continue
+        base_ms, measured = measured_speedup(table, baseline, plan, settings)
+        found.append(TargetAttempt(speedup, predicted_speedup(table, plan), measured, target.wanted_speedup(base_ms),
+                                   plan, result))
+        _log.info("nearest plan at %.3fx predicted: %.3fx measured (wanted %.3fx, %+.1f %%)", found[-1].predicted,
+                  measured, found[-1].wanted, 100 * found[-1].miss)
+    return found
 
 
 def target_check(target: Target, results: dict[str, Any], corrections: list[dict[str, Any]] | None

@@ -65,12 +65,9 @@ def run(cfg: Any) -> dict[str, Any]:
     from .cli import new_dir_hint, run_files
     from .model_spec import to_container
     from .runs import claimed_by_main, fingerprint, with_inputs
-    from .train_config import canonical_model_name, validate
 
     dist = dist_utils.setup()
-    canonical_model_name(cfg)
-    validate(cfg, PruneConfig)
-    validate_prune(cfg)
+    check_request(cfg)
     config = with_inputs(to_container(cfg))
     output_dir = Path(cfg.paths.output_dir)
     if not cfg.prune.force and dist.is_main:
@@ -86,6 +83,17 @@ def run(cfg: Any) -> dict[str, Any]:
                 return prune_in(cfg, config, output_dir, resumed=state == "resume")
     finally:
         dist_utils.cleanup()
+
+
+def check_request(cfg: Any) -> None:
+    """Everything about a composed prune config that can be refused before any work (raises ZooError): the model's
+    canonical name, keys, choices and ranges of every group (:func:`~zoo.jobs.train_config.validate`), then the prune
+    job's own (:func:`~zoo.jobs.prune_config.validate_prune`)."""
+    from .train_config import canonical_model_name, validate
+
+    canonical_model_name(cfg)
+    validate(cfg, PruneConfig)
+    validate_prune(cfg)
 
 
 def baseline_ready(cfg: Any, config: dict) -> bool:

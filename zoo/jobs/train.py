@@ -100,6 +100,13 @@ def adopt_earlier_run(output_dir: Path, config: dict[str, Any]) -> None:
         write_record(output_dir, "train", config)
 
 
+def check_request(cfg: Any) -> None:
+    """Everything about a composed train config that can be refused before any work (raises ZooError): the model's
+    canonical name, then keys, choices, ranges and model/data consistency."""
+    canonical_model_name(cfg)
+    validate(cfg)
+
+
 def run(cfg: Any) -> dict[str, Any]:
     """Validate, claim the run directory, build data/model/logger, train, write ``results.json`` (last)."""
     from ..training.logger import create_logger
@@ -107,8 +114,7 @@ def run(cfg: Any) -> dict[str, Any]:
     from .runs import claimed_by_main, with_inputs
 
     dist = dist_utils.setup()
-    canonical_model_name(cfg)
-    validate(cfg)
+    check_request(cfg)
     config = with_inputs(to_container(cfg))
     output_dir = Path(cfg.paths.output_dir)
     explicit = cfg.trainer.resume not in (None, "", "auto")

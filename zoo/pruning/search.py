@@ -171,6 +171,46 @@ def _unchanged_index(seg: Sequence[Choice]) -> int:
                 min(range(len(seg)), key=lambda i: (-seg[i].latency, len(seg[i].removed))))
 
 
+def nearest_plans(options: Sequence[Sequence[Choice]], budget: float, bins: int = 2000
+                  ) -> tuple[SearchResult | None, SearchResult | None]:
+    """The plans whose latency lies nearest `budget` on either side: the slowest plan within it and the fastest plan
+    beyond it (None where there is none), each the least damage among the plans of its latency. Latencies are summed
+    in ``bins`` steps of the slowest plan's latency (rounded), then each found plan's exact latency decides its side:
+    a gap between the plans a table can make leaves the target between these two, and the measured-target loop times
+    both."""
+    slowest = sum(max(c.latency for c in seg) for seg in options)
+    unit = max(slowest, 1e-12) / bins
+    steps = [[round(c.latency / unit) for c in seg] for seg in options]
+    top = sum(max(seg) for seg in steps)
+    best = np.full(top + 1, math.inf)
+    best[0] = 0.0
+    args = []
+    for seg, seg_steps in zip(options, steps):
+        new = np.full(top + 1, math.inf)
+        arg = np.full(top + 1, -1, dtype=np.int64)
+        for i, (choice, step) in enumerate(zip(seg, seg_steps)):
+            shifted = np.full(top + 1, math.inf)
+            shifted[step:] = best[: top + 1 - step] + choice.damage
+            better = shifted < new
+            new[better], arg[better] = shifted[better], i
+        best = new
+        args.append(arg)
+    plans = []
+    for end in np.flatnonzero(np.isfinite(best)):
+        picks, at = [], int(end)
+        for seg_steps, arg in zip(reversed(steps), reversed(args)):
+            i = int(arg[at])
+            picks.append(i)
+            at -= seg_steps[i]
+        picks.reverse()
+        latency, damage = _totals(options, picks)
+        plans.append(SearchResult(tuple(picks), latency, damage, "nearest"))
+    within = [p for p in plans if p.latency <= budget + 1e-12]
+    beyond = [p for p in plans if p.latency > budget + 1e-12]
+    return (max(within, key=lambda p: (p.latency, -p.damage), default=None),
+            min(beyond, key=lambda p: (p.latency, p.damage), default=None))
+
+
 def fastest_plan(options: Sequence[Sequence[Choice]]) -> SearchResult:
     """The fastest plan the options allow: each segment's fastest variant (among equals, the least damage). Its
     ``damage`` is the sum of the variants' own damages (the additive score), whatever search was asked for."""
