@@ -131,7 +131,7 @@ def test_prune_py_prunes_a_timm_model_by_its_name(tmp_path):
 
     tiny = [o for o in TINY_PRUNE if not o.startswith("model=")]
     out = prune_in_process(*tiny, "logger=none", "model=timm", "model.name=resnet18", "prune.target_speedup=1.3",
-                           "prune.target_corrections=0", base=tmp_path)
+                           "prune.target_corrections=0", "prune.search=dp", base=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["model"] == "timm/resnet18" and results["plan"]["remove"]

@@ -21,7 +21,8 @@ TINY = [*TINY_PRUNE]
 def digits_prune(tmp_path_factory):
     """One tiny prune run (with an ONNX export) in this process; later runs share its baseline, table and caches."""
     base = tmp_path_factory.mktemp("prune_digits")
-    proc = prune_in_process(*TINY, "prune.export=onnx", base=base)
+    proc = prune_in_process(*TINY, "prune.export=onnx", "prune.target_corrections=1", base=base)  # (one correction:
+    # the loop runs; more would only repeat the search, 8 s each on 2 cores)
     assert proc.returncode == 0, proc.stdout[-3000:]
     return base, proc
 
@@ -264,8 +265,8 @@ def test_the_pruned_checkpoint_has_a_model_card(digits_prune):
 
 def test_second_job_reuses_baseline_table_and_importance(digits_prune):
     base, _ = digits_prune
-    proc = prune_in_process(*TINY, "prune.target_speedup=1.25", "prune.target_corrections=0", base=base,
-                            run_dir=base / "run2")
+    proc = prune_in_process(*TINY, "prune.target_speedup=1.25", "prune.target_corrections=0", "prune.search=dp",
+                            base=base, run_dir=base / "run2")  # (the DP: the reuse is the point, not the search)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((base / "run2" / "results.json").read_text())
     assert results["table"]["measured_now"] == 0 and results["importance_cached"] is True
@@ -328,7 +329,7 @@ def test_memory_budget_is_met_or_refused(digits_prune, tmp_path):
     budget = first["predicted_peak_memory_mb"]
     assert budget > 0
     proc = prune_in_process(*TINY, f"prune.max_memory_mb={budget}", "finetune.epochs=0",
-                            "prune.target_corrections=0", base=base,
+                            "prune.target_corrections=0", "prune.search=dp", base=base,
                      run_dir=tmp_path / "fits")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "fits" / "results.json").read_text())["predicted_peak_memory_mb"] <= budget
