@@ -99,7 +99,7 @@ def test_finetune_score_trains_on_batches_it_does_not_score_on(tmp_path):
                        torch.cat([b[0] for b in calibration_batches(data, 4)]))
     torch.manual_seed(0)
     model = zoo.create_model("mobilenetv2_035", num_classes=10).eval()
-    table = SimpleNamespace(segments=segments(model)[-2:])
+    table = SimpleNamespace(segments=segments(model)[-1:])
     cfg = OmegaConf.create({"prune": {"calib_batches": 2, "importance": "finetune", "cache_dir": str(tmp_path)},
                             "paths": {"log_dir": str(tmp_path)}})
     damages, cached = importance_of(cfg, {}, model, table, data)

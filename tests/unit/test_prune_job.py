@@ -317,7 +317,8 @@ def test_rerun_with_another_config_is_refused_and_changes_nothing(digits_prune):
 
     base, _ = digits_prune
     before = snapshot(base / "run")
-    proc = prune_in_process(*TINY, "prune.export=onnx", "prune.target_speedup=1.25", base=base)
+    proc = prune_in_process(*TINY, "prune.export=onnx", "prune.target_corrections=1", "prune.target_speedup=1.25",
+                            base=base)
     assert proc.returncode == 2
     assert "holds a prune run of another config (prune.target_speedup: 1.5 -> 1.25)" in proc.stdout + proc.stderr
     assert snapshot(base / "run") == before
