@@ -362,48 +362,41 @@ class CommandLine(argparse.ArgumentParser):
         raise BenchmarkInputError(f"{self.prog}: {message.splitlines()[0]}") from None
 
 
-def count(text: str) -> int:
-    """A whole number, 1 or more (seeds, rounds, pairs, batch sizes)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give 1 or more") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is below 1; give 1 or more")
-    return value
+def at_least(minimum: int, what: str = "a whole number") -> Callable[[str], int]:
+    """A whole number, `minimum` or more."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}; give {minimum} or more") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}; give {minimum} or more")
+        return value
+
+    return parse
 
 
-def whole(text: str) -> int:
-    """A whole number, 0 or more (an optional count, a first seed)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give 0 or more") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is below 0; give 0 or more")
-    return value
+def finite_from(low: float, inclusive: bool) -> Callable[[str], float]:
+    """A finite number above `low` (or from it, `inclusive`)."""
+    allowed = f"a finite number {'of' if inclusive else 'above'} {low:g}{' or more' if inclusive else ''}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number; give {allowed}") from None
+        if not math.isfinite(value) or value < low or (value == low and not inclusive):
+            raise argparse.ArgumentTypeError(f"{text} is not {allowed}")
+        return value
+
+    return parse
 
 
-def positive(text: str) -> float:
-    """A finite number above 0 (hours, seconds)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give one above 0") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number above 0")
-    return value
-
-
-def non_negative(text: str) -> float:
-    """A finite number, 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give 0 or more") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number of 0 or more")
-    return value
+count = at_least(1)  # seeds, rounds, pairs, batch sizes
+whole = at_least(0)  # an optional count, a first seed
+positive = finite_from(0.0, inclusive=False)  # hours, seconds
+non_negative = finite_from(0.0, inclusive=True)
 
 
 def _writable_dir(path: Path) -> bool:
@@ -485,20 +478,6 @@ def existing_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text} is {'a folder' if path.is_dir() else 'missing'}; give a file")
     return path
 
-
-def at_least(minimum: int, what: str = "a whole number") -> Callable[[str], int]:
-    """A whole number, `minimum` or more."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}; give {minimum} or more") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is below {minimum}; give {minimum} or more")
-        return value
-
-    return parse
 
 
 def model_name(text: str) -> str:

@@ -169,12 +169,18 @@ def check_one(command: str, argv: list[str]) -> None:
             assert promise(item), (command, argv, action.dest, item)
 
 
-@pytest.mark.parametrize("command", COMMANDS)
-def test_fuzzed_arguments_are_accepted_within_their_promise_or_refused_in_one_line(command, things):
-    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                       HealthCheck.too_slow])
+def fuzz_command(command: str, things: dict[str, str], examples: int) -> None:
+    """`examples` drawn argument lists through :func:`check_one` (the bench tier runs more)."""
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                             HealthCheck.too_slow])
     @given(data=st.data())
     def fuzz(data):
         check_one(command, data.draw(argv_for(parser_of(command), things)))
 
     fuzz()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_fuzzed_arguments_are_accepted_within_their_promise_or_refused_in_one_line(command, things):
+    fuzz_command(command, things, examples=40)

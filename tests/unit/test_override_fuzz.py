@@ -105,12 +105,18 @@ def overrides_for(script: str) -> st.SearchStrategy[list[str]]:
     return st.tuples(st.sampled_from(PAIRS), keys).map(lambda drawn: [*drawn[0], *drawn[1]])
 
 
-@pytest.mark.parametrize("script", ["prune", "train"])
-def test_fuzzed_overrides_are_accepted_or_refused_in_one_line(script, hydra_context):
-    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                       HealthCheck.too_slow])
+def fuzz_overrides(script: str, base: Path, examples: int) -> None:
+    """`examples` drawn override lists through :func:`check` (the bench tier runs more)."""
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                             HealthCheck.too_slow])
     @given(overrides=overrides_for(script))
     def fuzz(overrides):
-        check(script, overrides, hydra_context)
+        check(script, overrides, base)
 
     fuzz()
+
+
+@pytest.mark.parametrize("script", ["prune", "train"])
+def test_fuzzed_overrides_are_accepted_or_refused_in_one_line(script, hydra_context):
+    fuzz_overrides(script, hydra_context, examples=15)

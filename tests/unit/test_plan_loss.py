@@ -18,8 +18,7 @@ FAMILIES = zoo.list_families()
 
 
 CASES = [(f, tempered) for f in FAMILIES for tempered in (False, True)
-         if tempered or f.name != "tresnet"]  # (TResNet's plain loss, 12 s on 2 cores, adds nothing its tempered one
-# does not check: the same replay, one temperature more)
+         if f.name != "tresnet"]  # (TResNet's, 12 s each on 2 cores: tests/e2e/test_plan_loss_tresnet.py)
 
 
 @pytest.mark.parametrize("family, tempered", CASES, ids=[f"{f.name}-{'tempered' if t else 'loss'}" for f, t in CASES])

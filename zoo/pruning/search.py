@@ -83,34 +83,46 @@ def dp_search(options: Sequence[Sequence[Choice]], budget: float, bins: int = 10
         return replace(kbest_dp(options, budget, 1, bins, floor)[0], method="dp")
     _check_reachable(options, budget)
     costs = _bin_costs(options, budget, bins)
-    inf = math.inf
-    best = np.full(bins + 1, inf)
-    best[0] = 0.0
-    picks = []
-    for seg, seg_costs in zip(options, costs):
-        new = np.full(bins + 1, inf)
-        arg = np.full(bins + 1, -1, dtype=np.int64)
-        for i, (choice, cost) in enumerate(zip(seg, seg_costs)):
-            if cost > bins:
-                continue
-            shifted = np.full(bins + 1, inf)
-            shifted[cost:] = best[: bins + 1 - cost] + choice.damage
-            better = shifted < new
-            new[better], arg[better] = shifted[better], i
-        best = new
-        picks.append(arg)
+    best, picks = _knapsack(options, costs, bins + 1)
     lowest = best.min()
     end = int(np.flatnonzero(best <= lowest + 1e-12)[-1])  # among equal damage, the slowest plan: fewest changes
     if not math.isfinite(best[end]):
         raise BudgetError(f"No combination fits the budget of {budget:.4g} ms at {bins} bins; raise `bins`.")
+    chosen = _backtrack(costs, picks, end)
+    latency, damage = _totals(options, chosen)
+    return SearchResult(tuple(chosen), latency, damage, "dp")
+
+
+def _knapsack(options: Sequence[Sequence[Choice]], costs: list[list[int]], size: int
+              ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The multiple-choice knapsack over integer costs below `size`: the least total damage of a plan of each exact
+    total cost (inf: none), and per segment which variant gave it (for :func:`_backtrack`)."""
+    best = np.full(size, math.inf)
+    best[0] = 0.0
+    picks = []
+    for seg, seg_costs in zip(options, costs):
+        new = np.full(size, math.inf)
+        arg = np.full(size, -1, dtype=np.int64)
+        for i, (choice, cost) in enumerate(zip(seg, seg_costs)):
+            if cost >= size:
+                continue
+            shifted = np.full(size, math.inf)
+            shifted[cost:] = best[: size - cost] + choice.damage
+            better = shifted < new
+            new[better], arg[better] = shifted[better], i
+        best = new
+        picks.append(arg)
+    return best, picks
+
+
+def _backtrack(costs: list[list[int]], picks: list[np.ndarray], end: int) -> list[int]:
+    """The variant of each segment of the plan whose total cost is `end` (from :func:`_knapsack`'s picks)."""
     chosen = []
     for seg_costs, arg in zip(reversed(costs), reversed(picks)):
         i = int(arg[end])
         chosen.append(i)
         end -= seg_costs[i]
-    chosen.reverse()
-    latency, damage = _totals(options, chosen)
-    return SearchResult(tuple(chosen), latency, damage, "dp")
+    return chosen[::-1]
 
 
 def kbest_dp(options: Sequence[Sequence[Choice]], budget: float, k: int, bins: int = 1000, floor: float | None = None
@@ -181,30 +193,12 @@ def nearest_plans(options: Sequence[Sequence[Choice]], budget: float, bins: int 
     slowest = sum(max(c.latency for c in seg) for seg in options)
     unit = max(slowest, 1e-12) / bins
     steps = [[round(c.latency / unit) for c in seg] for seg in options]
-    top = sum(max(seg) for seg in steps)
-    best = np.full(top + 1, math.inf)
-    best[0] = 0.0
-    args = []
-    for seg, seg_steps in zip(options, steps):
-        new = np.full(top + 1, math.inf)
-        arg = np.full(top + 1, -1, dtype=np.int64)
-        for i, (choice, step) in enumerate(zip(seg, seg_steps)):
-            shifted = np.full(top + 1, math.inf)
-            shifted[step:] = best[: top + 1 - step] + choice.damage
-            better = shifted < new
-            new[better], arg[better] = shifted[better], i
-        best = new
-        args.append(arg)
+    best, picks = _knapsack(options, steps, sum(max(seg) for seg in steps) + 1)
     plans = []
     for end in np.flatnonzero(np.isfinite(best)):
-        picks, at = [], int(end)
-        for seg_steps, arg in zip(reversed(steps), reversed(args)):
-            i = int(arg[at])
-            picks.append(i)
-            at -= seg_steps[i]
-        picks.reverse()
-        latency, damage = _totals(options, picks)
-        plans.append(SearchResult(tuple(picks), latency, damage, "nearest"))
+        chosen = _backtrack(steps, picks, int(end))
+        latency, damage = _totals(options, chosen)
+        plans.append(SearchResult(tuple(chosen), latency, damage, "nearest"))
     within = [p for p in plans if p.latency <= budget + 1e-12]
     beyond = [p for p in plans if p.latency > budget + 1e-12]
     return (max(within, key=lambda p: (p.latency, -p.damage), default=None),
