@@ -97,3 +97,12 @@ def test_non_finite_outputs_never_pass(tmp_path, monkeypatch):
         model.classifier.weight.fill_(float("nan"))
     with pytest.raises(ExportError, match="not finite"):
         zoo.export(model, tmp_path / "m.onnx", input_size=SMALL)
+
+
+@pytest.mark.parametrize("fmt,suffix", [("onnx", "onnx"), ("torch_export", "pt2")])
+def test_a_pruned_retnet_exports_its_parallel_form_and_decode_step(fmt, suffix, tmp_path):
+    """RetNet with a retention and an FFN sub-layer removed: the unit tier's check of the intact one, pruned."""
+    from ..unit.test_export import test_retnet_parallel_form_and_decode_step as check
+
+    check(True, fmt, suffix, tmp_path)
+
