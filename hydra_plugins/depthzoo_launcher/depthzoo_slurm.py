@@ -18,7 +18,7 @@ if SubmititSlurmLauncher is not None:
         """Hydra's submitit SLURM launcher, quiet where ``sacct`` cannot answer."""
 
         def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[Any]:
-            from zoo.jobs.slurm import job_state_polling
+            from zoo.jobs.slurm import job_state_polling, submitted
 
-            with job_state_polling():
+            with job_state_polling(), submitted():
                 return super().launch(job_overrides, initial_job_idx)

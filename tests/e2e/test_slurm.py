@@ -66,6 +66,18 @@ def test_a_prune_sweep_runs_on_slurm_with_the_cores_it_was_given(tmp_path):
     assert "sacct" not in proc.stdout + proc.stderr
 
 
+def test_a_request_the_cluster_cannot_meet_is_refused_in_one_line(tmp_path):
+    """A sweep asking this CPU-only cluster for a GPU (the config's default gpus_per_node=1): SLURM refuses the
+    jobs, and the sweep says so in one line with what to check, exit 2."""
+    proc = subprocess.run(entry_cmd("prune", "-m", *TINY_PRUNE, "hydra/launcher=slurm",
+                                    "hydra.launcher.partition=debug", "prune.target_speedup=1.25,1.5", base=tmp_path),
+                          capture_output=True, text=True, timeout=300, env=env_for(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "SLURM refused the sweep's jobs" in errors[0] and "gpus_per_node" in errors[0]
+    assert "Traceback" not in proc.stderr
+
+
 def test_a_train_sweep_runs_on_slurm(tmp_path):
     _, sweep_dir = sweep("train", tmp_path, *TINY_TRAIN, *ON_SLURM, "hydra.launcher.timeout_min=10",
                          "optim.lr=0.001,0.002")

@@ -339,3 +339,16 @@ def test_a_target_beyond_the_ceiling_is_refused_before_the_baseline_trains(tmp_p
     assert "ceiling ..." in outcome.output and "baseline ..." not in outcome.output  # the phase before the baseline
     assert not list((tmp_path / "outputs").glob("baselines/*/checkpoints/*.safetensors"))
     assert list((tmp_path / "cache").rglob("*.json"))  # the table, kept for the job that asks for less
+
+
+def test_a_slurm_sweep_without_sbatch_is_refused_before_any_job(tmp_path, monkeypatch):
+    """hydra/launcher=slurm on a machine without sbatch: one line saying what to use instead, exit 2, nothing run."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from ..helpers import TINY_PRUNE
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # (a folder without sbatch)
+    outcome = run_in_process("prune", "-m", *TINY_PRUNE, "hydra/launcher=slurm", "hydra.launcher.partition=debug",
+                             f"paths.log_dir={tmp_path / 'outputs'}", "prune.target_speedup=1.25,1.5")
+    assert outcome.code == 2, outcome.output[-2000:]
+    assert "hydra/launcher=slurm submits with sbatch, which this machine does not have" in outcome.output
+    assert "Traceback" not in outcome.output and not list(tmp_path.rglob("results.json"))

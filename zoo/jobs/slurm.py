@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import shutil
 import subprocess
 from collections.abc import Iterator
 
+from submitit.core.utils import FailedJobError
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
+
+from ..errors import ZooError, first_line
 
 NO_ACCOUNTING = "accounting_storage/none"
 
@@ -65,3 +69,25 @@ def job_state_polling() -> Iterator[None]:
         yield
     finally:
         SlurmJob.watcher = previous
+
+
+class SubmissionError(ZooError):
+    """The cluster refused the sweep's jobs (or there is no cluster to submit to): nothing ran."""
+
+
+@contextlib.contextmanager
+def submitted() -> Iterator[None]:
+    """The sweep's submission: refused in one line (what sbatch said, what to change) when this machine has no
+    ``sbatch`` or the cluster refuses the jobs' request (a partition it lacks, GPUs it has not)."""
+    if shutil.which("sbatch") is None:
+        raise SubmissionError("hydra/launcher=slurm submits with sbatch, which this machine does not have: run the "
+                              "sweep on a SLURM login node, or use hydra/launcher=joblib (this machine) or "
+                              "hydra/launcher=submitit_local.")
+    try:
+        yield
+    except FailedJobError as error:
+        said = next((line.strip() for line in str(error).splitlines() if "error" in line.lower()), first_line(error))
+        raise SubmissionError(f"SLURM refused the sweep's jobs ({said}); check hydra.launcher.partition, "
+                              "gpus_per_node, cpus_per_task, mem_gb and timeout_min against the cluster's "
+                              "partitions (sinfo).") from None
+
