@@ -17,16 +17,9 @@ SMALL = (3, 64, 64)
                          ids=lambda f: f.name)
 @pytest.mark.parametrize("fmt,suffix", [("onnx", "onnx"), ("torch_export", "pt2")])
 def test_every_other_cnn_family_exports_within_tolerance(family, fmt, suffix, tmp_path):
-    from benchmarks.export_parity import moved_norms
+    from ..unit.test_export import test_a_cnn_family_exports_within_tolerance as check
 
-    from ..helpers import small_model
-
-    torch.manual_seed(0)
-    model = moved_norms(small_model(family, num_classes=10))  # TResNet zeroes each block's last norm scale
-    report = zoo.export(model, tmp_path / f"m.{suffix}", format=fmt, input_size=SMALL, batch_size=2)
-    assert report.passed and report.max_rel_diff <= 1e-4 and report.input_shapes == [[2, *SMALL]]
-    assert (tmp_path / f"m.{suffix}").stat().st_size > 0
-    assert report.checked_with.startswith("onnxruntime" if fmt == "onnx" else "torch.export")
+    check(family, fmt, suffix, tmp_path)
 
 
 def test_onnx_has_a_dynamic_batch_axis_and_optionally_dynamic_size(tmp_path):

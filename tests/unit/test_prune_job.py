@@ -93,28 +93,34 @@ def test_measured_target_loop_searches_again_for_the_miss(digits_prune, monkeypa
     assert len(tried) == 1 and kept.plan == plan  # the corrected search gave the plan already timed: not timed again
 
 
+def shared_job(digits_prune, name: str):
+    """The shared tiny run's composed config (the DP search), its baseline and its latency table (all cached)."""
+    from benchmarks.common import compose
+    from zoo.jobs.baseline import load_or_train_baseline
+    from zoo.jobs.final_timing import build_job_table
+    from zoo.jobs.model_spec import to_container
+    from zoo.jobs.runs import with_inputs
+    from zoo.training import build_loaders
+
+    base, _ = digits_prune
+    cfg = compose([*TINY, "prune.search=dp", f"paths.log_dir={base / 'outputs'}", f"prune.cache_dir={base / 'cache'}"],
+                  base / name)
+    data = build_loaders(cfg.data, seed=cfg.trainer.seed)
+    baseline, _ = load_or_train_baseline(cfg, data, with_inputs(to_container(cfg)))
+    return cfg, baseline, build_job_table(cfg, baseline, data)
+
+
 def test_a_corrected_search_across_a_gap_takes_the_nearest_plan_below(digits_prune):
     """Large units leave gaps between the speed-ups a table's plans can have. Where no plan lies in the first window
     (at least the corrected speed-up, at most 1 + tolerance times it), the corrected search takes a plan within half
     the tolerance either side, then within the tolerance; with none there either, it says so (BudgetError)."""
     import itertools
 
-    from benchmarks.common import compose
     from zoo.errors import BudgetError
     from zoo.jobs import plan as planning
-    from zoo.jobs.baseline import load_or_train_baseline
-    from zoo.jobs.final_timing import build_job_table
-    from zoo.jobs.model_spec import to_container
-    from zoo.jobs.runs import with_inputs
     from zoo.pruning.search import Choice
-    from zoo.training import build_loaders
 
-    base, _ = digits_prune
-    cfg = compose([*TINY, "prune.search=dp", f"paths.log_dir={base / 'outputs'}", f"prune.cache_dir={base / 'cache'}"],
-                  base / "gap")
-    data = build_loaders(cfg.data, seed=cfg.trainer.seed)
-    baseline, _ = load_or_train_baseline(cfg, data, with_inputs(to_container(cfg)))
-    table = build_job_table(cfg, baseline, data)
+    cfg, _, table = shared_job(digits_prune, "gap")
     whole, fixed = table.predict({"remove": []}), table.fixed_cost()
     shares = (0.4, 0.4, 0.1, 0.1)  # of the prunable time: two large units and two small ones
     options = [[Choice(frozenset(), share * (whole - fixed), 0.0), Choice(frozenset({f"u{i}"}), 0.0, 1.0)]
@@ -137,20 +143,9 @@ def test_an_empty_window_times_the_nearest_plans_on_both_sides(digits_prune):
     not) and keeps the closest measured plan of all it tried, not only the first."""
     from dataclasses import replace
 
-    from benchmarks.common import compose
     from zoo.jobs import plan as planning
-    from zoo.jobs.baseline import load_or_train_baseline
-    from zoo.jobs.final_timing import build_job_table
-    from zoo.jobs.model_spec import to_container
-    from zoo.jobs.runs import with_inputs
-    from zoo.training import build_loaders
 
-    base, _ = digits_prune
-    cfg = compose([*TINY, "prune.search=dp", f"paths.log_dir={base / 'outputs'}", f"prune.cache_dir={base / 'cache'}"],
-                  base / "bracket")
-    data = build_loaders(cfg.data, seed=cfg.trainer.seed)
-    baseline, _ = load_or_train_baseline(cfg, data, with_inputs(to_container(cfg)))
-    table = build_job_table(cfg, baseline, data)
+    cfg, baseline, table = shared_job(digits_prune, "bracket")
     options = planning.latency_only_options(table)
     target = replace(planning.Target.of(cfg.prune), tolerance=1e-9, corrections=1)
     plan, result = planning.choose_plan(cfg, target, table, options)
