@@ -357,13 +357,11 @@ def corrected_plan(cfg: Any, target: Target, table: Any, options: list[list[Choi
         try:
             plan, result = windowed_plan(cfg, target, table, options, model_inputs, searched_for)
         except BudgetError as exc:
-            _log.warning("no plan for the corrected target %.3fx in its window (%s): timing the nearest plans on "
-                         "both sides of it", searched_for, first_line(exc))
+            _log.warning("no plan for the corrected target %.3fx in its window (%s)", searched_for, first_line(exc))
             tried += time_bracket(cfg, target, table, options, baseline, searched_for, tried, settings)
             break
         if any(sorted(c.plan["remove"]) == sorted(plan["remove"]) for c in tried):
-            _log.info("the corrected target %.3fx gives a plan already timed: timing the nearest plans on both sides "
-                      "of it", searched_for)
+            _log.info("the corrected target %.3fx gives a plan already timed", searched_for)
             tried += time_bracket(cfg, target, table, options, baseline, searched_for, tried, settings)
             break
     best = min(tried, key=lambda c: abs(c.miss))
@@ -379,7 +377,11 @@ def time_bracket(cfg: Any, target: Target, table: Any, options: list[list[Choice
     """The plans nearest a predicted `speedup` on either side (:func:`~zoo.pruning.search.nearest_plans`: the slowest
     that reaches it, the fastest that does not), each timed beside the baseline unless it was tried already: when the
     window around a corrected target is empty, the plan kept is the closest measured one of these, not the only
-    plan tried."""
+    plan tried. A search that removes whole segments only (sleb, angular, reverse) keeps to its own plans: none."""
+    if cfg.prune.search in WHOLE_SEGMENT_SEARCHES:
+        _log.info("keeping the closest plan tried (prune.search=%s removes whole segments only)", cfg.prune.search)
+        return []
+    _log.info("timing the nearest plans on both sides of %.3fx", speedup)
     goal = table.predict({"remove": []}) / speedup
     timed = {tuple(sorted(c.plan["remove"])) for c in tried}
     found = []
