@@ -358,7 +358,7 @@ def explain_composition_error(exc: BaseException, keys: list[str]) -> str:
         return f"{unknown_value.group(1)} is not a key of {unknown_value.group(2)}."
     if type(exc).__name__ == "OverrideParseException":
         return f"{text.splitlines()[0]}: overrides are key=value (Hydra's override grammar)."
-    return text.splitlines()[0] if text else type(exc).__name__
+    return first_line(exc)
 
 
 def guard(main: Callable[[], Any], schema: type, setup: Callable[[], Any] | None = None) -> None:
@@ -372,9 +372,7 @@ def guard(main: Callable[[], Any], schema: type, setup: Callable[[], Any] | None
     from omegaconf.errors import OmegaConfBaseException
 
     from ..errors import BUG
-    from ..training.distributed import slurm_group_env
 
-    os.environ.update(slurm_group_env())  # srun's tasks: torchrun's variables before anything reads a rank
     previous = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing and exiting 1
     try:

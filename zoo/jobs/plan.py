@@ -233,37 +233,30 @@ def choose_plan(cfg: Any, target: Target, table: Any, options: list[list[Choice]
         if cfg.prune.search in WHOLE_SEGMENT_SEARCHES or windowed:  # its own message says what is not met
             raise
         result = fastest_plan(options)
-        refuse_beyond_ceiling(cfg, target, table, options)
         _log.warning("the target (%.3f ms predicted) is %s: the fastest plan is taken and measured", goal,
-                     near_ceiling(cfg, target, table, options))
+                     against_ceiling(cfg, target, table, options))
         return {"remove": result.removed(options), "merge": cfg.prune.merge}, result
     plan = {"remove": result.removed(options), "merge": cfg.prune.merge}
     return plan, result
 
 
-def near_ceiling(cfg: Any, target: Target, table: Any, options: list[list[Choice]]) -> str:
-    """How the target stands to the table's fastest plan, when it is beyond the budget a search can meet."""
+def against_ceiling(cfg: Any, target: Target, table: Any, options: list[list[Choice]]) -> str:
+    """How the target stands to the table's fastest plan, for a target beyond the budget a search can meet: within
+    ``prune.target_tolerance`` of it, what to say (the fastest plan is then taken and measured); further beyond, a
+    BudgetError naming the most this network can give and what to ask for instead."""
     goal, _ = budget_for(target, table)
     fastest = table.fixed_cost() + fastest_plan(options).latency
+    baseline = table.predict({"remove": []})
+    best = baseline / fastest
+    if fastest > goal * (1.0 + target.tolerance):
+        instead = (f"ask for prune.target_latency_ms above {fastest:.3f}" if target.latency_ms
+                   else f"ask for prune.target_speedup below {best:.2f}")
+        raise BudgetError(f"{target.asked()} cannot be reached: removing and merging every removable unit gives at "
+                          f"most {best:.2f}x ({baseline:.3f} -> {fastest:.3f} ms predicted); {instead}.")
     why = (f"within prune.bins={cfg.prune.bins} steps of the table's fastest plan" if fastest <= goal else
            f"{100 * (fastest / goal - 1.0):.1f} % beyond the table's fastest plan, within "
            f"prune.target_tolerance={target.tolerance:.3g}")
-    return f"{why} ({fastest:.3f} ms, {table.predict({'remove': []}) / fastest:.2f}x)"
-
-
-def refuse_beyond_ceiling(cfg: Any, target: Target, table: Any, options: list[list[Choice]]) -> None:
-    """Raise BudgetError (naming the most this network can give, and what to ask for instead) when even the table's
-    fastest plan misses the target by more than ``prune.target_tolerance``."""
-    goal, _ = budget_for(target, table)
-    fastest = table.fixed_cost() + fastest_plan(options).latency
-    if fastest <= goal * (1.0 + target.tolerance):
-        return
-    baseline = table.predict({"remove": []})
-    best = baseline / fastest
-    instead = (f"ask for prune.target_latency_ms above {fastest:.3f}" if target.latency_ms
-               else f"ask for prune.target_speedup below {best:.2f}")
-    raise BudgetError(f"{target.asked()} cannot be reached: removing and merging every removable unit gives at most "
-                      f"{best:.2f}x ({baseline:.3f} -> {fastest:.3f} ms predicted); {instead}.")
+    return f"{why} ({fastest:.3f} ms, {best:.2f}x)"
 
 
 def latency_only_options(table: Any, max_memory_mb: float | None = None) -> list[list[Choice]]:

@@ -26,6 +26,7 @@ from .final_timing import build_job_table, export_pruned, measure_side_by_side, 
 from .finetune import finetune, qat_finetune
 from .plan import (
     Target,
+    against_ceiling,
     build_options,
     ceiling_speedup,
     choose_plan,
@@ -34,7 +35,6 @@ from .plan import (
     latency_only_options,
     model_search_inputs,
     read_plan,
-    refuse_beyond_ceiling,
     resumed_plan,
     target_check,
 )
@@ -115,7 +115,7 @@ def check_ceiling_before_training(cfg: Any, data: Any, target: Any) -> None:
 
     architecture = build_model(cfg.model, data, pretrained=False).eval()
     table = build_job_table(cfg, architecture, data)
-    refuse_beyond_ceiling(cfg, target, table, latency_only_options(table, cfg.prune.max_memory_mb))
+    against_ceiling(cfg, target, table, latency_only_options(table, cfg.prune.max_memory_mb))
 
 
 def forget_results_without_checkpoint(output_dir: Path, ours: str) -> None:
