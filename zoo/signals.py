@@ -1,4 +1,5 @@
-"""The one place that installs handlers for the stop signals (SIGINT, SIGTERM)."""
+"""The one place that installs handlers for the stop signals (SIGINT, SIGTERM); a SLURM job that has asked to be
+requeued ignores SIGTERM from then on (:func:`ignore_stop_for_requeue`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_requeue = {"requested": False}
 
 
 @contextmanager
@@ -23,4 +25,16 @@ def on_stop_signals(handle: Callable[[int, Any], None]) -> Iterator[None]:
         yield
     finally:
         for s, handler in previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_IGN if s == signal.SIGTERM and requeue_requested() else handler)
+
+
+def ignore_stop_for_requeue() -> None:
+    """A SLURM job asking to be requeued (submitit's checkpoint hook, just before ``scontrol requeue``): the SIGTERM
+    with which SLURM then stops its step is ignored from now on; the requeued job resumes from its run directory."""
+    _requeue["requested"] = True
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def requeue_requested() -> bool:
+    """Whether this job has asked SLURM to requeue it (:func:`ignore_stop_for_requeue`)."""
+    return _requeue["requested"]

@@ -15,7 +15,24 @@ except ImportError:  # the launchers extra is not installed: no SLURM launcher t
 if SubmititSlurmLauncher is not None:
 
     class SlurmLauncher(SubmititSlurmLauncher):
-        """Hydra's submitit SLURM launcher, quiet where ``sacct`` cannot answer."""
+        """Hydra's submitit SLURM launcher, quiet where ``sacct`` cannot answer; a job stopped by its own requeue
+        records no failure."""
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            from zoo.jobs.slurm import stopping_for_requeue
+
+            try:
+                return super().__call__(*args, **kwargs)
+            except Exception as error:
+                if stopping_for_requeue(error):
+                    raise SystemExit(f"requeued; stopped by {type(error).__name__}") from error
+                raise
+
+        def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+            from zoo.signals import ignore_stop_for_requeue
+
+            ignore_stop_for_requeue()
+            return super().checkpoint(*args, **kwargs)
 
         def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[Any]:
             from zoo.jobs.slurm import job_state_polling, submitted

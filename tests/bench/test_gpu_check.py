@@ -62,7 +62,7 @@ def test_gpu_check_dry_run_on_cpu_and_its_report_judged_again(tmp_path):
 
 
 def test_gpu_check_skips_work_past_its_time_budget(tmp_path):
-    proc = run_benchmarks(tmp_path, "run", "--set", "gpu_check", "--device", "cpu", "--quick", "--budget-s", "-1",
+    proc = run_benchmarks(tmp_path, "run", "--set", "gpu_check", "--device", "cpu", "--quick", "--budget-s", "1e-9",
                           "--out", str(tmp_path), timeout=300)
     assert proc.returncode == 3, proc.stderr[-3000:]  # nothing failed, but nothing passed either
     suites = json.loads((tmp_path / "gpu_check.json").read_text())["suites"]

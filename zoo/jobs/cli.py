@@ -39,7 +39,7 @@ from filelock import FileLock
 
 from ..errors import Interrupted, RunConflictError, ZooError, first_line
 from ..files import write_json
-from ..signals import on_stop_signals
+from ..signals import on_stop_signals, requeue_requested
 from .runs import names_a_job
 
 _log = logging.getLogger(__name__)
@@ -194,7 +194,10 @@ def log_failure(exc: BaseException) -> None:
     with its traceback."""
     if getattr(exc, "_depthzoo_logged", False) or isinstance(exc, (SystemExit, KeyboardInterrupt)):
         return
-    if isinstance(exc, ZooError):
+    if requeued(exc):
+        _log.warning("stopped for SLURM's requeue (%s); the requeued job resumes from this run directory",
+                     type(exc).__name__)
+    elif isinstance(exc, ZooError):
         _log.error("%s: %s", type(exc).__name__, one_line(exc))
     elif isinstance(exc, Interrupted):
         _log.warning("%s", exc)
@@ -204,6 +207,15 @@ def log_failure(exc: BaseException) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- signals
+
+
+def requeued(exc: BaseException) -> bool:
+    """Whether `exc` only ends a SLURM job that is being requeued (:func:`zoo.jobs.slurm.stopping_for_requeue`)."""
+    if not requeue_requested():
+        return False
+    from .slurm import stopping_for_requeue
+
+    return stopping_for_requeue(exc)
 
 
 def interruptible() -> Any:
@@ -266,16 +278,12 @@ def run_job(cfg: Any, run: Callable[[Any], dict[str, Any]], metric: Callable[[di
     except Interrupted as exc:
         log_failure(exc)
         raise SystemExit(128 + exc.signum) from None
-    except ZooError as exc:
-        log_failure(exc)
-        if not multirun:
-            raise SystemExit(2) from None
-        record_outcome(output_dir, "failed", exc)
-        return None
     except Exception as exc:
-        log_failure(exc)  # with its traceback, in the console and the run's log
+        log_failure(exc)  # a bug with its traceback, in the console and the run's log
+        if requeued(exc):  # the requeued job is this job's outcome
+            raise SystemExit(f"requeued; stopped by {type(exc).__name__}") from exc
         if not multirun:
-            raise SystemExit(1) from None
+            raise SystemExit(2 if isinstance(exc, ZooError) else 1) from None
         record_outcome(output_dir, "failed", exc)
         return None
     if multirun:

@@ -5,7 +5,9 @@ fails and prints three lines. The launcher (``hydra_plugins.depthzoo_launcher``,
 cluster once (``scontrol show config``) and, there, polls with ``squeue`` instead (the controller's memory of
 pending, running and recently ended jobs). Everything else is the submitit launcher's: requeue at the time limit or
 on preemption (``max_num_timeout``), its checkpoint hook resubmitting the same job, which resumes from its run
-directory.
+directory. Once a job has asked to be requeued (:func:`requeue_requested`) SLURM stops its step: SIGTERM reaches the
+job and every process it started (W&B's service among them), so whatever the job raises from then on is the stop,
+not its result (:func:`stopping_for_requeue`): it records no failure that would end the requeued job's sweep.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 
-from submitit.core.utils import FailedJobError
+from submitit.core.utils import FailedJobError, UncompletedJobError
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
 from ..errors import ZooError, first_line
+from ..signals import requeue_requested
 
 NO_ACCOUNTING = "accounting_storage/none"
 
@@ -91,3 +94,17 @@ def submitted() -> Iterator[None]:
                               "gpus_per_node, cpus_per_task, mem_gb and timeout_min against the cluster's "
                               "partitions (sinfo).") from None
 
+
+
+def stopping_for_requeue(error: BaseException) -> bool:
+    """Whether `error` only ends a job that SLURM is requeueing: raised after its checkpoint hook
+    (:func:`~zoo.signals.ignore_stop_for_requeue`; a W&B connection reset by the step's SIGTERM, say), and not
+    submitit's UncompletedJobError, which says it declined to requeue (too many timeouts): that is the job's result."""
+    if not requeue_requested():
+        return False
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, UncompletedJobError):
+            return False
+        cause = cause.__cause__ or cause.__context__
+    return True
