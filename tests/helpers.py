@@ -222,10 +222,11 @@ def small_table(cache_dir: Path, **kwargs: Any) -> Any:
                        settings=FAST_TABLE, **kwargs)
 
 
-def assert_tiny_prune_results(base: Path, stdout: str) -> None:
+def assert_tiny_prune_results(base: Path, stdout: str, search: str = "interaction") -> None:
     """What the tiny digits prune run with ``prune.export=onnx`` (TINY_PRUNE) leaves in ``base/run``: every results
     key, the ONNX export checked at two batch sizes, the measured-target loop's verdict, results.json written last
-    and the pruned checkpoint rebuilt from its plan. Shared by the in-process (unit) and subprocess (e2e) runs."""
+    and the pruned checkpoint rebuilt from its plan. Shared by the in-process (unit, `search` dp) and subprocess
+    (e2e, the default search) runs."""
     import json
 
     import pytest
@@ -257,7 +258,7 @@ def assert_tiny_prune_results(base: Path, stdout: str) -> None:
     assert check["corrections"] and check["wanted_speedup"] == 1.5
     assert check["miss"] == pytest.approx(results["measured_speedup"] / 1.5 - 1)
     assert check["met"] == (abs(check["miss"]) <= check["tolerance"])
-    assert results["search"] == "interaction" and results["search_result"]["method"] == "interaction"
+    assert results["search"] == search and results["search_result"]["method"] == search
     assert "measured speed-up" in stdout
     written_last = (base / "run" / "results.json").stat().st_mtime_ns  # the results file is the last one written
     assert all(p.stat().st_mtime_ns <= written_last for p in (base / "run").rglob("*")

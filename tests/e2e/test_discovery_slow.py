@@ -1,7 +1,7 @@
-"""Discovery's slower checks (a large timm model built and traced, or a prune run on a timm model, 10-20 s each on
+"""Discovery's slower checks (a large timm model built and traced, or a prune run on a timm model, 5-20 s each on
 2 cores), beside tests/unit/test_discovery.py's fast ones: BiT's blocks as declared, TResNet's block whose
-activation after the addition changes its input, prune.py's refusals of timm models at validation, and a whole
-prune.py run on a timm model by its name."""
+activation after the addition changes its input, the slower half of the timm spread proven unit by unit,
+prune.py's refusals of timm models at validation, and a whole prune.py run on a timm model by its name."""
 
 from __future__ import annotations
 
@@ -14,6 +14,16 @@ from zoo.models.discovery import DiscoveryError
 
 from ..helpers import TINY_PRUNE, prune_in_process
 from ..unit.test_discovery import removable_blocks
+from ..unit.test_discovery_exact import TIMM_SPREAD_SLOW
+
+
+@pytest.mark.parametrize(("arch", "options", "size"), TIMM_SPREAD_SLOW, ids=[a for a, _, _ in TIMM_SPREAD_SLOW])
+def test_the_slower_timm_spread_is_timms_and_every_unit_it_offers_is_proven(arch, options, size):
+    from ..unit.test_discovery_exact import (
+        test_a_prunable_timm_model_is_timms_and_every_unit_it_offers_is_proven as check,
+    )
+
+    check(arch, options, size)
 
 
 def test_discovery_finds_bits_declared_removable_blocks():

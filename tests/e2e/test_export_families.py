@@ -1,6 +1,7 @@
-"""zoo.export, the slow half: the other CNN families to ONNX and torch.export, dynamic axes, pruned and merged models,
-and the parity check's failures. In process, but minutes of export and onnxruntime work on 2 cores, so here rather
-than in the unit tier (tests/unit/test_export.py holds MobileNetV2's exports, RetNet's and the refusals)."""
+"""zoo.export, the slow half: the other CNN families to ONNX and torch.export, RetNet to ONNX and pruned, dynamic
+axes, pruned and merged models, and the parity check's failures. In process, but minutes of export and onnxruntime
+work on 2 cores, so here rather than in the unit tier (tests/unit/test_export.py holds MobileNetV2's exports,
+RetNet's to torch.export and the refusals)."""
 
 from __future__ import annotations
 
@@ -92,10 +93,12 @@ def test_non_finite_outputs_never_pass(tmp_path, monkeypatch):
         zoo.export(model, tmp_path / "m.onnx", input_size=SMALL)
 
 
-@pytest.mark.parametrize("fmt,suffix", [("onnx", "onnx"), ("torch_export", "pt2")])
-def test_a_pruned_retnet_exports_its_parallel_form_and_decode_step(fmt, suffix, tmp_path):
-    """RetNet with a retention and an FFN sub-layer removed: the unit tier's check of the intact one, pruned."""
+@pytest.mark.parametrize("prune,fmt,suffix", [(False, "onnx", "onnx"), (True, "onnx", "onnx"),
+                                               (True, "torch_export", "pt2")])
+def test_retnet_exports_its_parallel_form_and_decode_step(prune, fmt, suffix, tmp_path):
+    """RetNet to ONNX, and with a retention and an FFN sub-layer removed: the unit tier's check of the intact one
+    (to torch.export)."""
     from ..unit.test_export import test_retnet_parallel_form_and_decode_step as check
 
-    check(True, fmt, suffix, tmp_path)
+    check(prune, fmt, suffix, tmp_path)
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from zoo.errors import RunConflictError
+from zoo.files import read_sealed_json, write_sealed_json
 from zoo.jobs import runs
 
 from ..helpers import ROOT, TINY_TRAIN, entry_cmd, env_for
@@ -101,3 +102,56 @@ def test_build_table_waits_for_the_device_lock(tmp_path):
         os.environ.pop("DEPTHZOO_CACHE") if previous is None else os.environ.update(DEPTHZOO_CACHE=previous)
     assert proc.returncode == 0, output[-2000:]
     assert "another process is timing on this device" in output
+
+
+def test_latency_cache_that_is_damaged_is_reported_once_and_rebuilt(tmp_path):
+    from zoo.latency import LatencyCache, LatencyCacheWarning, TableSettings, build_table
+
+    settings = TableSettings(warmup_s=0.05, entry_warmup_s=0.0, min_rounds=2, max_rounds=2)
+    kwargs = dict(input_size=16, device="cpu", cache_dir=str(tmp_path), settings=settings)
+    first = build_table("mobilenetv2_035", **kwargs)
+    path = LatencyCache(first.condition, tmp_path).path
+    key = next(iter(first.records))
+    payload = read_sealed_json(path)
+    tampered = json.loads(path.read_text())  # its checksum kept, one entry changed
+    tampered["entries"][key]["p10_ms"] = 1e-6  # plausible, but not what was measured
+    truncated = path.read_text()[:200]
+    for damaged in ("truncated", "tampered", "foreign"):
+        if damaged == "foreign":  # intact and sealed, but written for another condition
+            write_sealed_json(path, {**payload, "key": {**payload["key"], "batch_size": 99}})
+        else:
+            path.write_text(truncated if damaged == "truncated" else json.dumps(tampered))
+        with pytest.warns(LatencyCacheWarning) as caught:
+            again = build_table("mobilenetv2_035", **kwargs)
+        assert len([w for w in caught if w.category is LatencyCacheWarning]) == 1
+        assert again.n_measured == first.n_records and again.records[key]["p10_ms"] > 1e-6
+        assert LatencyCache(first.condition, tmp_path).load()  # rewritten intact
+
+
+def test_a_training_run_from_before_run_records_can_be_continued(tmp_path):
+    """Checkpoints written before this change still load and resume: a run directory without run.json whose saved
+    config lacks the keys added since (inputs, trainer.force) is adopted by trainer.resume=auto; a different config
+    is still refused."""
+    from zoo.training import state as ckpt
+
+    from ..helpers import run_in_process
+
+    args = [*TINY_TRAIN, "trainer.max_epochs=2", "logger=none", f"hydra.run.dir={tmp_path / 'run'}",
+            f"paths.log_dir={tmp_path / 'outputs'}"]
+    assert run_in_process("train", *args).code == 0
+    run_dir = tmp_path / "run"
+    state_file = run_dir / "checkpoints" / "last.state.pt"
+    state = ckpt.load_state(state_file)
+    state["epoch"], state["config"] = 1, {k: v for k, v in state["config"].items() if k != "inputs"}
+    state["config"]["trainer"].pop("force")
+    state.pop("format")
+    ckpt.save_state(state, state_file)  # as an earlier version wrote it: mid-run, no run record
+    for name in ("run.json", "results.json"):
+        (run_dir / name).unlink()
+    refused = run_in_process("train", *args, "trainer.resume=auto", "trainer.seed=3")
+    assert refused.code == 2 and "no recorded config" in refused.output
+    assert not (run_dir / "run.json").exists()
+    again = run_in_process("train", *args, "trainer.resume=auto")
+    assert again.code == 0, again.output[-3000:]
+    assert "written before run records existed" in again.output and "Resumed from" in again.output
+    assert json.loads((run_dir / "results.json").read_text())["epochs"] == 2

@@ -1,10 +1,12 @@
 """prune.py as a user runs it, in a subprocess: tiny digits and bytes runs with their W&B run and lineage, SIGTERM and
 resume, torchrun, the language-model layer-removal rules, and the default run's measured target. The prune job's
-results, planning and refusals in this process are in ``tests/unit/test_prune_job.py``."""
+results, planning and refusals in this process are in ``tests/unit/test_prune_job.py``; its slower runs on the
+shared baseline (a second job reusing its caches, given plans, a memory budget, recovery steps) are here."""
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +16,16 @@ import torch
 
 import zoo
 
-from ..helpers import ROOT, TINY_LM, TINY_PRUNE, assert_tiny_prune_results, entry_cmd, env_for, run_prune
+from ..helpers import (
+    ROOT,
+    TINY_LM,
+    TINY_PRUNE,
+    assert_tiny_prune_results,
+    entry_cmd,
+    env_for,
+    prune_in_process,
+    run_prune,
+)
 from ..wandb_reader import find_run_files, read_run
 
 TINY = TINY_PRUNE
@@ -31,6 +42,61 @@ def digits_prune(tmp_path_factory):
 def test_prune_py_digits_end_to_end(digits_prune):
     base, proc = digits_prune
     assert_tiny_prune_results(base, proc.stdout)
+
+
+def test_memory_budget_is_met_or_refused(digits_prune, tmp_path):
+    base, _ = digits_prune
+    first = json.loads((base / "run" / "results.json").read_text())
+    budget = first["predicted_peak_memory_mb"]
+    assert budget > 0
+    proc = prune_in_process(*TINY, f"prune.max_memory_mb={budget}", "finetune.epochs=0",
+                            "prune.target_corrections=0", "prune.search=dp", base=base,
+                     run_dir=tmp_path / "fits")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "fits" / "results.json").read_text())["predicted_peak_memory_mb"] <= budget
+    proc = prune_in_process(*TINY, "prune.max_memory_mb=0.000001", base=base, run_dir=tmp_path / "no")
+    assert proc.returncode == 2 and "cannot be met" in proc.stdout + proc.stderr
+
+
+def test_recovery_steps_judge_the_finalists_after_training(digits_prune, tmp_path):
+    """prune.recovery_steps > 0: the interaction search's finalists are scored after that many SGD steps on the
+    training batches beyond the calibration ones; the chosen plan's recovered loss is recorded (one-shot: none)."""
+    base, _ = digits_prune
+    first = json.loads((base / "run" / "results.json").read_text())
+    assert first["search_result"]["recovered"] is None  # the default judges one-shot
+    proc = prune_in_process(*TINY, "prune.recovery_steps=3", "finetune.epochs=0", "prune.target_corrections=0",
+                            base=base, run_dir=tmp_path / "run")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    recovered = results["search_result"]["recovered"]
+    assert results["search_result"]["method"] == "interaction" and recovered is not None
+    assert math.isfinite(recovered) and recovered > 0
+
+
+def test_second_job_reuses_baseline_table_and_importance(digits_prune):
+    base, _ = digits_prune
+    proc = prune_in_process(*TINY, "prune.target_speedup=1.25", "prune.target_corrections=0", "prune.search=dp",
+                            base=base, run_dir=base / "run2")  # (the DP: the reuse is the point, not the search)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((base / "run2" / "results.json").read_text())
+    assert results["table"]["measured_now"] == 0 and results["importance_cached"] is True
+    assert "training the baseline" not in proc.stdout + proc.stderr
+    assert len(list((base / "outputs" / "baselines").iterdir())) == 1
+
+
+def test_given_plan_file_and_bad_plan_file(digits_prune, tmp_path):
+    base, _ = digits_prune
+    good = tmp_path / "plan.json"
+    good.write_text(json.dumps({"remove": ["blocks.2.1", "blocks.3.1.bn1.act"]}))
+    proc = prune_in_process(*TINY, f"prune.plan={good}", "finetune.epochs=0", base=base,
+                     run_dir=tmp_path / "given")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "given" / "results.json").read_text())["plan"]["remove"] == [
+        "blocks.2.1", "blocks.3.1.bn1.act"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"remove": ["body.layer1.0"]}))
+    proc = prune_in_process(*TINY, f"prune.plan={bad}", base=base, run_dir=tmp_path / "bad")
+    assert proc.returncode == 2 and "not depth units" in proc.stdout + proc.stderr
 
 
 def test_prune_wandb_run_holds_tables_plan_and_results(digits_prune):

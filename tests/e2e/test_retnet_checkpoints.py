@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import fla.models as fla_models  # noqa: E402 - a test dependency ([dev]): the reference implementation
+import pytest
 import torch
 
 import zoo
@@ -69,3 +70,22 @@ def test_prune_py_writes_the_fla_folder_with_its_card(tmp_path):
     card = ModelCard.load(folder / "README.md")
     assert card.data.pipeline_tag == "text-generation" and "AutoModelForCausalLM" in card.text
     assert "`blocks.1.retention`" in card.text and (tmp_path / "run" / "README.md").is_file()
+
+
+def test_text_data_with_a_tokenizer(tmp_path):
+    from omegaconf import OmegaConf
+
+    from zoo.training import build_loaders
+    from zoo.training.data import stdlib_corpus
+
+    text = stdlib_corpus().decode()
+    folder = make_tokenizer(tmp_path / "tok", text[:200_000], 300)
+    cfg = OmegaConf.create({"name": "bytes", "tokenizer": str(folder), "seq_len": 32, "batch_size": 4,
+                            "eval_batch_size": 4, "train_samples": 8, "val_samples": 4, "val_fraction": 0.1,
+                            "num_workers": 0})
+    data = build_loaders(cfg)
+    assert data.num_classes == 300 and data.info["bytes_per_token"] > 1.2  # BPE merges bytes into tokens
+    inputs, targets = next(iter(data.train))
+    assert inputs.shape == (4, 32) and int(inputs.max()) < 300 and torch.equal(inputs[:, 1:], targets[:, :-1])
+    with pytest.raises(zoo.ZooError, match="data.tokenizer='/nonexistent/tok' cannot be loaded"):
+        build_loaders(OmegaConf.merge(cfg, {"tokenizer": "/nonexistent/tok"}))

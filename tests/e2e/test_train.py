@@ -15,7 +15,9 @@ import pytest
 import torch
 
 import zoo
+from zoo.errors import TrainingInterrupted
 from zoo.training import (
+    Callback,
     model_name_from_checkpoint,
 )
 from zoo.training import state as ckpt
@@ -249,3 +251,55 @@ def test_torchrun_ddp_two_cpu_processes(tmp_path):
     assert zoo.load(results["checkpoint"]).num_classes == 10
     run = read_run(find_run_files(run_dirs[0])[0])
     assert run.summary["val/acc1"] == pytest.approx(results["metrics"]["val/acc1"])
+
+
+def test_patience_stops_a_run_whose_monitor_stopped_improving(tmp_path):
+    """trainer.patience: with a learning rate too small to change a prediction, the first epoch stays the best, so
+    the run stops `patience` epochs later (converged); without patience it runs every epoch."""
+    frozen = ("trainer.max_epochs=8", "trainer.limit_train_batches=1", "optim.lr=1e-12", "optim.min_lr=1e-13",
+              "optim.warmup_lr=1e-13")
+    stopped = fresh_trainer(tiny_cfg(tmp_path, *frozen, "trainer.patience=2")).fit()
+    assert (stopped.epochs, stopped.best_epoch, stopped.converged) == (3, 1, True)
+    full = fresh_trainer(tiny_cfg(tmp_path, *frozen)).fit()
+    assert (full.epochs, full.converged) == (8, False)
+
+
+def test_resume_mid_epoch_gives_the_same_weights(tmp_path):
+    extra = ("trainer.max_epochs=2", "trainer.ema=true", "+model.overrides.drop_rate=0.2", "data.shift=2",
+             "trainer.mixup_alpha=0.2")
+    cfg = tiny_cfg(tmp_path / "a", *extra)
+    straight = fresh_trainer(cfg, output_dir=tmp_path / "a")
+    straight.fit()
+
+    class StopAt(Callback):
+        def on_step_end(self, trainer):
+            if trainer.step == 6:
+                trainer.request_stop()
+
+    cfg_b = tiny_cfg(tmp_path / "b", *extra)
+    interrupted = fresh_trainer(cfg_b, callbacks=[StopAt()], output_dir=tmp_path / "b")
+    with pytest.raises(TrainingInterrupted):
+        interrupted.fit()
+    state_path = ckpt.resolve_resume("auto", tmp_path / "b")
+    assert state_path is not None and ckpt.load_state(state_path)["batch_in_epoch"] == 2
+    resumed = fresh_trainer(cfg_b, output_dir=tmp_path / "b")
+    resumed.fit(resume_from=state_path)
+    a, b = _weights(straight.model), _weights(resumed.model)
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed run differs from the uninterrupted one"
+    assert all(torch.equal(x, y) for x, y in zip(straight.ema.module.state_dict().values(),
+                                                  resumed.ema.module.state_dict().values()))
+    loaded = zoo.load(tmp_path / "b" / "checkpoints" / "last.safetensors")
+    assert all(torch.equal(loaded.state_dict()[k], b[k]) for k in b)
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from ..unit.test_train import _weights as weights
+
+    return weights(model)
+
+
+def test_every_model_option_composes(tmp_path):
+    """model=<name> composes and validates for every registered model (the unit tier's check of the other groups)."""
+    from ..unit.test_train import test_every_group_option_composes as check
+
+    check("model", tmp_path)

@@ -159,12 +159,15 @@ def test_discovery_offers_exactly_the_residuals_around_their_input(kinds, seed):
 
 
 # A spread of timm families at small inputs: CNNs with activations after the addition, a ViT, class attention,
-# a hybrid, a metaformer; (arch, options, per-sample input size).
+# a hybrid, a metaformer; (arch, options, per-sample input size). The slower half (5-7 s each on 2 cores) runs in
+# tests/e2e/test_discovery_slow.py.
 TIMM_SPREAD = [
     ("resnet18", {}, (3, 32, 32)),
-    ("convnext_atto", {}, (3, 32, 32)),
     ("deit_tiny_patch16_224", {"img_size": 32}, (3, 32, 32)),
     ("cait_xxs24_224", {"img_size": 32, "depth": 4}, (3, 32, 32)),  # class attention: its shortcut is an argument
+]
+TIMM_SPREAD_SLOW = [
+    ("convnext_atto", {}, (3, 32, 32)),
     ("efficientvit_b0", {}, (3, 64, 64)),
     ("poolformerv2_s12", {}, (3, 32, 32)),
 ]

@@ -402,3 +402,42 @@ def test_a_slurm_sweep_without_sbatch_is_refused_before_any_job(tmp_path, monkey
     assert outcome.code == 2, outcome.output[-2000:]
     assert "hydra/launcher=slurm submits with sbatch, which this machine does not have" in outcome.output
     assert "Traceback" not in outcome.output and not list(tmp_path.rglob("results.json"))
+
+
+# The prune request's stages, in the order read_request checks them: (override, what its refusal says).
+STAGED_FAULTS = [
+    ("prune.bins=1", "prune.bins"),  # 1. ranges
+    ("prune.search=annealing", "allowed: interaction"),  # 1. the prune job's choices
+    ("prune.plan=/nonexistent/plan.json", "Cannot read plan file"),  # 2. files it names
+    ("prune.workload=decode", "needs a language model with a decode state"),  # 3. what the family can do
+    ("prune.device=cuda:7", "cuda"),  # 5. what this machine has
+]
+
+
+def test_the_prune_request_is_read_once_typed_and_checked_in_the_order_of_what_can_fail(tmp_path):
+    """read_request turns the composed config into typed settings, the model's entry, family and tag, the runtimes
+    and timing settings and the given plan, once; with two faults of different stages, the earlier stage's is the
+    one refused (the order in its docstring), whichever way round they are given (neighbouring stages)."""
+    from benchmarks.common import compose
+    from zoo.jobs.prune_config import PruneSettings
+    from zoo.jobs.prune_request import read_request
+    from zoo.latency import TableSettings
+
+    from ..helpers import TINY_PRUNE
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"remove": ["blocks.2.1"], "merge": True}))
+    base = [*TINY_PRUNE, f"paths.log_dir={tmp_path / 'outputs'}", f"prune.cache_dir={tmp_path / 'cache'}"]
+    request = read_request(compose([*base, f"prune.plan={plan}", "prune.quantize=int8"], tmp_path / "run"))
+    assert isinstance(request.prune, PruneSettings) and isinstance(request.table, TableSettings)
+    assert request.model == "mobilenetv2_035" and request.family.name == "mobilenetv2" and request.tag is None
+    tagged = read_request(compose([*base, "model=mobilenetv2_100", "model.tag=ra_in1k"], tmp_path / "run"))
+    assert tagged.tag == "ra_in1k" and tagged.data_model_cfg["input_size"] == (3, 224, 224)
+    assert request.plan == {"remove": ["blocks.2.1"], "merge": True} and request.prune.quantize == "int8"
+    assert (request.planning_runtime, request.reported_runtimes) == ("onnxruntime_int8", ("onnxruntime",))
+    assert request.table.runtime == "onnxruntime_int8" and request.device.type == "cpu"
+    for (early, says), (late, _) in zip(STAGED_FAULTS, STAGED_FAULTS[1:]):
+        for given in ([early, late], [late, early]):
+            with pytest.raises(ZooError) as refused:
+                read_request(compose([*base, *given], tmp_path / "run"))
+            assert says in str(refused.value), (given, str(refused.value))

@@ -1,7 +1,7 @@
 """``prune.py`` and ``train.py`` overrides, fuzzed: hypothesis draws a few ``key=value`` overrides from the config
 schemas' own keys and from values users get wrong (NaN, infinities, zero and negative numbers, empty strings, unknown
 names, lists where numbers go, choices of another key), composes them with Hydra as the entry points do, and runs the
-checks each job makes before any work (``zoo.jobs.prune.check_request``, ``zoo.jobs.train.check_request``). Every
+checks each job makes before any work (``zoo.jobs.prune_request.read_request``, ``zoo.jobs.train.check_request``). Every
 case is accepted, and then every number in it is finite, or refused in one line (a ``ZooError``, or a composition
 error the entry point explains in one line); nothing else may escape. The bench tier runs more examples
 (``bench/test_command_line_fuzz.py``)."""
@@ -66,8 +66,8 @@ def hydra_context(tmp_path_factory):
 
 def check(script: str, overrides: list[str], base: Path) -> None:
     """Compose `overrides` as `script` does and run its checks: accepted, or refused in one line."""
-    from zoo.jobs import prune as prune_job
     from zoo.jobs import train as train_job
+    from zoo.jobs.prune_request import read_request
 
     schema = PruneConfig if script == "prune" else TrainConfig
     fixed = ["logger=none", f"hydra.run.dir={base / 'run'}", f"paths.log_dir={base / 'outputs'}"]
@@ -76,7 +76,7 @@ def check(script: str, overrides: list[str], base: Path) -> None:
         HydraConfig.instance().set_config(cfg)  # (${hydra:...} resolves from here; the job's config has no hydra key)
         with open_dict(cfg):
             del cfg["hydra"]
-        (prune_job if script == "prune" else train_job).check_request(cfg)
+        (read_request if script == "prune" else train_job.check_request)(cfg)
     except ZooError as refused:
         message = str(refused)
         assert message.strip() and "\n" not in message.strip(), (overrides, message)

@@ -137,8 +137,8 @@ def test_imagenet_experiments_compose_to_the_published_setup(experiment, tmp_pat
     from hydra import compose, initialize_config_dir
 
     from zoo.jobs.model_spec import weights_arg
-    from zoo.jobs.prune_config import PruneConfig, register_configs, validate_prune
-    from zoo.jobs.train_config import validate
+    from zoo.jobs.prune_config import register_configs
+    from zoo.jobs.prune_request import read_request
 
     register_configs(ROOT / "conf")
     (tmp_path / "train").mkdir()
@@ -156,8 +156,7 @@ def test_imagenet_experiments_compose_to_the_published_setup(experiment, tmp_pat
     resolve_tag(name, tag)  # a tag timm publishes
     if not torch.cuda.is_available():
         with pytest.raises(zoo.ZooError, match="CUDA"):
-            validate(cfg, PruneConfig)
-            validate_prune(cfg)
+            read_request(cfg)
 
 
 # ------------------------------------------------------------------------ review findings, kept fixed

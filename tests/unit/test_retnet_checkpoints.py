@@ -149,25 +149,6 @@ def test_torchscale_default_eps_differs_only_by_the_norms_eps(tmp_path):
 # ------------------------------------------------------------------------------ a real tokenizer, prune.py
 
 
-def test_text_data_with_a_tokenizer(tmp_path):
-    from omegaconf import OmegaConf
-
-    from zoo.training import build_loaders
-    from zoo.training.data import stdlib_corpus
-
-    text = stdlib_corpus().decode()
-    folder = make_tokenizer(tmp_path / "tok", text[:200_000], 300)
-    cfg = OmegaConf.create({"name": "bytes", "tokenizer": str(folder), "seq_len": 32, "batch_size": 4,
-                            "eval_batch_size": 4, "train_samples": 8, "val_samples": 4, "val_fraction": 0.1,
-                            "num_workers": 0})
-    data = build_loaders(cfg)
-    assert data.num_classes == 300 and data.info["bytes_per_token"] > 1.2  # BPE merges bytes into tokens
-    inputs, targets = next(iter(data.train))
-    assert inputs.shape == (4, 32) and int(inputs.max()) < 300 and torch.equal(inputs[:, 1:], targets[:, :-1])
-    with pytest.raises(zoo.ZooError, match="data.tokenizer='/nonexistent/tok' cannot be loaded"):
-        build_loaders(OmegaConf.merge(cfg, {"tokenizer": "/nonexistent/tok"}))
-
-
 def test_fla_config_without_its_sizes_is_refused(tmp_path):
     folder = tmp_path / "fla"
     folder.mkdir()

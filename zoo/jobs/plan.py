@@ -40,9 +40,9 @@ from .prune_config import measure_settings, read_plan_file
 _log = logging.getLogger(__name__)
 
 
-def read_plan(path: str | Path, baseline: nn.Module) -> dict[str, Any]:
-    """A plan from a JSON file, checked against the model before any long work (raises PlanError)."""
-    plan = read_plan_file(path)
+def checked_plan(plan: dict[str, Any], baseline: nn.Module) -> dict[str, Any]:
+    """A plan (its form checked: :func:`~zoo.jobs.prune_config.read_plan_file`) checked against the model: it applies
+    (raises PlanError)."""
     surgery.apply_plan(baseline, plan, inplace=False)
     return {"remove": list(plan.get("remove", [])), "merge": bool(plan.get("merge", True))}
 
@@ -55,7 +55,7 @@ def resumed_plan(path: Path, baseline: nn.Module) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        plan = read_plan(path, baseline)
+        plan = checked_plan(read_plan_file(path), baseline)
     except PlanError as exc:
         _log.warning("%s is not usable (%s): searching again", path, exc)
         return None

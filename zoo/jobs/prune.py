@@ -29,16 +29,16 @@ from .plan import (
     against_ceiling,
     build_options,
     ceiling_speedup,
+    checked_plan,
     choose_plan,
     corrected_plan,
     importance_of,
     latency_only_options,
     model_search_inputs,
-    read_plan,
     resumed_plan,
     target_check,
 )
-from .prune_config import PruneConfig, measure_settings, validate_prune
+from .prune_request import PruneRequest, read_request
 from .prune_results import assemble_results, format_summary, log_lineage, log_to_wandb, metric_view, table_record
 from .quantized import int8_quality
 
@@ -67,33 +67,22 @@ def run(cfg: Any) -> dict[str, Any]:
     from .runs import claimed_by_main, fingerprint, with_inputs
 
     dist = dist_utils.setup()
-    check_request(cfg)
+    request = read_request(cfg)
     config = with_inputs(to_container(cfg))
     output_dir = Path(cfg.paths.output_dir)
-    if not cfg.prune.force and dist.is_main:
+    if not request.prune.force and dist.is_main:
         forget_results_without_checkpoint(output_dir, fingerprint(config))
     try:
-        with claimed_by_main(output_dir, "prune", config, finished="results.json", force=cfg.prune.force,
+        with claimed_by_main(output_dir, "prune", config, finished="results.json", force=request.prune.force,
                              force_hint="prune.force=true", dir_hint=new_dir_hint()) as state:
             if state == "finished":
                 _log.info("%s exists: this job already finished (prune.force=true runs it again)",
                           output_dir / "results.json")
                 return read_sealed_json(output_dir / "results.json")
             with run_files(output_dir, cfg, enabled=dist.is_main):
-                return prune_in(cfg, config, output_dir, resumed=state == "resume")
+                return prune_in(cfg, request, config, output_dir, resumed=state == "resume")
     finally:
         dist_utils.cleanup()
-
-
-def check_request(cfg: Any) -> None:
-    """Everything about a composed prune config that can be refused before any work (raises ZooError): the model's
-    canonical name, keys, choices and ranges of every group (:func:`~zoo.jobs.train_config.validate`), then the prune
-    job's own (:func:`~zoo.jobs.prune_config.validate_prune`)."""
-    from .train_config import canonical_model_name, validate
-
-    canonical_model_name(cfg)
-    validate(cfg, PruneConfig)
-    validate_prune(cfg)
 
 
 def baseline_ready(cfg: Any, config: dict) -> bool:
@@ -107,7 +96,7 @@ def baseline_ready(cfg: Any, config: dict) -> bool:
     return directory.is_dir() and finished_baseline(directory, baseline_config(config)) is not None
 
 
-def check_ceiling_before_training(cfg: Any, data: Any, target: Any) -> None:
+def check_ceiling_before_training(cfg: Any, request: PruneRequest, data: Any, target: Target) -> None:
     """Refuse a target beyond the network's reach before its baseline trains: the latency table of the untrained
     architecture (a latency does not depend on the weights, and the table is cached by architecture, so the job
     reuses it) and its fastest plan, as :func:`~zoo.jobs.plan.choose_plan` would judge them."""
@@ -115,7 +104,7 @@ def check_ceiling_before_training(cfg: Any, data: Any, target: Any) -> None:
 
     architecture = build_model(cfg.model, data, pretrained=False).eval()
     table = build_job_table(cfg, architecture, data)
-    against_ceiling(cfg, target, table, latency_only_options(table, cfg.prune.max_memory_mb))
+    against_ceiling(cfg, target, table, latency_only_options(table, request.prune.max_memory_mb))
 
 
 def forget_results_without_checkpoint(output_dir: Path, ours: str) -> None:
@@ -136,8 +125,9 @@ def forget_results_without_checkpoint(output_dir: Path, ours: str) -> None:
         results.unlink()
 
 
-def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[str, Any]:
-    """The prune run in a claimed directory: baseline -> table -> importance -> plan -> fine-tune -> measure.
+def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, resumed: bool) -> dict[str, Any]:
+    """The prune run of `request` (`cfg`, read: :func:`~zoo.jobs.prune_request.read_request`) in a claimed directory:
+    ceiling -> baseline -> table -> importance -> plan -> fine-tune -> measure.
 
     Under torchrun the latency table, importance, search and final measurement run once, on rank 0 (the plan is
     broadcast); evaluation and fine-tuning are data parallel; rank 0 writes the one ``results.json``. W&B is finished
@@ -150,33 +140,32 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
     from ..training.resources import set_threads
     from ..training.settings import DataConfig
     from .cli import hydra_context, jobs_sharing_cores
-    from .model_spec import data_model_cfg
     from .runs import SEED_KEYS, fingerprint, flatten, study_group
     from .train_config import typed
 
     dist = dist_utils.info()
     timings: dict[str, float] = {}
-    target = Target.of(cfg.prune)
+    p = request.prune
+    target = Target.of(p)
     threads = set_threads(cfg.trainer.get("threads"), *jobs_sharing_cores())
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
-    weights = cfg.checkpoint if cfg.checkpoint else None
     device = resolve_device(cfg.trainer.device, dist.local_rank, warn_fallback=False)
     data = build_loaders(typed(cfg.data, DataConfig), seed=cfg.trainer.seed,
-                         model_cfg=data_model_cfg(cfg.model, weights), rank=dist.rank, world=dist.world,
+                         model_cfg=request.data_model_cfg, rank=dist.rank, world=dist.world,
                          pin_memory=device.type == "cuda")
-    if dist.is_main and not dist.enabled and cfg.prune.plan is None and not baseline_ready(cfg, config):
+    if dist.is_main and not dist.enabled and request.plan is None and not baseline_ready(cfg, config):
         with phase(timings, "ceiling"):  # before the baseline trains: a target beyond reach is refused first
-            check_ceiling_before_training(cfg, data, target)
+            check_ceiling_before_training(cfg, request, data, target)
     with phase(timings, "baseline"):
         baseline, baseline_path = load_or_train_baseline(cfg, data, config)
         baseline.eval()
         if hasattr(baseline, "zoo_depth_note"):
             _log.info("%s: %s", cfg.model.name, baseline.zoo_depth_note)
-        given_plan = read_plan(cfg.prune.plan, baseline) if cfg.prune.plan else None
+        given_plan = checked_plan(request.plan, baseline) if request.plan else None
         base_metrics, base_cached = evaluate_baseline(cfg, config, baseline, data)  # cached: once per weights+data
         health = baseline_health(base_metrics, data.task, data.num_classes)
         if not health["trained"]:
-            if cfg.prune.require_trained_baseline:
+            if p.require_trained_baseline:
                 raise ZooError(f"The baseline did not learn ({health['why']}); prune.require_trained_baseline=true "
                                f"refuses it: train it longer (trainer.max_epochs) or give trained weights.")
             _log.warning("THE BASELINE DID NOT LEARN: %s. Pruning it proceeds, but its accuracy numbers mean "
@@ -191,7 +180,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
             try:
                 with phase(timings, "latency_table"):
                     table = build_job_table(cfg, baseline, data)
-                    correction = correct(table, cfg.prune.correction_plans) if cfg.prune.correction_plans else None
+                    correction = correct(table, p.correction_plans) if p.correction_plans else None
                 with phase(timings, "importance"):  # (also with a given plan: it is logged beside the table)
                     damages, importance_cached = importance_of(cfg, config, baseline, table, data)
                 plan_file = output_dir / "plan.json"
@@ -199,7 +188,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
                     plan = resumed_plan(plan_file, baseline)
                 if plan is None:
                     with phase(timings, "search"):
-                        options = build_options(table, damages, cfg.prune.max_memory_mb)
+                        options = build_options(table, damages, p.max_memory_mb)
                         model_inputs = model_search_inputs(cfg, baseline, table, data, options)
                         plan, result = choose_plan(cfg, target, table, options, model_inputs)
                     with phase(timings, "target_check"):
@@ -208,7 +197,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
                         plan, result, corrections = kept.plan, kept.result, [c.record() for c in tried]
                     write_json(plan_file, plan)
                 else:
-                    options = build_options(table, damages, cfg.prune.max_memory_mb)
+                    options = build_options(table, damages, p.max_memory_mb)
             except BaseException as exc:  # the other ranks are told, then rank 0 raises it
                 failure = exc
         told = None if failure is None else (isinstance(failure, ZooError), f"{type(failure).__name__}: {failure}")
@@ -219,7 +208,7 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
             raise (ZooError if stopped[0] else RuntimeError)(f"rank 0 stopped before fine-tuning ({stopped[1]})")
         with phase(timings, "finetune"):
             pruned, pruned_metrics = finetune(cfg, baseline, plan, data, logger, output_dir, config)
-        if cfg.finetune.qat:  # every rank trains (DDP); the INT8 model is made from it below
+        if request.finetune.qat:  # every rank trains (DDP); the INT8 model is made from it below
             with phase(timings, "qat"):
                 qat_model, qat_metrics = qat_finetune(cfg, baseline, pruned, data, logger, output_dir, config)
         if not dist.is_main:
@@ -228,11 +217,11 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
             return {"plan": plan, "pruned": {"metrics": pruned_metrics}}
         with phase(timings, "measure"):
             measured = measure_side_by_side(table, {"baseline": baseline, "pruned": pruned.eval()},
-                                            measure_settings(cfg.prune))
+                                            request.measure)
         with phase(timings, "runtime_report"):
             runtimes = report_runtimes(cfg, table, measured, baseline, pruned, plan, data)
         checkpoint = save_checkpoint(pruned, output_dir / "pruned.safetensors", metrics=pruned_metrics,
-                                     baseline=str(baseline_path), target_speedup=cfg.prune.target_speedup)
+                                     baseline=str(baseline_path), target_speedup=p.target_speedup)
         results = assemble_results(cfg, table, plan, result, baseline, pruned, base_metrics, pruned_metrics,
                                    measured, timings, checkpoint, correction, importance_cached)
         results["baseline"].update(source=str(baseline_path), metrics_cached=base_cached,
@@ -248,16 +237,16 @@ def prune_in(cfg: Any, config: dict, output_dir: Path, resumed: bool) -> dict[st
         results["config_group"] = study_group(config)
         results["seeds"] = {key: flatten(config).get(key) for key in SEED_KEYS}
         results["checkpoint_sha256"] = file_digest(checkpoint)
-        if cfg.prune.quantize == "int8":
+        if p.quantize == "int8":
             with phase(timings, "int8"):
-                shipped = qat_model if cfg.finetune.qat else pruned
+                shipped = qat_model if request.finetune.qat else pruned
                 results["int8"] = int8_quality(cfg, {"baseline": baseline, "pruned": shipped}, data, output_dir)
-                if cfg.finetune.qat:
-                    results["int8"]["qat"] = {"epochs": cfg.finetune.qat_epochs,
+                if request.finetune.qat:
+                    results["int8"]["qat"] = {"epochs": request.finetune.qat_epochs,
                                               "simulated_metrics": metric_view(qat_metrics),
                                               "note": "the pruned INT8 model is quantised from the QAT network; the "
                                                       "baseline's INT8 model by post-training quantisation"}
-        if cfg.prune.export:
+        if p.export:
             results["export"] = export_pruned(cfg, pruned, data, output_dir)
         files = {"baseline": baseline_file(baseline_path, baseline, output_dir), "checkpoint": checkpoint,
                  "plan": write_json(output_dir / "plan.json", plan),

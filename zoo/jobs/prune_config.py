@@ -1,4 +1,5 @@
-"""``prune.*`` and ``finetune.*``: the prune job's config schema and every check made before any long work."""
+"""``prune.*`` and ``finetune.*``: the prune job's config schema, the checks :func:`zoo.jobs.prune_request.read_request`
+makes of it before any work, and what the settings decide (runtimes, timing settings)."""
 
 from __future__ import annotations
 
@@ -127,23 +128,17 @@ def objective_values(results: dict[str, Any], objectives: list[str]) -> float | 
     return values[0] if len(values) == 1 else values
 
 
-def validate_prune(cfg: Any) -> None:
-    """Checks before any long work: budget, choices, ranges, device, what the model's family can be deployed to, the
-    files it names and the folders it writes (raises ZooError)."""
-    from ..latency.device import resolve_device, resolve_dtype
-    from ..models.registry import get_entry
-    from .train_config import check_ranges
-
-    p = cfg.prune
+def check_prune_choices(p: PruneSettings, finetune: FinetuneSettings, model: str, task: str) -> None:
+    """The prune job's own choices (its ranges are :data:`PRUNE_RANGES`): a budget, the importance score, the search,
+    the objectives a sweeper may ask of `model` (a `task` model), the workload, the export and what goes with it."""
     if p.target_latency_ms is None and p.target_speedup is None:
         raise ZooError("Give a budget: prune.target_speedup (e.g. 1.5) or prune.target_latency_ms.")
-    check_ranges(cfg, PRUNE_RANGES)
     if p.importance not in SCORES:
         raise ZooError(f"prune.importance={p.importance!r}; allowed: {', '.join(SCORES)}.")
     if p.search not in SEARCHES:
         raise ZooError(f"prune.search={p.search!r}; allowed: {', '.join(SEARCHES)}.")
-    task_metrics = ("val/ppl",) if get_entry(cfg.model.name).task == "language_model" else ("val/acc1", "val/acc5")
-    if cfg.finetune.qat and p.quantize is None:
+    task_metrics = ("val/ppl",) if task == "language_model" else ("val/acc1", "val/acc5")
+    if finetune.qat and p.quantize is None:
         raise ZooError("finetune.qat=true trains the pruned network for the INT8 model it ships; it needs "
                        "prune.quantize=int8 (or finetune.qat=false).")
     unknown = [o for o in p.objectives if o not in OBJECTIVES or (o in ("val/acc1", "val/acc5", "val/ppl")
@@ -154,11 +149,11 @@ def validate_prune(cfg: Any) -> None:
     if p.workload not in WORKLOADS:
         raise ZooError(f"prune.workload={p.workload!r}; allowed: forward (the whole forward pass) or decode "
                        "(one recurrent decode step of a language model such as RetNet).")
-    if p.export_dynamic_size and (p.export is None or "val/ppl" in task_metrics):
+    if p.export_dynamic_size and (p.export is None or task == "language_model"):
         raise ZooError("prune.export_dynamic_size=true makes an exported image model take any height and width; "
                        + ("it goes with prune.export=onnx or torch_export." if p.export is None else
-                          f"{cfg.model.name} takes no images: set prune.export_dynamic_size=false (the batch axis is "
-                          "always dynamic)."))
+                          f"{model} takes no images: set prune.export_dynamic_size=false (the batch axis is always "
+                          "dynamic)."))
     if p.export is not None:
         from ..deploy.export import FORMATS, _require
 
@@ -166,29 +161,15 @@ def validate_prune(cfg: Any) -> None:
             raise ZooError(f"prune.export={p.export!r}; allowed: null, {', '.join(FORMATS)}.")
         if p.export == "onnx":
             _require("onnx", "onnxscript", "onnxruntime")
-    if p.plan:
-        read_plan_file(p.plan)
-    if cfg.checkpoint:
-        check_baseline_source(cfg)
-    table_settings(p)
-    measure_settings(p)
-    check_capabilities(cfg)  # what the family cannot do at all, before what this machine lacks
-    entry = get_entry(cfg.model.name)
-    if entry.precheck is not None:  # a model whose depth units are discovered: it traces and has one to remove
-        image = cfg.data.get("image_size")
-        entry.precheck(dict(cfg.model.get("overrides") or {}), (3, image, image) if image else None)
-    check_runtimes(p, resolve_device(p.device), resolve_dtype(p.dtype, resolve_device(p.device)))
-    check_folders(cfg)
 
 
 WORKLOADS = ("forward", "decode")
 
 
-def deploy_requests(cfg: Any) -> list[tuple[str, str, str]]:
+def deploy_requests(p: PruneSettings) -> list[tuple[str, str, str]]:
     """(kind, value, the setting that asks for it) of everything this run will deploy the model to: its workload, its
     quantisation, each runtime it is timed in (planned and reported; an INT8 runtime counts as its float runtime plus
     the quantisation) and its export format."""
-    p = cfg.prune
     requests = [("workload", p.workload, "prune.workload")]
     if p.quantize is not None:
         requests.append(("quantize", p.quantize, "prune.quantize"))
@@ -200,18 +181,12 @@ def deploy_requests(cfg: Any) -> list[tuple[str, str, str]]:
     return requests
 
 
-def check_capabilities(cfg: Any) -> None:
-    """Everything the run deploys the model to against its family's declared capabilities
+def check_capabilities(p: PruneSettings, name: str, family: Any, options: dict[str, Any] | None) -> None:
+    """Everything the run deploys model `name` to against its family's declared capabilities
     (:attr:`zoo.models.registry.Family.deploy`): refused here, with the family's reason, rather than after the
-    baseline, table, search and fine-tune. Options that given weights decide (a checkpoint, published weights) are
-    checked when the model is built."""
-    from ..models.registry import get_entry, get_family
-
-    name = cfg.model.name
-    family = get_family(get_entry(name).family)
-    weights_given = bool(cfg.checkpoint) or cfg.model.get("pretrained") not in (None, False, "false")
-    options = None if weights_given else dict(cfg.model.get("overrides") or {})
-    for kind, value, key in deploy_requests(cfg):
+    baseline, table, search and fine-tune. `options`: the model's builder options, None where given weights decide
+    them (a checkpoint, published weights: checked when the model is built)."""
+    for kind, value, key in deploy_requests(p):
         if value not in family.deploy[kind]:
             continue  # a value the code does not know: its own check names the allowed ones (all known are declared)
         why = family.refusal(kind, value, options)
@@ -232,7 +207,7 @@ def check_folders(cfg: Any) -> None:
     check_writable(cache_root(), f"${CACHE_ENV} (the latency cache and the device timing lock)")
 
 
-def check_runtimes(p: Any, device: torch.device, dtype: torch.dtype) -> None:
+def check_runtimes(p: PruneSettings, device: torch.device, dtype: torch.dtype) -> None:
     """``prune.runtime`` and every ``prune.runtime_report`` runtime known and usable here (else ZooError with the
     install command), before any work; ``prune.table.runtime`` is not a second way to say it."""
     from ..latency.runtime import check_runtime
@@ -265,7 +240,7 @@ def planning_runtime(p: Any) -> str:
     if p.quantize != "int8":
         return p.runtime
     fp32, int8 = INT8_PAIRS.get(p.runtime, (p.runtime, p.runtime))
-    return int8 if p.get("int8_table", True) else fp32
+    return int8 if p.int8_table else fp32
 
 
 def reported_runtimes(p: Any) -> list[str]:
@@ -302,18 +277,17 @@ def int8_format(p: Any) -> tuple[str, str | None]:
     return "onnx", "tensorrt" if p.runtime == "tensorrt" else "onnxruntime"
 
 
-def check_baseline_source(cfg: Any) -> None:
-    """``checkpoint=`` names weights: a depthzoo checkpoint of this model, a timm-format file, a hub id or true (the
-    tag's weights). Checked before any work; a hub id is resolved when the baseline is built."""
+def check_baseline_source(source: bool | str, model: str, tag: str | None) -> None:
+    """``checkpoint=`` names weights for `model`: a depthzoo checkpoint of it, a timm-format file, a hub id or true
+    (the weights of `tag`, else its default tag); `source` as :func:`~zoo.jobs.model_spec.weights_arg` gives it.
+    Checked before any work; a hub id is resolved when the baseline is built."""
     from ..training import state as ckpt
     from ..weights.checkpoint import read_checkpoint_meta
     from ..weights.pretrained import WEIGHT_SUFFIXES, check_source, is_local
     from ..weights.tags import resolve_tag
-    from .model_spec import weights_arg
 
-    source = weights_arg(cfg.checkpoint)
     if source is True:
-        resolve_tag(cfg.model.name, cfg.model.tag)  # an architecture without published weights fails here
+        resolve_tag(model, tag)  # an architecture without published weights fails here
     if source is True or source is False:
         return
     if str(source).endswith(ckpt.STATE_SUFFIX):
@@ -331,9 +305,9 @@ def check_baseline_source(cfg: Any) -> None:
         except Exception as exc:  # noqa: BLE001 - any decode failure means the same
             raise ZooError(f"checkpoint={source} cannot be read as safetensors ({exc}).") from None
         name = (meta or {}).get("model")
-        if name is not None and name != cfg.model.name:
-            raise ZooError(f"checkpoint={source} holds model {name!r}, but model={cfg.model.name}. Use "
-                           f"model={name} or a checkpoint of {cfg.model.name}.")
+        if name is not None and name != model:
+            raise ZooError(f"checkpoint={source} holds model {name!r}, but model={model}. Use "
+                           f"model={name} or a checkpoint of {model}.")
 
 
 def _settings(kind: type, values: Any, key: str) -> Any:
@@ -347,7 +321,7 @@ def _settings(kind: type, values: Any, key: str) -> Any:
     return kind(**dict(values or {}))
 
 
-def table_settings(p: Any, runtime: str | None = None) -> Any:
+def table_settings(p: PruneSettings, runtime: str | None = None) -> Any:
     """The latency table's settings from ``prune.table`` (defaults where unset) in `runtime` (default the planning
     runtime, :func:`planning_runtime`; ``prune.table.runtime`` is refused by :func:`check_runtimes`)."""
     from dataclasses import replace
@@ -357,7 +331,7 @@ def table_settings(p: Any, runtime: str | None = None) -> Any:
     return replace(_settings(TableSettings, p.table, "prune.table"), runtime=runtime or planning_runtime(p))
 
 
-def measure_settings(p: Any) -> Any:
+def measure_settings(p: PruneSettings) -> Any:
     """The final side-by-side timing's settings from ``prune.measure``."""
     from ..latency import NetworkTimingSettings
 
