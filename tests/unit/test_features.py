@@ -261,3 +261,92 @@ def test_feature_options_need_features_only_and_timms_refusals_are_option_errors
         zoo.create_model("timm/resnet18", feature_cls="getter")
     with pytest.raises(ModelOptionError, match="timm refuses them"):
         zoo.create_model("timm/resnet18", features_only=True, feature_cls="no_such_wrapper")
+
+
+FEATURE_FAMILIES = zoo.list_families(capability="features")
+
+
+@pytest.mark.parametrize("family", FEATURE_FAMILIES, ids=lambda f: f.name)
+def test_prune_intermediate_layers_keeps_each_tap_and_ends_the_features_there(family):
+    """timm's prune_intermediate_layers contract on each declared family: pruned to the last stage without the head,
+    the model is unchanged; pruned to stage i, its tap i is the unpruned model's and (with prune_norm) its
+    forward_features ends there; the kept modules keep their names; every kept parameter trains."""
+    import copy
+
+    from ..helpers import small_model
+
+    torch.manual_seed(0)
+    model = small_model(family, num_classes=10).eval()
+    x = torch.randn(2, *family.test_input_size)
+    last = len(model.feature_info) - 1
+    with torch.no_grad():
+        expected, taps = model(x), model.forward_intermediates(x, intermediates_only=True)
+        whole = copy.deepcopy(model)
+        whole.prune_intermediate_layers([last], prune_head=False)
+        torch.testing.assert_close(whole(x), expected, rtol=0, atol=0)
+    names = set(model.state_dict())
+    for i in range(last + 1):
+        pruned = copy.deepcopy(model)
+        with torch.no_grad():
+            taken = pruned.prune_intermediate_layers([i], prune_norm=True)
+            assert taken == [i] and set(pruned.state_dict()) <= names  # kept modules keep their names
+            torch.testing.assert_close(pruned.forward_intermediates(x, indices=taken, intermediates_only=True)[0],
+                                       taps[i], rtol=0, atol=0)
+            if i < last:
+                torch.testing.assert_close(pruned.forward_features(x), taps[i], rtol=0, atol=0)
+        pruned.train()
+        sum(t.sum() for t in pruned.forward_intermediates(x, indices=taken, intermediates_only=True)).backward()
+        unused = [n for n, p in pruned.named_parameters() if p.requires_grad and p.grad is None]
+        assert not unused, f"pruned to {i}: {unused}"
+
+
+@pytest.mark.parametrize("feature_cls", ["list", "dict", "hook", "fx", "getter"])
+@pytest.mark.parametrize("family", FEATURE_FAMILIES, ids=lambda f: f.name)
+def test_every_timm_feature_class_wraps_a_declared_family(family, feature_cls):
+    """features_only with timm's feature_cls (and feature_cfg) builds timm's wrapper over the family's model; its
+    outputs are the model's forward_intermediates at the same indices, exactly."""
+    import copy
+
+    from zoo.models.features import features_only
+
+    from ..helpers import small_model
+
+    torch.manual_seed(0)
+    model = small_model(family, num_classes=10).eval()
+    x = torch.randn(2, *family.test_input_size)
+    features = features_only(copy.deepcopy(model), feature_cls=feature_cls).eval()
+    indices = list(features.feature_info.out_indices) if feature_cls != "getter" else list(features.out_indices)
+    with torch.no_grad():
+        outputs = features(x)
+        wanted = model.forward_intermediates(x, indices=indices, intermediates_only=True)
+    outputs = list(outputs.values()) if isinstance(outputs, dict) else list(outputs)
+    assert len(outputs) == len(wanted) and features.feature_info.channels() == [t.shape[1] for t in wanted]
+    for got, want in zip(outputs, wanted):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    built = zoo.create_model(family.small, **family.small_options, features_only=True, feature_cls=feature_cls,
+                             out_indices=indices[-2:])
+    assert len(built(x)) == 2
+    with pytest.raises(ModelOptionError, match="feature_cls='nope'"):
+        features_only(copy.deepcopy(model), feature_cls="nope")
+
+
+@pytest.mark.parametrize("family", FEATURE_FAMILIES, ids=lambda f: f.name)
+def test_fx_then_torchscript_in_chans_and_a_reset_classifier_as_timms(family):
+    """A family's model traces with torch.fx and the traced module scripts (timm's fx-then-TorchScript test); it says
+    its in_chans; reset_classifier keeps the model's device, dtype and mode, and '' pools nothing (a feature map)."""
+    from ..helpers import small_model
+
+    torch.manual_seed(0)
+    model = small_model(family, num_classes=10, in_chans=1).eval()
+    x = torch.randn(2, 1, *family.test_input_size[1:])
+    scripted = torch.jit.script(torch.fx.symbolic_trace(model))
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(x), model(x), rtol=0, atol=0)
+    assert model.in_chans == 1
+    model.to(dtype=torch.float64)
+    model.reset_classifier(5)
+    head = model.get_classifier()
+    assert all(p.dtype == torch.float64 for p in head.parameters()) and not any(m.training for m in model.modules())
+    model.reset_classifier(0, "")
+    with torch.no_grad():
+        assert model(x.double()).ndim == 4

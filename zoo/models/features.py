@@ -77,10 +77,14 @@ class _StopForward(Exception):  # noqa: N818 - control flow, not an error: the l
 
 
 class FeatureMixin:
-    """``forward_intermediates`` and gradient checkpointing from the family's ``feature_info`` (a list of dicts:
-    module, num_chs, reduction; no class-level annotations here, so that the models stay scriptable)."""
+    """``forward_intermediates``, ``prune_intermediate_layers`` and gradient checkpointing from the family's
+    ``feature_info`` (a list of dicts: module, num_chs, reduction), its ``feature_trunk`` (the top-level modules
+    ``forward_features`` runs, in order) and its ``feature_norms`` (what it applies after the last stage). No
+    class-level annotations here, so that the models stay scriptable."""
 
     grad_checkpointing = False
+    feature_trunk = ()
+    feature_norms = ()
 
     def set_grad_checkpointing(self, enable: bool | float = True) -> None:
         """Recompute blocks in the backward pass instead of storing their activations (training only). True: every
@@ -90,6 +94,35 @@ class FeatureMixin:
         unchanged)."""
         check_fraction(enable)
         self.grad_checkpointing = False if enable == 0 else enable
+
+    def like_the_model(self, module: nn.Module) -> nn.Module:
+        """`module` (a new classifier, say) on the device and in the dtype and mode of the model's parameters."""
+        reference = next(self.parameters())
+        return module.to(device=reference.device, dtype=reference.dtype).train(self.training)
+
+    def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        """timm's ``prune_intermediate_layers``: what runs after the last of the stages `indices` is removed (each
+        Sequential on the way to that stage keeps its children up to it, later trunk modules become empty), the final
+        norm with it (at the last stage too with `prune_norm`) and the classifier with `prune_head`. Returns the
+        stage indices in forward order, as ``forward_intermediates`` takes them."""
+        chosen = take_indices(len(self.feature_info), indices)
+        last = chosen[-1]
+        path = self.feature_info[last]["module"].split(".")
+        for name in self.feature_trunk[self.feature_trunk.index(path[0]) + 1:]:
+            setattr(self, name, nn.Sequential())
+        for depth in range(1, len(path)):
+            parent = self.get_submodule(".".join(path[:depth]))
+            if isinstance(parent, nn.Sequential):
+                names = [name for name, _ in parent.named_children()]
+                for name in names[names.index(path[depth]) + 1:]:
+                    delattr(parent, name)  # (not `del parent[i]`, which renumbers named children)
+        if prune_norm or last < len(self.feature_info) - 1:
+            for name in self.feature_norms:
+                setattr(self, name, nn.Identity())
+        if prune_head:
+            self.reset_classifier(0, "")
+        return chosen
 
     def forward_intermediates(self, x: torch.Tensor, indices: int | Sequence[int] | None = None, norm: bool = False,
                               stop_early: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False
@@ -128,21 +161,47 @@ class FeatureMixin:
         return intermediates if intermediates_only else (final, intermediates)
 
 
-def features_only(model: nn.Module, out_indices: int | Sequence[int] | None = None) -> nn.Module:
-    """A backbone returning the stage outputs `out_indices` (default: the family's, as timm's; an int n: the last n)
-    as a list: timm's ``FeatureListNet`` over the model's ``feature_info``; ``.feature_info`` gives channels and
-    reductions. Its state-dict keys are FeatureListNet's (``blocks_0...``), not those of timm's MobileNetV2 backbone
-    class: load weights into the model before wrapping it (``create_model(..., pretrained=..., features_only=True)``).
-    """
-    from timm.models import FeatureListNet
+def feature_class(name: str | type) -> type:
+    """timm's features wrapper named by ``feature_cls`` (``list``, ``dict``, ``hook``, ``fx``, ``getter``), as
+    timm's builder reads it, or the class given."""
+    from timm.models._features import FeatureDictNet, FeatureGetterNet, FeatureHookNet, FeatureListNet
+    from timm.models._features_fx import FeatureGraphNet
 
+    if isinstance(name, type):
+        return name
+    named = {"list": FeatureListNet, "dict": FeatureDictNet, "fx": FeatureGraphNet, "getter": FeatureGetterNet}
+    key = str(name).lower()
+    if "hook" in key:
+        return FeatureHookNet
+    if key not in named:
+        raise ModelOptionError(f"feature_cls={name!r}; allowed: list, dict, hook, fx, getter (timm's feature "
+                               f"wrappers).")
+    return named[key]
+
+
+def features_only(model: nn.Module, out_indices: int | Sequence[int] | None = None,
+                  feature_cls: str | type = "list", feature_cfg: dict[str, Any] | None = None) -> nn.Module:
+    """A backbone returning the stage outputs `out_indices` (default: the family's, as timm's; an int n: the last n)
+    as timm's wrapper `feature_cls` builds it over the model's ``feature_info`` (``list``: ``FeatureListNet``, the
+    default; ``dict``, ``hook``, ``fx``, ``getter``, as in timm; `feature_cfg` holds the wrapper's other settings);
+    ``.feature_info`` gives channels and reductions. Its state-dict keys are the wrapper's (``blocks_0...`` for a
+    list), not those of timm's backbone classes: load weights into the model before wrapping it
+    (``create_model(..., pretrained=..., features_only=True)``)."""
     info = getattr(model, "feature_info", None)
     if not info:
         raise ModelOptionError(f"{getattr(model, 'zoo_name', type(model).__name__)} has no feature stages "
                                f"(features_only=True is for the CNN families).")
+    settings = dict(feature_cfg or {})
+    wrapper = feature_class(settings.pop("feature_cls", feature_cls))
     default = getattr(model, "feature_out_indices", tuple(range(len(info))))
     indices = tuple(take_indices(len(info), out_indices if out_indices is not None else list(default)))
-    features = FeatureListNet(model, out_indices=indices, flatten_sequential=True)
+    if wrapper.__name__ in ("FeatureListNet", "FeatureDictNet", "FeatureHookNet"):
+        settings.setdefault("flatten_sequential", True)
+    try:
+        features = wrapper(model, out_indices=indices, **settings)
+    except TypeError as exc:  # a setting the wrapper does not take
+        raise ModelOptionError(f"feature_cfg={feature_cfg}: timm's {wrapper.__name__} refuses it "
+                               f"({first_line(exc)}).") from None
     features.zoo_name = getattr(model, "zoo_name", None)
     features.default_cfg = features.pretrained_cfg = getattr(model, "default_cfg", {})
     return features

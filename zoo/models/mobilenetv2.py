@@ -5,8 +5,8 @@ activations inside each block, which sit between BatchNorm-folded convolutions (
 collapses the block into one dense conv, as in DepthShrinker and Kim et al.
 """
 
-from __future__ import annotations
-
+# No postponed annotations here: torch.fx copies forward's annotations into the code it generates, which
+# TorchScript must resolve (as for timm's models); a string annotation there does not.
 from functools import partial
 
 import torch
@@ -74,11 +74,15 @@ class InvertedResidual(nn.Module):
 class MobileNetV2(FeatureMixin, DepthMixin, nn.Module):
     """MobileNetV2 with a width multiplier; module names follow timm's EfficientNet builder."""
 
+    feature_trunk = ("conv_stem", "bn1", "blocks")
+    feature_norms = ("conv_head", "bn2")
+
     def __init__(self, width_mult: float = 1.0, num_classes: int = 1000, in_chans: int = 3,
                  drop_rate: float = 0.0, global_pool: str = "avg"):
         super().__init__()
         round_chs = partial(tl.make_divisible, divisor=8, round_limit=0.9)
         self.num_classes = num_classes
+        self.in_chans = in_chans
         self.drop_rate = drop_rate
         self.grad_checkpointing = False  # an instance attribute, as TorchScript needs
         stem_chs = round_chs(32 * width_mult)
@@ -102,7 +106,7 @@ class MobileNetV2(FeatureMixin, DepthMixin, nn.Module):
         self.num_features = self.head_hidden_size = max(1280, round_chs(1280 * width_mult))
         self.conv_head = tl.create_conv2d(chs, self.num_features, 1)
         self.bn2 = _norm_act(self.num_features)
-        self.global_pool = tl.SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
+        self.global_pool = tl.SelectAdaptivePool2d(pool_type=global_pool, flatten=bool(global_pool))
         self.classifier = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
 
@@ -119,10 +123,10 @@ class MobileNetV2(FeatureMixin, DepthMixin, nn.Module):
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         self.num_classes = num_classes
-        if global_pool is not None:
-            self.global_pool = tl.SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
-        device = self.conv_head.weight.device
-        self.classifier = nn.Linear(self.num_features, num_classes, device=device) if num_classes > 0 else nn.Identity()
+        if global_pool is not None:  # '' keeps the feature map (timm's: no pooling, no flattening)
+            self.global_pool = tl.SelectAdaptivePool2d(pool_type=global_pool, flatten=bool(global_pool))
+        classifier = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.classifier = self.like_the_model(classifier)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.bn1(self.conv_stem(x))

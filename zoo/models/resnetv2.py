@@ -6,8 +6,8 @@ a unit here: GroupNorm normalises each sample with statistics of that sample, so
 into the convolution before it, and convs on either side of it never merge into one.
 """
 
-from __future__ import annotations
-
+# No postponed annotations here: torch.fx copies forward's annotations into the code it generates, which
+# TorchScript must resolve (as for timm's models); a string annotation there does not.
 from collections import OrderedDict
 
 import torch
@@ -81,10 +81,14 @@ class ResNetStage(nn.Module):
 
 
 class ResNetV2(FeatureMixin, DepthMixin, nn.Module):
+    feature_trunk = ("stem", "stages")
+    feature_norms = ("norm",)
+
     def __init__(self, layers: tuple[int, ...], width_factor: int = 1, num_classes: int = 1000,
                  in_chans: int = 3, drop_rate: float = 0.0, global_pool: str = "avg"):
         super().__init__()
         self.num_classes = num_classes
+        self.in_chans = in_chans
         self.drop_rate = drop_rate
         self.grad_checkpointing = False  # an instance attribute, as TorchScript needs
         stem_chs = tl.make_divisible(64 * width_factor)
@@ -120,7 +124,7 @@ class ResNetV2(FeatureMixin, DepthMixin, nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         self.num_classes = num_classes
         self.head.reset(num_classes, pool_type=global_pool)
-        self.head.to(self.norm.weight.device)
+        self.like_the_model(self.head)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)

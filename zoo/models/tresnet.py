@@ -8,8 +8,8 @@ that fold their BatchNorm with nothing non-linear in between (``act``): conv1's 
 conv2's in stage-4 bottlenecks (no SE there) when it does not downsample.
 """
 
-from __future__ import annotations
-
+# No postponed annotations here: torch.fx copies forward's annotations into the code it generates, which
+# TorchScript must resolve (as for timm's models); a string annotation there does not.
 from collections import OrderedDict
 from functools import partial
 
@@ -85,10 +85,12 @@ class Bottleneck(nn.Module):
 
 class TResNet(FeatureMixin, DepthMixin, nn.Module):
     feature_out_indices = (1, 2, 3, 4)  # as timm's features_only
+    feature_trunk = ("body",)
     def __init__(self, layers: tuple[int, ...], width_factor: float = 1.0, num_classes: int = 1000,
                  in_chans: int = 3, drop_rate: float = 0.0, global_pool: str = "fast"):
         super().__init__()
         self.num_classes = num_classes
+        self.in_chans = in_chans
         self.drop_rate = drop_rate
         self.grad_checkpointing = False  # an instance attribute, as TorchScript needs
         self.inplanes = planes = int(64 * width_factor)
@@ -139,7 +141,7 @@ class TResNet(FeatureMixin, DepthMixin, nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         self.num_classes = num_classes
         self.head.reset(num_classes, pool_type=global_pool)
-        self.head.to(self.body.conv1.conv.weight.device)
+        self.like_the_model(self.head)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         if self.grad_checkpointing and not torch.jit.is_scripting():

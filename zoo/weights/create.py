@@ -108,10 +108,7 @@ def create_model(
         return model
     if arch.startswith("timm/"):  # timm's own class: wrapped as timm wraps it
         return timm_features(model, arch.removeprefix("timm/"), kwargs, out_indices, feature_options)
-    if feature_options:
-        raise ModelOptionError(f"{', '.join(feature_options)}: {arch} is a declared family, whose backbone form is "
-                               f"timm's FeatureListNet over its feature_info; these options are for timm/ models.")
-    return features_only_model(model, out_indices)
+    return features_only_model(model, out_indices, **feature_options)
 
 
 def load(path: str | Path, **kwargs: Any) -> nn.Module:
