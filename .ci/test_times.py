@@ -4,8 +4,9 @@
     python .ci/test_times.py --readme main|test --command "$(python .ci/readme_command.py main|test)" [--append]
 
 Times the README's main job (``python prune.py``, cold), then runs each tier's command (the same as ``.ci/run``) with
-a JUnit report, and writes one JSON: the main job's time; per tier the command,
-its wall time, the exit status, the count of tests by outcome and the 10 slowest tests; the machine and versions.
+a JUnit report, and writes one JSON: the main job's time; per tier the command, its wall time, the exit status, the
+day it ran (``--append`` may keep entries of earlier days), the count of tests by outcome and the 10 slowest tests;
+the machine and versions.
 Run it in a fresh clone after the README's install so that no cache of an earlier run is reused.
 
 ``--readme main`` / ``--readme test`` run the README's set-up command given by ``--command`` (as ``.ci/run`` read it
@@ -45,7 +46,7 @@ def run_tier(name: str, folder: Path) -> dict:
     proc = subprocess.run(args, cwd=ROOT, env={**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"})
     wall = time.perf_counter() - start
     return {"command": "python -m pytest " + " ".join(TIERS[name]), "wall_s": round(wall, 1), "exit": proc.returncode,
-            **junit_summary(report)}
+            "date": time.strftime("%Y-%m-%d"), **junit_summary(report)}
 
 
 def run_readme(name: str, command: str, folder: Path) -> dict:
@@ -58,7 +59,7 @@ def run_readme(name: str, command: str, folder: Path) -> dict:
     start = time.perf_counter()
     proc = subprocess.run(["bash", "-c", f"set -eo pipefail; {command}"], cwd=ROOT, env=env)
     entry = {"command": command, "wall_s": round(time.perf_counter() - start, 1), "exit": proc.returncode,
-             "includes_install": True}
+             "includes_install": True, "date": time.strftime("%Y-%m-%d")}
     return {**entry, **junit_summary(report)} if name == "test" else entry
 
 
@@ -82,7 +83,8 @@ def run_main(folder: Path) -> dict:
     env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "DEPTHZOO_CACHE": str(folder / "cache")}
     start = time.perf_counter()
     proc = subprocess.run(args, cwd=ROOT, env=env)
-    return {"command": "python prune.py", "wall_s": round(time.perf_counter() - start, 1), "exit": proc.returncode}
+    return {"command": "python prune.py", "wall_s": round(time.perf_counter() - start, 1), "exit": proc.returncode,
+            "date": time.strftime("%Y-%m-%d")}
 
 
 def installed_torch() -> str | None:
