@@ -1,6 +1,7 @@
 """Fault injection: kills at random points of train.py and prune.py, then the same command again in the same
 directory, must end with the results of a run that was never interrupted (bit-identical weights on the CPU, where the
-code path is deterministic); SIGTERM saves and exits 143; a write that fails half-way leaves the previous file.
+code path is deterministic); SIGTERM saves and exits 143; a write that fails half-way leaves the previous file; a
+SLURM job stopped by its own requeue records no failure.
 
 The kill delays are random (printed on failure with their seed) and land inside the named phase: each prune.py
 phase is watched for in the run's log, and the kill comes a random fraction of that phase's duration later.
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import QUICK_TIMING, assert_same_weights, entry_cmd, env_for, run_entry, snapshot
+from ..helpers import QUICK_TIMING, ROOT, assert_same_weights, entry_cmd, env_for, run_entry, snapshot
 
 TRAIN_ARGS = ["model=mobilenetv2_035", "data.image_size=16", "data.batch_size=32", "trainer.max_epochs=3",
               "trainer.limit_train_batches=10", "trainer.progress=false", "optim.warmup_epochs=0", "logger=none",
@@ -205,3 +206,51 @@ def test_writes_that_fail_half_way_leave_the_previous_file(tmp_path):
     from zoo.latency import LatencyCache
 
     assert set(LatencyCache({"device_name": "cpu"}, tmp_path).load()) == {"a"}
+
+
+REQUEUE_CHILD = """
+import os, signal, sys
+from omegaconf import OmegaConf
+from submitit.core.utils import UncompletedJobError
+from zoo.jobs.cli import run_job
+from zoo.signals import ignore_stop_for_requeue, on_stop_signals
+
+cfg = OmegaConf.create({"paths": {"output_dir": sys.argv[1]}})
+
+def outcome(error):
+    def run(cfg):
+        raise error
+    try:
+        run_job(cfg, run, lambda results: None)
+    except SystemExit as stop:
+        return f"exit: {stop.code}"
+
+def wrapped():
+    try:
+        raise UncompletedJobError("Job not requeued because: timed-out too many times.")
+    except UncompletedJobError as cause:
+        try:
+            raise RuntimeError("the job's own wrapping") from cause
+        except RuntimeError as error:
+            return error
+
+print(outcome(ConnectionResetError("Connection lost")))
+with on_stop_signals(lambda signum, frame: print("handled", signum)):  # the hook runs while training, say
+    ignore_stop_for_requeue()
+os.kill(os.getpid(), signal.SIGTERM)  # SLURM stopping the requeued step: ignored, also once training's handler is gone
+print(outcome(ConnectionResetError("Connection lost")))
+print(outcome(UncompletedJobError("Job not requeued because: timed-out too many times.")))
+print(outcome(wrapped()))
+"""
+
+
+def test_a_job_stopped_by_its_own_requeue_records_no_failure(tmp_path):
+    """After submitit's checkpoint hook (just before ``scontrol requeue``) SIGTERM is ignored and what the job raises
+    (W&B's service killed by the step's SIGTERM: a connection reset) ends it as SystemExit, not as a failed job;
+    before it, and where submitit declines to requeue (UncompletedJobError, also as a cause), errors are failures."""
+    pytest.importorskip("submitit")
+    child = subprocess.run([sys.executable, "-c", REQUEUE_CHILD, str(tmp_path)], capture_output=True, text=True,
+                           timeout=120, cwd=ROOT)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.splitlines() == ["exit: 1", "exit: requeued; stopped by ConnectionResetError", "exit: 1",
+                                         "exit: 1"], child.stderr[-2000:]

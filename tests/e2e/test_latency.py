@@ -10,6 +10,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+import zoo
+from zoo.latency import LatencyCacheWarning
+
 from ..helpers import ROOT
 from ..helpers import TABLE_MODEL as MODEL
 
@@ -46,3 +51,24 @@ def test_cli_runs_on_a_tiny_config(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "zoo.latency", "device=tpu", "model=mobilenetv2_035"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "Allowed devices" in bad.stderr
+
+
+def test_corrupt_and_stale_cache_files_are_remeasured(tmp_path: Path) -> None:
+    first = _build(tmp_path)
+    path = next(tmp_path.glob("*.json"))
+    path.write_text('{"format": 1, "entries": {"trunc')
+    with pytest.warns(LatencyCacheWarning, match="not readable JSON"):
+        rebuilt = _build(tmp_path)
+    assert rebuilt.n_measured == first.n_measured + first.n_cached
+    data = json.loads(path.read_text())
+    assert len(data["entries"]) == rebuilt.n_measured
+    data["format"] = 0
+    path.write_text(json.dumps(data))
+    with pytest.warns(LatencyCacheWarning, match="stale"):
+        assert _build(tmp_path).n_measured == rebuilt.n_measured
+
+
+def _build(cache_dir: Path, **kwargs) -> zoo.latency.LatencyTable:
+    from ..helpers import small_table
+
+    return small_table(cache_dir, **kwargs)

@@ -11,7 +11,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import zoo
 from zoo.errors import BUG, ZooError
 from zoo.models.registry import DEPLOY_KINDS
 
-from ..helpers import ROOT, prune_in_process, run_in_process
+from ..helpers import prune_in_process, run_in_process
 
 QUICK = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.progress=false", "logger=none",
          "prune.batch_size=2", "prune.calib_batches=1", "finetune.epochs=1"]
@@ -290,54 +289,6 @@ def test_squeue_answers_in_sacct_terms():
     assert info["8_0"]["State"] == "RUNNING" and info["8_1"]["State"] == "COMPLETED" and info["8_0"]["NodeList"] == "vm"
     assert {info[f"9_{i}"]["State"] for i in range(3)} == {"PENDING"} and info["10"]["State"] == "REQUEUED"
 
-
-
-REQUEUE_CHILD = """
-import os, signal, sys
-from omegaconf import OmegaConf
-from submitit.core.utils import UncompletedJobError
-from zoo.jobs.cli import run_job
-from zoo.signals import ignore_stop_for_requeue, on_stop_signals
-
-cfg = OmegaConf.create({"paths": {"output_dir": sys.argv[1]}})
-
-def outcome(error):
-    def run(cfg):
-        raise error
-    try:
-        run_job(cfg, run, lambda results: None)
-    except SystemExit as stop:
-        return f"exit: {stop.code}"
-
-def wrapped():
-    try:
-        raise UncompletedJobError("Job not requeued because: timed-out too many times.")
-    except UncompletedJobError as cause:
-        try:
-            raise RuntimeError("the job's own wrapping") from cause
-        except RuntimeError as error:
-            return error
-
-print(outcome(ConnectionResetError("Connection lost")))
-with on_stop_signals(lambda signum, frame: print("handled", signum)):  # the hook runs while training, say
-    ignore_stop_for_requeue()
-os.kill(os.getpid(), signal.SIGTERM)  # SLURM stopping the requeued step: ignored, also once training's handler is gone
-print(outcome(ConnectionResetError("Connection lost")))
-print(outcome(UncompletedJobError("Job not requeued because: timed-out too many times.")))
-print(outcome(wrapped()))
-"""
-
-
-def test_a_job_stopped_by_its_own_requeue_records_no_failure(tmp_path):
-    """After submitit's checkpoint hook (just before ``scontrol requeue``) SIGTERM is ignored and what the job raises
-    (W&B's service killed by the step's SIGTERM: a connection reset) ends it as SystemExit, not as a failed job;
-    before it, and where submitit declines to requeue (UncompletedJobError, also as a cause), errors are failures."""
-    pytest.importorskip("submitit")
-    child = subprocess.run([sys.executable, "-c", REQUEUE_CHILD, str(tmp_path)], capture_output=True, text=True,
-                           timeout=120, cwd=ROOT)
-    assert child.returncode == 0, child.stderr[-2000:]
-    assert child.stdout.splitlines() == ["exit: 1", "exit: requeued; stopped by ConnectionResetError", "exit: 1",
-                                         "exit: 1"], child.stderr[-2000:]
 
 
 def test_jobs_waiting_for_a_shared_baseline_lend_their_cores(tmp_path):

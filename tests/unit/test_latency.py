@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +13,6 @@ import torch
 import zoo
 from zoo.errors import PlanError
 from zoo.latency import (
-    LatencyCacheWarning,
     LatencyDeviceError,
     TableSettings,
     build_table,
@@ -127,21 +125,6 @@ def test_random_plans_apply_and_predict(table: zoo.latency.LatencyTable) -> None
     for plan in random_plans(table.segments, 5, seed=3):
         apply_plan(model, plan, inplace=False)
         assert 0 < table.predict(plan) <= table.predict({}) * 1.5
-
-
-def test_corrupt_and_stale_cache_files_are_remeasured(tmp_path: Path) -> None:
-    first = _build(tmp_path)
-    path = next(tmp_path.glob("*.json"))
-    path.write_text('{"format": 1, "entries": {"trunc')
-    with pytest.warns(LatencyCacheWarning, match="not readable JSON"):
-        rebuilt = _build(tmp_path)
-    assert rebuilt.n_measured == first.n_measured + first.n_cached
-    data = json.loads(path.read_text())
-    assert len(data["entries"]) == rebuilt.n_measured
-    data["format"] = 0
-    path.write_text(json.dumps(data))
-    with pytest.warns(LatencyCacheWarning, match="stale"):
-        assert _build(tmp_path).n_measured == rebuilt.n_measured
 
 
 def _convs(module: torch.nn.Module) -> int:
