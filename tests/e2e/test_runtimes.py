@@ -9,6 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 from zoo.latency import LatencyCache, NetworkTimingSettings, TableSettings, build_table, correct
 
@@ -72,3 +74,42 @@ def test_prune_chooses_in_onnxruntime_and_reports_the_plan_in_eager_too(tmp_path
     assert "<- the plan was chosen here" in out.stdout
 
 
+def test_the_compile_int8_runtime_runs_inductors_int8_program():
+    """compile_int8: torchao's PT2E quantisation compiled by inductor; its outputs are the quantised program's
+    (eager, the same rounding), close to the float module's but not equal."""
+    pytest.importorskip("torchao")
+    from zoo.deploy.quantization import quantize_pt2e
+    from zoo.latency.device import timing_context
+    from zoo.latency.runtime import RuntimeFailure, check_runtime, in_runtime
+
+    from ..unit.test_runtimes import CPU
+
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(2, 4, 12, 12)
+    with timing_context(CPU, torch.float32, 1):
+        call = in_runtime(conv, (x,), {}, "compile_int8", CPU, what="the test block")
+        got = call(x)[0]
+        want = conv(x)
+        rounded = quantize_pt2e(conv, (x,), [(x,)])(x)
+    assert not torch.equal(got, want)  # quantised ...
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())  # ... close to float
+    # the program's numbers: nearer to them than to float by far (inductor's int8 kernels requantise in integers, so
+    # an intermediate may round one step away from eager's: a few elements differ by that step)
+    assert (got - rounded).norm() < 0.2 * (got - want).norm()
+    close = torch.isclose(got, rounded, rtol=1e-3, atol=1e-3 * want.abs().max().item())
+    assert close.float().mean() > 0.98
+    with pytest.raises(RuntimeFailure, match="compile_int8 times INT8 models that inductor builds for the CPU"):
+        check_runtime("compile_int8", torch.device("cuda"))
+
+
+@pytest.mark.parametrize("check", ["runs", "refuses"])
+def test_torch_compile_runs_the_module_it_was_given_and_names_what_it_cannot_take(check):
+    """The unit tier's runtime checks, in torch.compile (inductor's first compile in a process: 10 s on a fresh
+    2-core machine)."""
+    from ..unit import test_runtimes as unit
+
+    if check == "runs":
+        unit.test_a_runtime_runs_the_module_it_was_given("compile")
+    else:
+        unit.test_a_module_the_runtime_cannot_take_fails_loudly_with_the_entry_named("compile")
