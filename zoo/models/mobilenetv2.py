@@ -21,7 +21,7 @@ from .registry import register_family, register_model
 MBV2_STAGES = ((6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
 
 
-def _norm_act(channels: int, apply_act: bool = True) -> tl.BatchNormAct2d:
+def _norm_act(channels: int, apply_act: bool = True) -> "tl.BatchNormAct2d":  # (quoted: `import zoo` stays light)
     return tl.BatchNormAct2d(channels, act_layer=nn.ReLU6, apply_act=apply_act)
 
 
