@@ -19,13 +19,13 @@ if SubmititSlurmLauncher is not None:
         records no failure."""
 
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            from zoo.jobs.slurm import stopping_for_requeue
+            from zoo.jobs.slurm import requeue_exit, stopping_for_requeue
 
             try:
                 return super().__call__(*args, **kwargs)
             except Exception as error:
                 if stopping_for_requeue(error):
-                    raise SystemExit(f"requeued; stopped by {type(error).__name__}") from error
+                    raise requeue_exit(error) from error
                 raise
 
         def checkpoint(self, *args: Any, **kwargs: Any) -> Any:

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import zoo
 from zoo.latency import LatencyCacheWarning
 
-from ..helpers import ROOT
+from ..helpers import ROOT, small_table
 from ..helpers import TABLE_MODEL as MODEL
 
 
@@ -54,21 +53,15 @@ def test_cli_runs_on_a_tiny_config(tmp_path: Path) -> None:
 
 
 def test_corrupt_and_stale_cache_files_are_remeasured(tmp_path: Path) -> None:
-    first = _build(tmp_path)
+    first = small_table(tmp_path)
     path = next(tmp_path.glob("*.json"))
     path.write_text('{"format": 1, "entries": {"trunc')
     with pytest.warns(LatencyCacheWarning, match="not readable JSON"):
-        rebuilt = _build(tmp_path)
+        rebuilt = small_table(tmp_path)
     assert rebuilt.n_measured == first.n_measured + first.n_cached
     data = json.loads(path.read_text())
     assert len(data["entries"]) == rebuilt.n_measured
     data["format"] = 0
     path.write_text(json.dumps(data))
     with pytest.warns(LatencyCacheWarning, match="stale"):
-        assert _build(tmp_path).n_measured == rebuilt.n_measured
-
-
-def _build(cache_dir: Path, **kwargs) -> zoo.latency.LatencyTable:
-    from ..helpers import small_table
-
-    return small_table(cache_dir, **kwargs)
+        assert small_table(tmp_path).n_measured == rebuilt.n_measured

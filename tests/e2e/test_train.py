@@ -24,6 +24,7 @@ from zoo.training import state as ckpt
 
 from ..helpers import ROOT, assert_same_weights, entry_cmd, env_for, run_train
 from ..makers import TINY_DIGITS, fresh_trainer, tiny, tiny_cfg
+from ..unit.test_train import _weights
 from ..wandb_reader import find_run_files, read_run
 
 BF16_RUN = """
@@ -290,12 +291,6 @@ def test_resume_mid_epoch_gives_the_same_weights(tmp_path):
                                                   resumed.ema.module.state_dict().values()))
     loaded = zoo.load(tmp_path / "b" / "checkpoints" / "last.safetensors")
     assert all(torch.equal(loaded.state_dict()[k], b[k]) for k in b)
-
-
-def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    from ..unit.test_train import _weights as weights
-
-    return weights(model)
 
 
 def test_every_model_option_composes(tmp_path):

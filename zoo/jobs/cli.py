@@ -210,7 +210,8 @@ def log_failure(exc: BaseException) -> None:
 
 
 def requeued(exc: BaseException) -> bool:
-    """Whether `exc` only ends a SLURM job that is being requeued (:func:`zoo.jobs.slurm.stopping_for_requeue`)."""
+    """Whether `exc` only ends a SLURM job that is being requeued (:func:`zoo.jobs.slurm.stopping_for_requeue`;
+    imported only then: submitit is the launchers extra)."""
     if not requeue_requested():
         return False
     from .slurm import stopping_for_requeue
@@ -279,9 +280,11 @@ def run_job(cfg: Any, run: Callable[[Any], dict[str, Any]], metric: Callable[[di
         log_failure(exc)
         raise SystemExit(128 + exc.signum) from None
     except Exception as exc:
-        log_failure(exc)  # a bug with its traceback, in the console and the run's log
+        log_failure(exc)  # in the console and the run's log (a bug with its traceback)
         if requeued(exc):  # the requeued job is this job's outcome
-            raise SystemExit(f"requeued; stopped by {type(exc).__name__}") from exc
+            from .slurm import requeue_exit
+
+            raise requeue_exit(exc) from exc
         if not multirun:
             raise SystemExit(2 if isinstance(exc, ZooError) else 1) from None
         record_outcome(output_dir, "failed", exc)

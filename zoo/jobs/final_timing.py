@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from .prune_config import measure_settings, planning_runtime, reported_runtimes, table_settings
+from .prune_config import table_settings
 
 _log = logging.getLogger(__name__)
 
@@ -74,18 +74,19 @@ def runtime_row(table: Any, plan: dict[str, Any], measured: dict[str, dict[str, 
             "runtime_version": table.condition["runtime_version"]}
 
 
-def report_runtimes(cfg: Any, table: Any, measured: dict[str, dict[str, float]], baseline: nn.Module,
+def report_runtimes(cfg: Any, request: Any, table: Any, measured: dict[str, dict[str, float]], baseline: nn.Module,
                     pruned: nn.Module, plan: dict[str, Any], data: Any) -> dict[str, dict[str, Any]]:
-    """Per runtime: the chosen plan (chosen in the planning runtime) measured and predicted there. The planning runtime
-    comes first, from the final measurement; each other runtime (:func:`reported_runtimes`: with
+    """Per runtime of the job's `request` (:class:`~zoo.jobs.prune_request.PruneRequest`): the chosen plan (chosen in
+    the planning runtime) measured and predicted there. The planning runtime comes first, from the final measurement;
+    each other runtime (:func:`~zoo.jobs.prune_config.reported_runtimes`: with
     ``prune.quantize=int8`` onnxruntime's float32 and INT8 forms, then ``prune.runtime_report``) gets its own
     (cached) table and its own side-by-side timing of the baseline and the pruned network, deploy forms."""
-    rows = {planning_runtime(cfg.prune): {**runtime_row(table, plan, measured), "chosen_here": True}}
-    for runtime in reported_runtimes(cfg.prune):
+    rows = {request.planning_runtime: {**runtime_row(table, plan, measured), "chosen_here": True}}
+    for runtime in request.reported_runtimes:
         _log.info("runtime report: the plan in %s", runtime)
         other = build_job_table(cfg, baseline, data, runtime)
-        timed = measure_side_by_side(other, {"baseline": baseline, "pruned": pruned.eval()},
-                                     measure_settings(cfg.prune), unfused=False)
+        timed = measure_side_by_side(other, {"baseline": baseline, "pruned": pruned.eval()}, request.measure,
+                                     unfused=False)
         rows[runtime] = {**runtime_row(other, plan, timed), "chosen_here": False}
     return rows
 

@@ -219,7 +219,7 @@ def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, re
             measured = measure_side_by_side(table, {"baseline": baseline, "pruned": pruned.eval()},
                                             request.measure)
         with phase(timings, "runtime_report"):
-            runtimes = report_runtimes(cfg, table, measured, baseline, pruned, plan, data)
+            runtimes = report_runtimes(cfg, request, table, measured, baseline, pruned, plan, data)
         checkpoint = save_checkpoint(pruned, output_dir / "pruned.safetensors", metrics=pruned_metrics,
                                      baseline=str(baseline_path), target_speedup=p.target_speedup)
         results = assemble_results(cfg, table, plan, result, baseline, pruned, base_metrics, pruned_metrics,
@@ -251,7 +251,7 @@ def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, re
         files = {"baseline": baseline_file(baseline_path, baseline, output_dir), "checkpoint": checkpoint,
                  "plan": write_json(output_dir / "plan.json", plan),
                  "latency_table": write_json(output_dir / "latency_table.json", table_record(table)),
-                 "card": write_cards(cfg, results, output_dir)}
+                 "card": write_cards(request, results, output_dir)}
         log_to_wandb(logger, table, options, damages, plan, results)
         results["lineage"] = log_lineage(logger, results, files)
     except BaseException:
@@ -275,13 +275,12 @@ def baseline_file(source: Any, baseline: Any, output_dir: Path) -> Path:
         baseline, "zoo_tag", None), "weights_digest": weights_digest(baseline)})
 
 
-def write_cards(cfg: Any, results: dict[str, Any], output_dir: Path) -> Path:
+def write_cards(request: PruneRequest, results: dict[str, Any], output_dir: Path) -> Path:
     """The model card (``README.md``) beside ``pruned.safetensors``, and in the ``hf/`` folder of an hf export."""
-    from ..models.registry import get_entry
     from .card import write_model_card
     from .cli import hydra_context
 
-    overrides, task = hydra_context().get("overrides"), get_entry(cfg.model.name).task
+    overrides, task = hydra_context().get("overrides"), request.entry.task
     export = results.get("export") or {}
     if export.get("format") == "hf" and export.get("passed") is not False:
         write_model_card(export["path"], results, overrides, task)

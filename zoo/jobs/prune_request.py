@@ -32,32 +32,24 @@ class PruneRequest:
     """What a prune job was asked for, typed and checked (:func:`read_request`).
 
     model: the canonical registry name; entry/family: its registry entry and family; tag: ``model.tag`` or the tag
-    the given weights carry; weights_given: a checkpoint or published weights (they decide the model's options);
-    options: the builder options of ``model.overrides``; device/dtype: where and how latency is measured;
-    planning_runtime/reported_runtimes: where the table is built and where the plan is also timed; table/measure:
-    the latency table's and the final timing's settings; plan: a given plan (``prune.plan``), read; data_model_cfg:
-    the tag's eval config, which the data transforms follow."""
+    the given weights carry; device: where latency is measured; planning_runtime/reported_runtimes: where the table
+    is built and where the plan is also timed; table/measure: the latency table's and the final timing's settings;
+    plan: a given plan (``prune.plan``), read; data_model_cfg: the tag's eval config, which the data transforms
+    follow."""
 
     model: str
     entry: Any
     family: Any
     tag: str | None
-    weights_given: bool
-    options: dict[str, Any]
     prune: PruneSettings
     finetune: FinetuneSettings
     device: torch.device
-    dtype: torch.dtype
     planning_runtime: str
     reported_runtimes: tuple[str, ...]
     table: Any
     measure: Any
     plan: dict[str, Any] | None
     data_model_cfg: dict[str, Any]
-
-    @property
-    def language_model(self) -> bool:
-        return self.entry.task == "language_model"
 
 
 def read_request(cfg: Any) -> PruneRequest:
@@ -98,12 +90,11 @@ def read_request(cfg: Any) -> PruneRequest:
         image = cfg.data.get("image_size")
         entry.precheck(options, (3, image, image) if image else None)
     device = resolve_device(prune.device)  # 5
-    dtype = resolve_dtype(prune.dtype, device)
-    check_runtimes(prune, device, dtype)
+    check_runtimes(prune, device, resolve_dtype(prune.dtype, device))
     check_folders(cfg)
     tag = model_tag(cfg.model, cfg.checkpoint or None)
     return PruneRequest(
         model=cfg.model.name, entry=entry, family=family, tag=tag, data_model_cfg=pretrained_cfg(cfg.model.name, tag),
-        weights_given=weights_given, options=options, prune=prune, finetune=finetune, device=device, dtype=dtype,
+        prune=prune, finetune=finetune, device=device,
         planning_runtime=planning_runtime(prune), reported_runtimes=tuple(reported_runtimes(prune)), table=table,
         measure=measure, plan=plan)

@@ -108,3 +108,9 @@ def stopping_for_requeue(error: BaseException) -> bool:
             return False
         cause = cause.__cause__ or cause.__context__
     return True
+
+
+def requeue_exit(error: BaseException) -> SystemExit:
+    """How a job stopped by its requeue ends (:func:`stopping_for_requeue`): SystemExit, which submitit records as
+    nothing."""
+    return SystemExit(f"requeued; stopped by {type(error).__name__}")
