@@ -49,6 +49,7 @@ SUITES = {
     "prune_search": "DP plans at 1.5x and 2.0x on synthetic inputs, merged, fused and timed beside the unpruned "
                     "network (GPU)",
     "fla": "flash-linear-attention's fused retention kernels vs the PyTorch path (CUDA)",
+    "zero_folding": "a removed sub-layer's ops and block latency with its zeros folded away vs left in",
 }
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 

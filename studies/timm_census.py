@@ -122,7 +122,7 @@ def examine(arch: str) -> dict[str, Any]:
     import timm
 
     from zoo.models.discovered import make_prunable
-    from zoo.models.discovery import TOLERANCE, DiscoveryError, recheck
+    from zoo.models.discovery import DiscoveryError, recheck
     from zoo.models.timm_any import discovered, input_size_of
     from zoo.pruning.surgery import apply_plan
 
@@ -161,9 +161,10 @@ def examine(arch: str) -> dict[str, Any]:
                 "no same-shape addition" if not found.additions else "no residual edge among its additions")
             row["category"] = category(row["reason"])
             return row
-        errors = recheck(model, found, seed=1)
-        row["recheck_max_error"] = max((e for e in errors.values() if e is not None), default=None)
-        row["recheck_failed"] = sorted(n for n, e in errors.items() if e is None or not e <= TOLERANCE)
+        again = recheck(model, found, seed=1)
+        row["recheck_max_error"] = max((u.error for u in again.values() if u and u.error is not None), default=None)
+        row["recheck_failed"] = sorted(n for n, u in again.items() if u is None or not u.removable)
+        row["proof_dtypes"] = dict(Counter(u.dtype for u in found.removable()))
         pruned = make_prunable(model, size, None, found)
         offered = [u.name for u in pruned.depth_unit_specs() if u.removable]
         row["offered_unproven"] = sorted(set(offered) - {u.name for u in found.removable()})

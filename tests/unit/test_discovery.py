@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import zoo
-from zoo.models.depth import ZeroLike
 
 
 def removable_blocks(model: torch.nn.Module) -> list[str]:
@@ -52,7 +51,8 @@ def test_a_shortcut_passed_in_from_outside_is_not_the_blocks_input():
 
 def test_vit_blocks_and_their_attention_and_mlp_sublayers_by_hand():
     """DeiT-tiny: 12 blocks, each with its attention and MLP sub-layers (named by their largest module); removing a
-    sub-layer leaves the block computing the other branch alone, exactly."""
+    sub-layer leaves the block computing the other branch alone, exactly, with no op of the removed one left: no
+    zeros, no addition of them."""
     model = zoo.create_model("timm/deit_tiny_patch16_224", num_classes=10, img_size=32).eval()
     units = model.depth_unit_specs()
     assert len(units) == 36 and [(u.name, u.kind) for u in units[:3]] == [
@@ -64,8 +64,11 @@ def test_vit_blocks_and_their_attention_and_mlp_sublayers_by_hand():
     with torch.no_grad():
         without_attention = x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))
         pruned = zoo.apply_plan(model, {"remove": ["blocks.3.attn"]}, inplace=False).eval()
-        assert isinstance(pruned.blocks[3].norm1, ZeroLike)
+        assert not hasattr(pruned.blocks[3], "norm1") and not hasattr(pruned.blocks[3], "attn")
         torch.testing.assert_close(pruned.blocks[3](x), without_attention, rtol=0, atol=0)
+    graph = torch.export.export(pruned.blocks[3], (x,), strict=False).graph
+    ops = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+    assert not any("zeros" in op for op in ops) and sum("add" in op for op in ops) == 1, ops  # the MLP's residual
     assert "blocks.3.attn" not in [u.name for u in pruned.depth_unit_specs()]
 
 

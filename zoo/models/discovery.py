@@ -42,7 +42,9 @@ VIEWS = ("view", "reshape", "_unsafe_view", "permute", "contiguous", "clone", "a
 ELEMENTWISE = ("relu", "relu_", "gelu", "gelu_", "silu", "silu_", "hardswish", "hardswish_", "relu6", "hardtanh",
                "hardtanh_", "leaky_relu", "leaky_relu_", "sigmoid", "sigmoid_", "mish", "elu", "elu_", "selu", "tanh",
                "dropout", "identity")
-TOLERANCE = 1e-4  # a proof's largest difference, relative to the network output's largest magnitude
+TOLERANCE = 1e-4  # a proof's largest difference, relative to the network output's largest magnitude, in float32
+TOLERANCE_FLOAT64 = 1e-9  # the same in float64, where the model's code runs so (it tells a branch of 1e-5 apart)
+BATCHES = (11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47)  # units proven per forward: the first size no tensor has
 MAX_UNITS_PER_BLOCK = 5  # sub-layers of one block: its segment is timed in every combination (2**n + 1 variants)
 SEED = 0
 
@@ -67,6 +69,7 @@ class FoundUnit:
     branch: tuple[str, ...] = ()
     reason: str = ""
     error: float | None = None
+    dtype: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "branch": list(self.branch)}
@@ -298,20 +301,38 @@ def _leaves(value: Any) -> Iterator[torch.Tensor]:
 
 
 def _flat(value: Any) -> torch.Tensor:
-    return torch.cat([t.detach().float().reshape(-1) for t in _leaves(value)])
+    return torch.cat([t.detach().double().reshape(-1) for t in _leaves(value)])
 
 
-def _with_switches(traced: torch.fx.GraphModule, edges: list[Edge]) -> dict[torch.fx.Node, int]:
-    """Rewrite `traced` in place so that each edge's branch is multiplied by its switch, ``traced.zoo_switches[i]``
-    (1: the network as traced, exactly; 0: the branch contributes nothing), and return each addition's switch."""
+def _sample(value: Any, i: int, batch: int) -> torch.Tensor:
+    """Sample `i` of a batched output, flat (every output leaf has the batch first); a leaf that has not raises."""
+    leaves = list(_leaves(value))
+    if any(t.dim() == 0 or t.shape[0] != batch for t in leaves):
+        raise _Unbatchable("an output without the batch first")
+    return torch.cat([t[i].detach().double().reshape(-1) for t in leaves])
+
+
+class _Unbatchable(Exception):
+    """A removal that cannot be replayed per sample in a batch (proven alone instead)."""
+
+
+def _with_switches(traced: torch.fx.GraphModule, edges: list[Edge], batch: int) -> dict[torch.fx.Node, int]:
+    """Rewrite `traced` in place so that each edge's branch is multiplied by its switch, ``traced.zoo_switches[s, i]``
+    for sample `s` (1: the network as traced, exactly; 0: the branch contributes nothing), and return each addition's
+    switch. A branch whose first dimension is not the batch reads sample 0's switch for every sample."""
     graph = traced.graph
-    traced.register_buffer("zoo_switches", torch.ones(max(len(edges), 1)))
+    traced.register_buffer("zoo_switches", torch.ones(batch, max(len(edges), 1)))
     index = {}
     for i, edge in enumerate(edges):
         branch = next(a for a in edge.add.args[:2] if a is not edge.stream)
+        shape = _shape(branch) or ()
         with graph.inserting_before(edge.add):
             switches = graph.get_attr("zoo_switches")
-            switch = graph.call_function(torch.ops.aten.select.int, (switches, 0, i))
+            column = graph.call_function(torch.ops.aten.select.int, (switches, 1, i))
+            if shape and shape[0] == batch:
+                switch = graph.call_function(torch.ops.aten.view.default, (column, [batch, *[1] * (len(shape) - 1)]))
+            else:
+                switch = graph.call_function(torch.ops.aten.select.int, (column, 0, 0))
             scaled = graph.call_function(torch.ops.aten.mul.Tensor, (branch, switch))
         edge.add.args = tuple(scaled if a is branch else a for a in edge.add.args)
         index[edge.add] = i
@@ -339,36 +360,118 @@ def _surgery(twin: nn.Module, unit: FoundUnit) -> list[tuple[str, nn.Module]]:
     return saved
 
 
-def _prove(twin: nn.Module, traced: torch.fx.GraphModule, example: torch.Tensor, units: list[FoundUnit],
-           edges_of: dict[str, list[Edge]], switch: dict[torch.fx.Node, int]) -> None:
-    """Set each unit's `removable`, `error` and `reason` by its proof (see the module docstring)."""
+def _removals(unit: FoundUnit) -> list[tuple[str, bool]]:
+    """The modules `unit`'s surgery replaces, each with whether it becomes zeros (else it passes its input on)."""
+    if unit.kind == "block":
+        return [(unit.name, False)]
+    return [(path, position == 0) for position, path in enumerate(unit.branch)]
+
+
+def _per_sample(twin: nn.Module, units: list[FoundUnit], batch: int) -> list[Any]:
+    """Forward hooks that replay each unit's surgery on its own sample (unit j on sample j) of a batch: the module's
+    output becomes its first input (or zeros like it) for that sample, exactly what the surgery's modules return."""
+    actions: dict[str, list[tuple[int, bool]]] = {}
+    for j, unit in enumerate(units):
+        for path, zeros in _removals(unit):
+            actions.setdefault(path, []).append((j, zeros))
+
+    def replay(todo: list[tuple[int, bool]]) -> Any:
+        def hook(module: nn.Module, args: tuple, output: Any) -> torch.Tensor:
+            x = args[0] if args else None
+            if not (torch.is_tensor(x) and torch.is_tensor(output) and output.shape == x.shape and x.dim()
+                    and x.shape[0] == batch):
+                raise _Unbatchable("a removed module whose output is not shaped like its input, batch first")
+            shape = (batch, *[1] * (x.dim() - 1))
+            passes = torch.zeros(batch, dtype=torch.bool, device=x.device)
+            zeros = passes.clone()
+            for j, zero in todo:
+                (zeros if zero else passes)[j] = True
+            output = torch.where(passes.view(shape), x, output)
+            return torch.where(zeros.view(shape), torch.zeros((), dtype=x.dtype, device=x.device), output)
+        return hook
+
+    return [twin.get_submodule(path).register_forward_hook(replay(todo)) for path, todo in actions.items()]
+
+
+def _judge(unit: FoundUnit, removed: torch.Tensor, reference: torch.Tensor, scale: float, found: _Analysis) -> None:
+    """`unit` is proven when the two networks differ by at most `tolerance` of the output's scale. Within float32's
+    rounding (`tolerance` 0, a difference up to TOLERANCE) it is left undecided, with no reason, for float64."""
+    if removed.shape != reference.shape:
+        unit.reason = "its removal changes the network's output shape"
+        return
+    unit.error = float((removed - reference).abs().max()) / scale
+    unit.dtype, tolerance = str(found.sample.dtype).removeprefix("torch."), found.tolerance
+    unit.removable = bool(torch.isfinite(removed).all()) and unit.error <= tolerance
+    if not unit.removable and not (tolerance == 0.0 and unit.error <= TOLERANCE):
+        unit.reason = (f"its removal is not its branch contributing nothing (they differ by {unit.error:.2g} of the "
+                       f"output's scale in {unit.dtype})")
+
+
+def _prove_batch(found: _Analysis, units: list[FoundUnit], scale: float, plain: torch.Tensor) -> None:
+    """Prove up to ``found.batch - 1`` units in one forward of the traced graph and one of the model (unit j on
+    sample j). The last sample removes nothing: it must come out as `plain` (the model's output on it with no
+    removal anywhere), or the model mixes samples and the batch proves nothing."""
+    traced, batch = found.traced, found.batch
+    traced.zoo_switches.fill_(1.0)
+    for j, unit in enumerate(units):
+        for edge in found.edges_of[unit.name]:
+            traced.zoo_switches[j, found.switch[edge.add]] = 0.0
+    reference = traced(found.example)
+    handles = _per_sample(found.twin, units, batch)
+    try:
+        removed = found.twin(found.example)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not torch.equal(_sample(removed, batch - 1, batch), plain):
+        raise _Unbatchable("a removal on one sample changed another")
+    pairs = [(_sample(removed, j, batch), _sample(reference, j, batch)) for j in range(len(units))]
+    for unit, (mine, theirs) in zip(units, pairs):
+        _judge(unit, mine, theirs, scale, found)
+
+
+def _prove_alone(found: _Analysis, unit: FoundUnit, scale: float) -> None:
+    """Prove one unit by its surgery on the model, at batch 1, against sample 0 of the traced graph."""
+    found.traced.zoo_switches.fill_(1.0)
+    for edge in found.edges_of[unit.name]:
+        found.traced.zoo_switches[:, found.switch[edge.add]] = 0.0
+    reference = _sample(found.traced(found.example), 0, found.batch)
+    saved = _surgery(found.twin, unit)
+    try:
+        removed = _flat(found.twin(found.sample))
+    except Exception as exc:  # noqa: BLE001 - a surgery the model's code does not take
+        unit.reason = f"the network with it removed does not run ({type(exc).__name__}: {str(exc)[:120]})"
+        return
+    finally:
+        for path, module in saved:
+            found.twin.set_submodule(path, module)
+    _judge(unit, removed, reference, scale, found)
+
+
+def _prove(found: _Analysis, units: list[FoundUnit]) -> None:
+    """Set each unit's `removable`, `error` and `reason` by its proof (see the module docstring): units whose
+    additions carry the batch first are proven ``found.batch - 1`` at a time, the others (and a batch that does not
+    replay) one by one."""
+    todo = [u for u in units if not u.reason]
+    batched = [u for u in todo if found.batch > 1 and all(e.add in found.per_sample for e in found.edges_of[u.name])]
+    alone = [u for u in todo if all(u is not b for b in batched)]
     with torch.no_grad():
-        scale = float(_flat(twin(example)).abs().max()) or 1.0
-        for unit in units:
-            if unit.reason:
-                continue
-            traced.zoo_switches.fill_(1.0)
-            for edge in edges_of[unit.name]:
-                traced.zoo_switches[switch[edge.add]] = 0.0
-            reference = _flat(traced(example))
-            saved = _surgery(twin, unit)
+        scale = float(_flat(found.twin(found.sample)).abs().max()) or 1.0
+        try:
+            plain = _sample(found.twin(found.example), found.batch - 1, found.batch) if batched else None
+        except _Unbatchable:
+            batched, alone = [], todo
+        for start in range(0, len(batched), max(found.batch - 1, 1)):
+            chunk = batched[start:start + found.batch - 1]
             try:
-                removed = _flat(twin(example))
-            except Exception as exc:  # noqa: BLE001 - a surgery the model's code does not take
-                unit.reason = f"the network with it removed does not run ({type(exc).__name__}: {str(exc)[:120]})"
-                continue
-            finally:
-                for path, module in saved:
-                    twin.set_submodule(path, module)
-            if removed.shape != reference.shape:
-                unit.reason = "its removal changes the network's output shape"
-                continue
-            unit.error = float((removed - reference).abs().max()) / scale
-            unit.removable = bool(torch.isfinite(removed).all()) and unit.error <= TOLERANCE
-            if not unit.removable:
-                unit.reason = (f"its removal is not its branch contributing nothing (they differ by "
-                               f"{unit.error:.2g} of the output's scale)")
-        traced.zoo_switches.fill_(1.0)
+                _prove_batch(found, chunk, scale, plain)
+            except Exception:  # noqa: BLE001 - a batch that does not replay: its units one by one
+                for unit in chunk:
+                    unit.removable, unit.error, unit.reason = False, None, ""
+                alone += chunk
+        for unit in alone:
+            _prove_alone(found, unit, scale)
+        found.traced.zoo_switches.fill_(1.0)
 
 
 def _count_calls(model: nn.Module, paths: Sequence[str], example: torch.Tensor) -> dict[str, int]:
@@ -452,27 +555,56 @@ def _number(units: list[FoundUnit]) -> None:
 
 @dataclass
 class _Analysis:
-    """One model's graph at one draw: the genericised twin, its traced graph with switches, the example, the units
-    and the additions each unit's removal takes away."""
+    """One model's graph at one draw: the genericised twin (float64 where it runs so), the input (`sample`, and
+    `example`: it repeated `batch` times, what the graph was traced with), the graph with switches, the units, the
+    additions each unit's removal takes away, and which of them carry the batch first (`per_sample`)."""
 
     twin: nn.Module
     traced: torch.fx.GraphModule
+    sample: torch.Tensor
     example: torch.Tensor
+    batch: int
+    tolerance: float
     units: list[FoundUnit]
     left_out: list[FoundUnit]
     edges_of: dict[str, list[Edge]]
     switch: dict[torch.fx.Node, int]
+    per_sample: set[torch.fx.Node]
     additions: int
     parents: dict[str, str]
 
 
-def _analyse(model: nn.Module, input_size: Sequence[int], seed: int) -> _Analysis:
-    """Trace a genericised copy of `model` (drawn from a generator seeded `seed`) and find its units, unproven."""
+def _sizes(model: nn.Module, sample: torch.Tensor) -> set[int]:
+    """Every dimension size of every tensor a module takes or returns in one forward of `sample` (runs it)."""
+    sizes: set[int] = set()
+
+    def note(module: nn.Module, args: tuple, output: Any) -> None:
+        for tensor in (*_leaves(args), *_leaves(output)):
+            sizes.update(tensor.shape)
+
+    handles = [m.register_forward_hook(note) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            model(sample)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return sizes
+
+
+def _analyse(model: nn.Module, input_size: Sequence[int], seed: int, dtype: torch.dtype = torch.float32
+             ) -> _Analysis:
+    """Trace a genericised copy of `model` (drawn from a generator seeded `seed`, then cast to `dtype`) and find its
+    units, unproven. In float32 a proof passes on exact equality (see :func:`_judge`)."""
     generator = torch.Generator().manual_seed(seed)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     twin = copy.deepcopy(model).eval()
     _genericise(twin, generator)
-    example = torch.randn(1, *input_size, generator=generator).to(device)
+    twin.to(dtype)
+    sample = torch.randn(1, *input_size, generator=generator).to(device, dtype)
+    sizes, tolerance = _sizes(twin, sample), (TOLERANCE_FLOAT64 if dtype == torch.float64 else 0.0)
+    batch = next((b for b in BATCHES if b not in sizes), 1)
+    example = sample.expand(batch, *sample.shape[1:]).clone()
     traced = trace(twin, example)
     edges, additions = find_edges(traced.graph)
     modules = _module_nodes(traced.graph)
@@ -480,20 +612,21 @@ def _analyse(model: nn.Module, input_size: Sequence[int], seed: int) -> _Analysi
     units, left_out, edges_of = _units(edges, modules, params)
     parents = _parents(units, edges, edges_of, modules)
     with torch.no_grad():
-        base = _flat(twin(example))
-        graph_out = _flat(traced(example))
-    if base.shape != graph_out.shape or float((base - graph_out).abs().max()) > TOLERANCE * (
+        base = _flat(twin(sample))
+        graph_out = _sample(traced(example), 0, batch)
+    if base.shape != graph_out.shape or float((base - graph_out).abs().max()) > max(tolerance, TOLERANCE) * (
             float(base.abs().max()) or 1.0):
         for unit in units:
             unit.reason = unit.reason or "its traced graph does not compute what the model computes"
-    calls = _count_calls(twin, list(dict.fromkeys(p for u in units for p in (u.name, *u.branch))), example)
+    calls = _count_calls(twin, list(dict.fromkeys(p for u in units for p in (u.name, *u.branch))), sample)
     for unit in units:
         many = [p for p in (unit.name, *unit.branch) if calls.get(p, 1) != 1]
         if many and not unit.reason:
             unit.reason = f"{many[0]} is called {calls[many[0]]} times in one forward"
     _number(units)
-    return _Analysis(twin, traced, example, units, left_out, edges_of, _with_switches(traced, edges), additions,
-                     parents)
+    per_sample = {e.add for e in edges if (_shape(e.add) or (0,))[0] == batch}
+    return _Analysis(twin, traced, sample, example, batch, tolerance, units, left_out, edges_of,
+                     _with_switches(traced, edges, batch), per_sample, additions, parents)
 
 
 def _parents(units: list[FoundUnit], edges: list[Edge], edges_of: dict[str, list[Edge]],
@@ -517,13 +650,13 @@ def _parents(units: list[FoundUnit], edges: list[Edge], edges_of: dict[str, list
 def _settle(found: _Analysis) -> None:
     """Prove every unit; a block that fails gives way to the enclosing module that passes it its stream, proven in
     turn, while there is one."""
-    _prove(found.twin, found.traced, found.example, found.units, found.edges_of, found.switch)
+    _prove(found, found.units)
     for i, unit in enumerate(found.units):
         while not unit.removable and (parent := found.parents.get(unit.name)) is not None:
             candidate = FoundUnit(parent, "block", parent)
-            if _count_calls(found.twin, [parent], found.example).get(parent) != 1:
+            if _count_calls(found.twin, [parent], found.sample).get(parent) != 1:
                 break
-            _prove(found.twin, found.traced, found.example, [candidate], found.edges_of, found.switch)
+            _prove(found, [candidate])
             if not candidate.removable:
                 break
             for sub in found.units:
@@ -533,6 +666,33 @@ def _settle(found: _Analysis) -> None:
     _number(found.units)
 
 
+def _undecided(units: list[FoundUnit]) -> list[FoundUnit]:
+    return [u for u in units if not u.removable and not u.reason and u.error is not None]
+
+
+def _decide(model: nn.Module, found: _Analysis, input_size: Sequence[int], seed: int) -> None:
+    """Prove again in float64, on the same draw, the units whose float32 proof was within rounding; where the model's
+    code does not run in float64, they pass within float32's TOLERANCE."""
+    undecided = _undecided(found.units)
+    if not undecided:
+        return
+    try:
+        precise = _analyse(model, input_size, seed, torch.float64)
+    except Exception:  # noqa: BLE001 - code that fixes its own dtype: float32's tolerance decides
+        precise = None
+    twins = {u.name: u for u in precise.units} if precise is not None else {}
+    again = [twins[u.name] for u in undecided if u.name in twins]
+    if precise is not None:
+        _prove(precise, again)
+    for unit in undecided:
+        twin = twins.get(unit.name)
+        if twin is not None and (twin.error is not None or twin.reason):
+            unit.removable, unit.error, unit.reason, unit.dtype = twin.removable, twin.error, twin.reason, twin.dtype
+        else:
+            unit.removable = unit.error <= TOLERANCE
+            unit.reason = "" if unit.removable else "its removal is not its branch contributing nothing"
+
+
 def discover(model: nn.Module, input_size: Sequence[int]) -> Discovery:
     """The depth units of `model` at per-sample `input_size`, each proven (see the module docstring). The model is
     left as it was (the proofs run on a copy); discovery draws from its own generator. Raises
@@ -540,14 +700,15 @@ def discover(model: nn.Module, input_size: Sequence[int]) -> Discovery:
     started = time.perf_counter()
     found = _analyse(model, input_size, SEED)
     _settle(found)
+    _decide(model, found, input_size, SEED)
     return Discovery(tuple(input_size), found.units, found.left_out, found.additions, time.perf_counter() - started)
 
 
-def recheck(model: nn.Module, discovery: Discovery, seed: int = 1) -> dict[str, float | None]:
-    """Each removable unit of `discovery` proven again on another draw (parameters and input from `seed`): the
-    largest difference, relative to the output's scale, between the network with it removed and with its additions
-    passing their stream on; None where the unit is not found again or its removal does not run."""
+def recheck(model: nn.Module, discovery: Discovery, seed: int = 1) -> dict[str, FoundUnit | None]:
+    """Each removable unit of `discovery` proven again on another draw (parameters and input from `seed`), as it came
+    out (its `removable`, `error` and `reason`); None where the unit is not found again."""
     again = _analyse(model, discovery.input_size, seed)
     _settle(again)
-    errors = {u.name: u.error for u in again.units}
-    return {u.name: errors.get(u.name) for u in discovery.removable()}
+    _decide(model, again, discovery.input_size, seed)
+    found = {u.name: u for u in again.units}
+    return {u.name: found.get(u.name) for u in discovery.removable()}

@@ -33,6 +33,7 @@ from torch import nn
 from ..deploy.fuse import fold_bn_into_conv
 from ..errors import PlanError
 from ..models.depth import BlockSpec, Chain, ConvOp, DepthUnit, PassThrough, check_removable, zero_branch
+from .folding import block_inputs, fold_zeros
 
 
 class ChainBlock(nn.Module):
@@ -337,6 +338,7 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
             zero_branch(model, units[name].merge)
         elif units[name].kind != "act":
             model.set_submodule(name, PassThrough(model.get_submodule(name)))
+    _fold(model, [_block_of(n, block_names) for n in kept if units[n].kind == "sublayer"])
     for block_name, acts in acts_by_block.items():
         if block_name in removed:
             continue
@@ -344,6 +346,25 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
         model.set_submodule(block_name, rebuild_block(block, acts, merge, blend))
     model.zoo_plan = record
     return model
+
+
+def _inputs_of(model: nn.Module, names: list[str]) -> dict[str, tuple[tuple, dict]]:
+    """Each named module's input in a forward of `model` on its example input ({} where it does not run here, as on
+    the meta device)."""
+    if not names or not hasattr(model, "example_input"):
+        return {}
+    try:
+        return block_inputs(model, names, model.example_input(1))
+    except Exception:  # noqa: BLE001 - a model that does not run here keeps its zeros
+        return {}
+
+
+def _fold(model: nn.Module, blocks: list[str]) -> None:
+    """Fold the zeros of removed sub-layers out of `blocks` (:func:`~zoo.pruning.folding.fold_zeros`), each checked
+    on its own input."""
+    blocks = list(dict.fromkeys(blocks))
+    for name, (args, kwargs) in _inputs_of(model, blocks).items():
+        model.set_submodule(name, fold_zeros(model.get_submodule(name), args, kwargs))
 
 
 def remove_units(model: nn.Module, names: list[str] | tuple[str, ...], inplace: bool = False) -> nn.Module:
@@ -430,8 +451,11 @@ def build_segment(model: nn.Module, segment: Segment, removed: frozenset[str], m
         return module
     units = {u.name: u for u in model.depth_unit_specs()}
     prefix = segment.name + "."
-    for name in [n for n in uncovered(units, removed) if units[n].kind == "sublayer"]:
+    sublayers = [n for n in uncovered(units, removed) if units[n].kind == "sublayer"]
+    for name in sublayers:
         zero_branch(module, [m[len(prefix):] for m in units[name].merge])
+    if sublayers and (inputs := _inputs_of(model, [segment.name])):
+        module = fold_zeros(module, *inputs[segment.name])
     relative = {name[len(prefix):] for name in removed if units[name].kind == "act"}
     return rebuild_block(module, relative, merge) if relative else module
 
