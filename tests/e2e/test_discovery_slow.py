@@ -84,3 +84,30 @@ def test_prune_py_prunes_a_timm_model_by_its_name(tmp_path):
     assert set(results["plan"]["remove"]) <= {"layer1.0", "layer1.1", "layer2.1", "layer3.1", "layer4.1"}
     assert "discovered from the graph" in results["depth_units"]
     assert zoo.load(results["checkpoint"]).zoo_plan["remove"] == results["plan"]["remove"]
+
+
+def test_prune_py_times_each_removal_of_a_block_with_a_nested_residual(tmp_path):
+    """FastViT-T8: each block's token mixer has a residual of its own inside the block (``x + s * (mixer(x) -
+    norm(x))``, refused: zeroing the mixer leaves ``-s * norm(x)``), beside the block's MLP residual. prune.py times
+    every block's segment three ways (intact, its MLP sub-layer removed, the whole block removed), each measured on
+    its own, and the plan it measures takes them from what the model offers."""
+    import json
+
+    tiny = [o for o in TINY_PRUNE if not o.startswith(("model=", "data.image_size"))]
+    out = prune_in_process(*tiny, "logger=none", "model=timm", "model.name=fastvit_t8", "data.image_size=32",
+                           "prune.target_speedup=1.2", "prune.target_corrections=0", base=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:]
+    from zoo.models.timm_any import discovered
+
+    _, found = discovered("fastvit_t8", {}, input_size=(3, 32, 32))  # the run's discovery (cached)
+    mixers = [u for u in found.units if u.name.endswith("token_mixer.mixer")]
+    assert mixers and all(not u.removable and "not its branch contributing nothing" in u.reason for u in mixers)
+    table = json.loads((tmp_path / "run" / "latency_table.json").read_text())
+    for segment in table["segments"]:
+        name = segment["name"]
+        assert [v["removed"] for v in segment["variants"]] == [[], [f"{name}.mlp"], [name]], segment
+    intact, without_mlp = (sum(s["variants"][i]["ms"] for s in table["segments"]) for i in (0, 1))
+    assert 0 < without_mlp < intact  # the MLP's own saving, measured: not nothing, not the whole block's
+    offered = {u.name for u in found.removable()}
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert plan["remove"] and set(plan["remove"]) <= offered
