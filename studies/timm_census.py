@@ -14,7 +14,7 @@ the rest. Architectures are visited one per timm module in turn, so a partial ce
 Targets: **zero** offered units that fail their second proof, over the whole census; at least 75 % of the
 architectures that build and trace are prunable; every architecture under the limit examined.
 
-    python -m studies.timm_census --out results --resume results/timm_census_cpu.json [--hours 2]   # hours
+    python -m studies.timm_census --out results --resume results/timm_census.json [--hours 2] [--jobs 2]   # hours
     python -m studies.timm_census --quick          # a dozen architectures (minutes)
 """
 
@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import threading
 import time
 import traceback
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -240,9 +242,23 @@ def summarise(rows: list[dict[str, Any]], listed: int, under: int) -> dict[str, 
             "refusals": dict(refusals.most_common())}
 
 
+def _row(arch: str, key: str, max_params: int, workers: Workers) -> dict[str, Any]:
+    """One architecture examined afresh (in a worker process of `workers`)."""
+    started = time.perf_counter()
+    params = param_count(arch)
+    row = {"arch": arch, "family": family_of(arch), "params": params, "key": key}
+    if params > max_params:
+        row["over_limit"] = True
+    else:
+        row.update(workers.run(arch, TIME_LIMIT_S))
+    row["wall_s"] = round(time.perf_counter() - started, 1)
+    return row
+
+
 def run(quick: bool = False, out: str | None = None, resume: str | None = None, hours: float | None = None,
-        max_params: int = MAX_PARAMS, **_: Any) -> dict[str, Any]:
-    """The census (each row kept from `resume` where its inputs match), written after every row."""
+        max_params: int = MAX_PARAMS, jobs: int = 1, **_: Any) -> dict[str, Any]:
+    """The census (each row kept from `resume` where its inputs match), `jobs` architectures at a time, written as
+    rows come in (in the visiting order: a row waits for the rows before it)."""
     import timm
 
     archs = QUICK if quick else visiting_order(timm.list_models())
@@ -251,32 +267,44 @@ def run(quick: bool = False, out: str | None = None, resume: str | None = None, 
     result: dict[str, Any] = {"suite": "timm_census", "quick": quick, "small": SMALL, "max_params": max_params,
                               "timm": timm.__version__, "torch": torch.__version__, "rows": []}
     deadline = time.monotonic() + hours * 3600 if hours else math.inf
-    workers = Workers()
+    pools = [Workers() for _ in range(jobs)]
+    free = list(pools)
+    lock = threading.Lock()
+
+    def examine_in_turn(arch: str, key: str) -> dict[str, Any] | None:
+        if time.monotonic() > deadline:
+            return None
+        with lock:
+            workers = free.pop()
+        try:
+            return _row(arch, key, max_params, workers)
+        finally:
+            with lock:
+                free.append(workers)
+
+    keys = [json_digest(inputs(arch, max_params), 16) for arch in archs]
     try:
-        for i, arch in enumerate(archs):
-            key = json_digest(inputs(arch, max_params), 16)
-            if key in stored:
-                row = stored[key]
-            elif time.monotonic() > deadline:
-                result["stopped"] = f"the --hours budget ran out after {i} of {len(archs)} architectures"
-                break
-            else:
-                started = time.perf_counter()
-                params = param_count(arch)
-                row = {"arch": arch, "family": family_of(arch), "params": params, "key": key}
-                if params > max_params:
-                    row["over_limit"] = True
-                else:
-                    row.update(workers.run(arch, TIME_LIMIT_S))
-                row["wall_s"] = round(time.perf_counter() - started, 1)
-                verdict = "over limit" if row.get("over_limit") else "prunable" if row.get("prunable") else row.get(
-                    "category")
-                print(f"timm_census [{i + 1}/{len(archs)}] {arch}: {verdict} ({row['wall_s']} s)", flush=True)
-            result["rows"].append(row)
-            if i % 5 == 0 or i == len(archs) - 1:
-                write_result(name, result, out)
+        with ThreadPoolExecutor(jobs) as executor:
+            futures = [None if key in stored else executor.submit(examine_in_turn, arch, key)
+                       for arch, key in zip(archs, keys)]
+            for i, (arch, key, future) in enumerate(zip(archs, keys, futures)):
+                row = stored[key] if future is None else future.result()
+                if row is None:
+                    result["stopped"] = f"the --hours budget ran out after {i} of {len(archs)} architectures"
+                    for later in futures[i:]:
+                        if later is not None:
+                            later.cancel()
+                    break
+                if future is not None:
+                    verdict = "over limit" if row.get("over_limit") else "prunable" if row.get("prunable") else \
+                        row.get("category")
+                    print(f"timm_census [{i + 1}/{len(archs)}] {arch}: {verdict} ({row['wall_s']} s)", flush=True)
+                result["rows"].append(row)
+                if i % 5 == 0 or i == len(archs) - 1:
+                    write_result(name, result, out)
     finally:
-        workers.close()
+        for workers in pools:
+            workers.close()
     under = len([a for a in archs if (r := next((x for x in result["rows"] if x["arch"] == a), None)) is None
                  or not r.get("over_limit")])
     result["summary"] = summarise(result["rows"], len(archs), under)
@@ -317,12 +345,13 @@ def command_line() -> CommandLine:
     parser.add_argument("--resume", type=result_of("timm_census", ["rows"]), default=None, metavar="JSON")
     parser.add_argument("--hours", type=positive, default=None, help="stop starting new architectures after this long")
     parser.add_argument("--max-params", type=count, default=MAX_PARAMS)
+    parser.add_argument("--jobs", type=count, default=1, help="architectures examined at once (one process each)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = command_line().parse_args(argv)
-    print(markdown(run(args.quick, args.out, args.resume, args.hours, args.max_params)))
+    print(markdown(run(args.quick, args.out, args.resume, args.hours, args.max_params, args.jobs)))
     print(f"result: {results_dir(args.out)}")
 
 

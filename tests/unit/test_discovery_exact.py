@@ -307,3 +307,17 @@ def test_units_are_proven_many_per_forward_and_as_one_by_one(monkeypatch):
     assert [(u.name, u.removable) for u in alone.units] == [(u.name, u.removable) for u in batched.units]
     assert {u.name for u in alone.units if not u.removable} == {f"blocks.{i}.branch" for i in range(1, 24, 2)} | {
         "blocks.24"}
+
+
+class ClassesFirst(Net):
+    """Logits returned classes first (not batch first): the batch cannot be split, so units are proven one by one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x).T
+
+
+def test_a_model_whose_output_is_not_batch_first_is_proven_one_by_one():
+    torch.manual_seed(0)
+    net = ClassesFirst(["residual", "sigmoid", "residual"]).eval()
+    found = zoo.depth_units(net, input_size=(3, SIDE, SIDE))
+    assert sorted(u.name for u in found if u.removable) == ["blocks.0", "blocks.2"]

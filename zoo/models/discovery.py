@@ -306,6 +306,8 @@ def _flat(value: Any) -> torch.Tensor:
 
 def _sample(value: Any, i: int, batch: int) -> torch.Tensor:
     """Sample `i` of a batched output, flat (every output leaf has the batch first); a leaf that has not raises."""
+    if batch == 1:
+        return _flat(value)
     leaves = list(_leaves(value))
     if any(t.dim() == 0 or t.shape[0] != batch for t in leaves):
         raise _Unbatchable("an output without the batch first")
@@ -592,10 +594,11 @@ def _sizes(model: nn.Module, sample: torch.Tensor) -> set[int]:
     return sizes
 
 
-def _analyse(model: nn.Module, input_size: Sequence[int], seed: int, dtype: torch.dtype = torch.float32
-             ) -> _Analysis:
-    """Trace a genericised copy of `model` (drawn from a generator seeded `seed`, then cast to `dtype`) and find its
-    units, unproven. In float32 a proof passes on exact equality (see :func:`_judge`)."""
+def _analyse(model: nn.Module, input_size: Sequence[int], seed: int, dtype: torch.dtype = torch.float32,
+             batch: int | None = None) -> _Analysis:
+    """Trace a genericised copy of `model` (drawn from a generator seeded `seed`, then cast to `dtype`) at `batch`
+    (default: the first of BATCHES no tensor's size is; 1 where the output does not carry the batch first) and find
+    its units, unproven. In float32 a proof passes on exact equality (see :func:`_judge`)."""
     generator = torch.Generator().manual_seed(seed)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     twin = copy.deepcopy(model).eval()
@@ -603,7 +606,7 @@ def _analyse(model: nn.Module, input_size: Sequence[int], seed: int, dtype: torc
     twin.to(dtype)
     sample = torch.randn(1, *input_size, generator=generator).to(device, dtype)
     sizes, tolerance = _sizes(twin, sample), (TOLERANCE_FLOAT64 if dtype == torch.float64 else 0.0)
-    batch = next((b for b in BATCHES if b not in sizes), 1)
+    batch = batch or next((b for b in BATCHES if b not in sizes), 1)
     example = sample.expand(batch, *sample.shape[1:]).clone()
     traced = trace(twin, example)
     edges, additions = find_edges(traced.graph)
@@ -611,9 +614,12 @@ def _analyse(model: nn.Module, input_size: Sequence[int], seed: int, dtype: torc
     params = {name: sum(p.numel() for p in module.parameters()) for name, module in twin.named_modules()}
     units, left_out, edges_of = _units(edges, modules, params)
     parents = _parents(units, edges, edges_of, modules)
-    with torch.no_grad():
-        base = _flat(twin(sample))
-        graph_out = _sample(traced(example), 0, batch)
+    try:
+        with torch.no_grad():  # at the traced batch: kernels chosen for another batch round otherwise
+            base = _sample(twin(example), 0, batch)
+            graph_out = _sample(traced(example), 0, batch)
+    except _Unbatchable:
+        return _analyse(model, input_size, seed, dtype, batch=1)
     if base.shape != graph_out.shape or float((base - graph_out).abs().max()) > max(tolerance, TOLERANCE) * (
             float(base.abs().max()) or 1.0):
         for unit in units:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ from torch import nn
 from ..deploy.fuse import fold_bn_into_conv
 from ..errors import PlanError
 from ..models.depth import BlockSpec, Chain, ConvOp, DepthUnit, PassThrough, check_removable, zero_branch
+from . import healing
 from .folding import block_inputs, fold_zeros
 
 
@@ -307,8 +309,14 @@ def _combined(model: nn.Module, removed: list[str], merge: bool, blend: bool) ->
     return plan
 
 
-def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, blend: bool | None = None) -> nn.Module:
+def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, blend: bool | None = None,
+               heal: str = "none", calibration: Sequence[torch.Tensor] | None = None,
+               ridge: float = healing.RIDGE) -> nn.Module:
     """Apply `plan` (see module docstring) and record it on the model as ``model.zoo_plan``.
+
+    ``heal="linear"`` fits, for each run of removed blocks, a channel map on the `calibration` inputs and fuses it
+    into the last linear op of the kept block before the run (:mod:`zoo.pruning.healing`; ``model.zoo_heal`` lists
+    the patches); a run it cannot heal raises :class:`~zoo.pruning.healing.HealError` before anything is changed.
 
     ``blend=True`` (with ``merge: false``; or ``"blend": true`` in the plan) keeps removed activations as fading
     :class:`LinearisingAct` modules for progressive linearisation; :func:`finalize_merges` merges afterwards.
@@ -324,6 +332,8 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
         raise PlanError("A blended plan (fading activations) must have merge: false; merge with finalize_merges.")
     units = check_removable(model, removed)
     record = _combined(model, removed, merge, blend)
+    healing.check_heal(heal, calibration)
+    patches = healing.heal_plan(model, removed, list(calibration), ridge) if heal == "linear" else []
     if not inplace:
         model = copy.deepcopy(model)
     block_names = [u.name for u in units.values() if u.kind == "block"]
@@ -344,7 +354,11 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
             continue
         block = model.get_submodule(block_name)
         model.set_submodule(block_name, rebuild_block(block, acts, merge, blend))
+    for patch, patch_map in patches:
+        healing.fuse(model, patch.into, patch_map)
     model.zoo_plan = record
+    if patches:
+        model.zoo_heal = [patch.to_dict() for patch, _ in patches]
     return model
 
 

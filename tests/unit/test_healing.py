@@ -1,0 +1,93 @@
+"""Healing a removal (zoo.pruning.healing): each run of removed blocks gets a fitted channel map fused into the last
+linear op of the kept block before it. The fused network is the unhealed one with the map applied as an explicit op
+(so the fusion is exact and adds nothing), it is closer to the unpruned network on inputs it was not fitted on, and
+what cannot be healed is refused before the model is touched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import zoo
+from zoo.pruning import healing
+from zoo.pruning.healing import HealError
+
+SIZE = 32
+
+
+@pytest.fixture(scope="module")
+def mobilenet():
+    torch.manual_seed(0)
+    model = zoo.create_model("mobilenetv2_035").eval()
+    torch.nn.init.normal_(model.get_classifier().weight)  # timm starts it at zero scale: logits that show nothing
+    return model
+
+
+def batches(count: int, seed: int, batch: int = 8) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, 3, SIZE, SIZE, generator=generator) for _ in range(count)]
+
+
+def removable_blocks(model) -> list[str]:
+    return [u.name for u in model.depth_unit_specs() if u.kind == "block" and u.removable]
+
+
+def test_the_fused_patch_is_the_explicit_map_and_adds_nothing(mobilenet):
+    """apply_plan(heal='linear') equals the unhealed network with each fitted map applied to its op's output by a
+    hook, on a fresh input; the healed network has the unhealed one's modules, parameter shapes and op count."""
+    blocks = removable_blocks(mobilenet)
+    plan = {"remove": [blocks[1], blocks[2], blocks[-2]]}
+    calibration = batches(3, seed=1)
+    healed = zoo.apply_plan(mobilenet, plan, inplace=False, heal="linear", calibration=calibration).eval()
+    plain = zoo.apply_plan(mobilenet, plan, inplace=False).eval()
+    patches = healing.heal_plan(mobilenet, plan["remove"], calibration)
+    assert [p.to_dict() | {"seconds": 0} for p, _ in patches] == [p | {"seconds": 0} for p in healed.zoo_heal]
+    for patch, patch_map in patches:  # MobileNetV2's ops are convs: channels on axis 1
+        plain.get_submodule(patch.into).register_forward_hook(
+            lambda m, a, out, t=patch_map: torch.einsum("oc,bc...->bo...", t.to(out), out))
+    x = batches(1, seed=9)[0]
+    plain_again = zoo.apply_plan(mobilenet, plan, inplace=False).eval()
+    with torch.no_grad():
+        ours, explicit, unhealed = healed(x), plain(x), plain_again(x)
+    scale = float(explicit.abs().max())
+    assert float((ours - unhealed).abs().max()) > 1e-2 * scale  # the patch matters
+    torch.testing.assert_close(ours, explicit, rtol=1e-4, atol=1e-5 * scale)
+    assert {k: v.shape for k, v in healed.state_dict().items()} == {
+        k: v.shape for k, v in plain_again.state_dict().items()}
+    ops = [len(torch.export.export(m, (x,), strict=False).graph.nodes) for m in (healed, plain_again)]
+    assert ops[0] == ops[1]
+
+
+def test_healing_brings_the_pruned_network_closer_on_inputs_it_was_not_fitted_on(mobilenet):
+    blocks = removable_blocks(mobilenet)
+    plan = {"remove": blocks[1:3] + blocks[-3:-2]}
+    healed = zoo.apply_plan(mobilenet, plan, inplace=False, heal="linear", calibration=batches(4, seed=2)).eval()
+    plain = zoo.apply_plan(mobilenet, plan, inplace=False).eval()
+    x = batches(1, seed=7, batch=16)[0]
+    with torch.no_grad():
+        reference = mobilenet(x)
+        errors = [float((m(x) - reference).norm() / reference.norm()) for m in (plain, healed)]
+    assert errors[1] < 0.8 * errors[0], errors
+    assert all(p["error_healed"] < p["error_unhealed"] for p in healed.zoo_heal)
+
+
+def test_what_cannot_be_healed_is_refused_before_the_model_changes(mobilenet):
+    """A gap whose kept block ends in an activation after its addition (ResNet's basic block), a gap that starts the
+    network, too few calibration rows for the map without a ridge, an unknown heal, no calibration."""
+    torch.manual_seed(0)
+    resnet = zoo.create_model("timm/resnet18", num_classes=10).eval()
+    before = {k: v.clone() for k, v in resnet.state_dict().items()}
+    with pytest.raises(HealError, match="no Linear or full Conv of layer1.0 reaches its output unchanged"):
+        zoo.apply_plan(resnet, {"remove": ["layer1.1"]}, heal="linear", calibration=batches(1, seed=3))
+    assert all(torch.equal(before[k], v) for k, v in resnet.state_dict().items())
+    assert not hasattr(resnet, "zoo_plan") or not resnet.zoo_plan.get("remove")
+    blocks = [u.name for u in mobilenet.depth_unit_specs() if u.kind == "block"]
+    with pytest.raises(HealError, match="starts the network"):
+        healing.heal_plan(mobilenet, [blocks[0]], batches(1, seed=3))
+    with pytest.raises(HealError, match="only with a ridge"):
+        zoo.apply_plan(mobilenet, {"remove": [removable_blocks(mobilenet)[-1]]}, inplace=False, heal="linear",
+                       calibration=batches(1, seed=3, batch=1), ridge=0.0)
+    with pytest.raises(HealError, match="not one of none, linear"):
+        zoo.apply_plan(mobilenet, {"remove": []}, inplace=False, heal="quadratic")
+    with pytest.raises(HealError, match="needs calibration batches"):
+        zoo.apply_plan(mobilenet, {"remove": []}, inplace=False, heal="linear")
