@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,18 @@ def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any =
                     for net in prepared]
     benches = time_networks(prepared, table.example, {}, table, settings or NetworkTimingSettings(), list(forms))
     return {name: {k: round(v, 5) for k, v in bench.summary().items()} for name, bench in zip(forms, benches)}
+
+
+def heal_latency(table: Any, healed: dict[str, float], unhealed: dict[str, float]) -> dict[str, Any]:
+    """``prune.heal=linear``: the healed network's latency beside the same plan unhealed, timed in the same interleaved
+    rounds; a difference within twice their combined relative uncertainty is a tie (the patch adds no op, so a tie is
+    what is expected)."""
+    estimate = f"{table.settings.estimator}_ms"
+    ratio = healed[estimate] / unhealed[estimate]
+    noise = 2.0 * math.hypot(healed["rel_uncertainty"], unhealed["rel_uncertainty"])
+    verdict = "tie" if abs(ratio - 1.0) <= noise else "slower" if ratio > 1.0 else "faster"
+    return {"healed_ms": healed[estimate], "unhealed_ms": unhealed[estimate], "ratio": round(ratio, 4),
+            "noise": round(noise, 4), "verdict": verdict, "estimator": table.settings.estimator}
 
 
 def runtime_row(table: Any, plan: dict[str, Any], measured: dict[str, dict[str, float]]) -> dict[str, Any]:

@@ -50,7 +50,9 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
 
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     fading = cfg.finetune.linearise_fraction > 0 and cfg.finetune.epochs > 0
-    model = surgery.apply_plan(baseline, {**plan, "merge": False}, inplace=False, blend=fading)
+    healed = heal_report(cfg, baseline, plan, data) if cfg.prune.heal == "linear" else None
+    model = surgery.apply_plan(baseline, {**plan, "merge": False}, inplace=False, blend=fading,
+                               **(healed.pop("apply") if healed else {}))
     memory: dict[str, float] = {}
     if cfg.finetune.epochs > 0:
         optim = replace(typed(cfg.optim, OptimConfig), lr=cfg.finetune.lr or cfg.optim.lr * 0.3, warmup_epochs=0)
@@ -66,9 +68,35 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
         memory = done.memory
     model = surgery.finalize_merges(model) if cfg.prune.merge else model
     model.finetune_memory = memory  # peak training memory of the fine-tuning, for results.json
+    model.heal_report = healed  # heal=linear: the patches and the one-shot metrics with and without them
     device = next(baseline.parameters()).device
     metrics = evaluate(model.to(device).eval(), data.val, task=data.task)
     return model, metrics
+
+
+def heal_report(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any) -> dict[str, Any]:
+    """``prune.heal=linear``: the plan healed on the importance's calibration batches (``prune.calib_batches``; a run
+    of removed blocks it cannot heal stays as is, with why), and the one-shot validation metrics of the plan merged,
+    healed and not. Returns the report with ``apply``: the arguments that heal the fine-tuned network the same way."""
+    import time
+
+    from ..training import evaluate
+    from .plan import calibration_batches
+
+    device = next(baseline.parameters()).device
+    calibration = [inputs.to(device) for inputs, _ in calibration_batches(data, cfg.prune.calib_batches)]
+    apply = {"heal": "linear", "calibration": calibration, "ridge": cfg.prune.heal_ridge, "strict": False}
+    started = time.perf_counter()
+    healed = surgery.apply_plan(baseline, plan, inplace=False, **apply).eval()
+    seconds = time.perf_counter() - started
+    unhealed = surgery.apply_plan(baseline, plan, inplace=False).eval()
+    one_shot = {name: {f"val/{k}": v for k, v in evaluate(net, data.val, task=data.task).items()}
+                for name, net in (("healed", healed), ("unhealed", unhealed))}
+    _log.info("heal=linear: %d run(s) healed, %d left (%.1f s); one-shot %s", len(healed.zoo_heal),
+              len(healed.zoo_unhealed), seconds, {k: v.get("val/acc1", v.get("val/loss")) for k, v in one_shot.items()})
+    return {"patches": healed.zoo_heal, "unhealed": healed.zoo_unhealed, "fit_seconds": round(seconds, 3),
+            "calibration_batches": len(calibration), "ridge": cfg.prune.heal_ridge, "one_shot": one_shot,
+            "apply": apply}
 
 
 def qat_finetune(cfg: Any, baseline: nn.Module, pruned: nn.Module, data: Any, logger: Any, output_dir: Path,

@@ -40,10 +40,16 @@ from .prune_config import measure_settings, read_plan_file
 _log = logging.getLogger(__name__)
 
 
-def checked_plan(plan: dict[str, Any], baseline: nn.Module) -> dict[str, Any]:
+def checked_plan(plan: dict[str, Any], baseline: nn.Module, heal: str = "none") -> dict[str, Any]:
     """A plan (its form checked: :func:`~zoo.jobs.prune_config.read_plan_file`) checked against the model: it applies
-    (raises PlanError)."""
-    surgery.apply_plan(baseline, plan, inplace=False)
+    and, with ``heal="linear"``, every run of removed blocks can be healed (raises PlanError)."""
+    pruned = surgery.apply_plan(baseline, plan, inplace=False)
+    if heal == "linear":
+        from ..pruning.healing import check_healable
+
+        example = torch.randn(baseline.example_input(2).shape, generator=torch.Generator().manual_seed(0))
+        check_healable(baseline, pruned, list(plan.get("remove", [])),
+                       [example.to(next(baseline.parameters()).device)])
     return {"remove": list(plan.get("remove", [])), "merge": bool(plan.get("merge", True))}
 
 

@@ -20,9 +20,10 @@ from typing import Any
 from ..errors import ZooError
 from ..files import write_json
 from ..latency.accuracy import correct
+from ..pruning import surgery
 from ..weights.checkpoint import save_checkpoint
 from .baseline import baseline_health, evaluate_baseline, load_or_train_baseline
-from .final_timing import build_job_table, export_pruned, measure_side_by_side, report_runtimes
+from .final_timing import build_job_table, export_pruned, heal_latency, measure_side_by_side, report_runtimes
 from .finetune import finetune, qat_finetune
 from .plan import (
     Target,
@@ -161,7 +162,7 @@ def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, re
         baseline.eval()
         if hasattr(baseline, "zoo_depth_note"):
             _log.info("%s: %s", cfg.model.name, baseline.zoo_depth_note)
-        given_plan = checked_plan(request.plan, baseline) if request.plan else None
+        given_plan = checked_plan(request.plan, baseline, request.prune.heal) if request.plan else None
         base_metrics, base_cached = evaluate_baseline(cfg, config, baseline, data)  # cached: once per weights+data
         health = baseline_health(base_metrics, data.task, data.num_classes)
         if not health["trained"]:
@@ -216,8 +217,14 @@ def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, re
             dist_utils.barrier()
             return {"plan": plan, "pruned": {"metrics": pruned_metrics}}
         with phase(timings, "measure"):
-            measured = measure_side_by_side(table, {"baseline": baseline, "pruned": pruned.eval()},
-                                            request.measure)
+            nets = {"baseline": baseline, "pruned": pruned.eval()}
+            healed = getattr(pruned, "heal_report", None)
+            if healed is not None:  # the same plan unhealed, timed in the same rounds
+                nets["unhealed"] = surgery.apply_plan(baseline, plan, inplace=False).eval()
+            measured = measure_side_by_side(table, nets, request.measure)
+            if healed is not None:
+                healed["latency"] = heal_latency(table, measured["pruned"], measured.pop("unhealed"))
+                measured.pop("unhealed_eager")
         with phase(timings, "runtime_report"):
             runtimes = report_runtimes(cfg, request, table, measured, baseline, pruned, plan, data)
         checkpoint = save_checkpoint(pruned, output_dir / "pruned.safetensors", metrics=pruned_metrics,
@@ -233,6 +240,8 @@ def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, re
         results["ceiling_speedup"] = round(ceiling_speedup(table, options), 3)
         results["depth_units"] = getattr(baseline, "zoo_depth_note", "declared by the model's family")
         results["finetune_memory"] = getattr(pruned, "finetune_memory", {})
+        if getattr(pruned, "heal_report", None) is not None:
+            results["heal"] = pruned.heal_report
         results["fingerprint"] = fingerprint(config)
         results["config_group"] = study_group(config)
         results["seeds"] = {key: flatten(config).get(key) for key in SEED_KEYS}

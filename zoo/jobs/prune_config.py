@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..errors import ZooError
+from ..pruning.healing import HEALS
 from ..pruning.importance import SCORES
 from ..pruning.search import SEARCHES
 from .train_config import TrainConfig
@@ -30,6 +31,8 @@ class PruneSettings:
     merge: bool = True
     importance: str = "tempered"
     calib_batches: int = 4
+    heal: str = "none"
+    heal_ridge: float = 1e-3
     search: str = "interaction"
     bins: int = 1000
     target_tolerance: float = 0.05
@@ -93,7 +96,7 @@ PRUNE_RANGES = (  # (key, lowest, highest, lowest excluded?): see zoo.jobs.train
     ("prune.max_memory_mb", 0.0, None, True), ("prune.batch_size", 1, None, False),
     ("prune.calib_batches", 1, None, False), ("prune.bins", 10, None, False), ("prune.threads", 1, None, False),
     ("prune.target_tolerance", 0.0, 1.0, True), ("prune.target_corrections", 0, None, False),
-    ("prune.recovery_steps", 0, None, False),
+    ("prune.recovery_steps", 0, None, False), ("prune.heal_ridge", 0.0, None, False),
     ("prune.correction_plans", 0, None, False), ("prune.export_rtol", 0.0, None, False),
     ("finetune.epochs", 0, None, False), ("finetune.lr", 0.0, None, True),
     ("finetune.distill_weight", 0.0, 1.0, False), ("finetune.distill_temperature", 0.0, None, True),
@@ -137,6 +140,11 @@ def check_prune_choices(p: PruneSettings, finetune: FinetuneSettings, model: str
         raise ZooError(f"prune.importance={p.importance!r}; allowed: {', '.join(SCORES)}.")
     if p.search not in SEARCHES:
         raise ZooError(f"prune.search={p.search!r}; allowed: {', '.join(SEARCHES)}.")
+    if p.heal not in HEALS:
+        raise ZooError(f"prune.heal={p.heal!r}; allowed: {', '.join(HEALS)}.")
+    if p.heal == "linear" and task == "language_model":
+        raise ZooError(f"prune.heal=linear heals runs of removed blocks of image models; {model} is a language model "
+                       f"(its retention and FFN sub-layers are not healed yet). Use prune.heal=none.")
     task_metrics = ("val/ppl",) if task == "language_model" else ("val/acc1", "val/acc5")
     if finetune.qat and p.quantize is None:
         raise ZooError("finetune.qat=true trains the pruned network for the INT8 model it ships; it needs "

@@ -383,13 +383,10 @@ def _per_sample(twin: nn.Module, units: list[FoundUnit], batch: int) -> list[Any
             if not (torch.is_tensor(x) and torch.is_tensor(output) and output.shape == x.shape and x.dim()
                     and x.shape[0] == batch):
                 raise _Unbatchable("a removed module whose output is not shaped like its input, batch first")
-            shape = (batch, *[1] * (x.dim() - 1))
-            passes = torch.zeros(batch, dtype=torch.bool, device=x.device)
-            zeros = passes.clone()
-            for j, zero in todo:
-                (zeros if zero else passes)[j] = True
-            output = torch.where(passes.view(shape), x, output)
-            return torch.where(zeros.view(shape), torch.zeros((), dtype=x.dtype, device=x.device), output)
+            output = output.clone()  # written per sample in place: the output's memory layout is kept, so that
+            for j, zero in todo:     # the samples nothing removes go through the same kernels as without hooks
+                output[j] = 0 if zero else x[j]
+            return output
         return hook
 
     return [twin.get_submodule(path).register_forward_hook(replay(todo)) for path, todo in actions.items()]

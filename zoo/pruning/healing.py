@@ -157,44 +157,78 @@ def _target(model: nn.Module, before: str, x: torch.Tensor) -> tuple[str, torch.
             f"depthwise or no weighted op last)")
 
 
-def fit_patch(model: nn.Module, before: str, gap: Sequence[str], calibration: Sequence[torch.Tensor],
-              ridge: float = RIDGE) -> tuple[Patch, torch.Tensor]:
-    """Fit the channel map for one gap on the unpruned `model` (see the module docstring); returns the patch and the
-    map ``T`` (channels x channels) for the op's output. Raises :class:`HealError` where the gap cannot be healed."""
-    started = time.perf_counter()
-    if not before:
-        raise HealError(f"the gap {gap[0]}.. starts the network: no kept block before it to fold a patch into")
-    found = _target(model, before, calibration[0])
-    if isinstance(found, str):
-        raise HealError(f"cannot heal the gap {', '.join(gap)}: {found}")
-    into, gain = found
-    axis = _channel_axis(model.get_submodule(into))
-    zs, wants, ys = [], [], []
+@dataclass
+class Gap:
+    """A run of removed blocks, the kept block before it, and what the unpruned network's stream was after the run on
+    each calibration input (the target), or why it cannot be healed."""
+
+    before: str
+    blocks: list[str]
+    targets: list[torch.Tensor]
+    reason: str = ""
+
+
+def gap_targets(model: nn.Module, removed: Sequence[str], calibration: Sequence[torch.Tensor]) -> list[Gap]:
+    """Every gap of `removed` with its targets, on the unpruned `model`."""
+    found = [Gap(before, blocks, []) for before, blocks in gaps(model, removed)]
+    for gap in found:
+        if not gap.before:
+            gap.reason = f"the gap {gap.blocks[0]}.. starts the network: no kept block before it to fold a patch into"
+    live = [g for g in found if not g.reason]
     for x in calibration:
         capture = _Capture(model)
-        capture.output(into, "z")
-        capture.output(before, "after")
-        capture.input(gap[0], "gap_in")
-        capture.output(gap[-1], "gap_out")
+        for i, gap in enumerate(live):
+            capture.output(gap.before, f"after{i}")
+            capture.input(gap.blocks[0], f"in{i}")
+            capture.output(gap.blocks[-1], f"out{i}")
         seen = capture.run(x)
-        if not torch.equal(seen["gap_in"], seen["after"]):
-            raise HealError(f"cannot heal the gap {', '.join(gap)}: its first block does not take {before}'s output "
-                            f"as its input (a module between them)")
+        for i, gap in enumerate(live):
+            if not torch.equal(seen[f"in{i}"], seen[f"after{i}"]):
+                gap.reason = (f"its first block does not take {gap.before}'s output as its input (a module between "
+                              f"them)")
+            gap.targets.append(seen[f"out{i}"])
+    for gap in found:
+        if gap.reason and not gap.reason.startswith("the gap"):
+            gap.reason = f"cannot heal the gap {', '.join(gap.blocks)}: {gap.reason}"
+    return found
+
+
+def fit_patch(pruned: nn.Module, gap: Gap, calibration: Sequence[torch.Tensor], ridge: float = RIDGE
+              ) -> tuple[Patch, torch.Tensor]:
+    """Fit one gap's channel map on the `pruned` network (its gap removed, earlier gaps' patches in): the stream after
+    the kept block must become the unpruned network's stream after the gap (`gap.targets`). Returns the patch and the
+    map ``T`` for the op's output; raises :class:`HealError` where the gap cannot be healed."""
+    started = time.perf_counter()
+    if gap.reason:
+        raise HealError(gap.reason)
+    found = _target(pruned, gap.before, calibration[0])
+    if isinstance(found, str):
+        raise HealError(f"cannot heal the gap {', '.join(gap.blocks)}: {found}")
+    into, gain = found
+    axis = _channel_axis(pruned.get_submodule(into))
+    zs, wants, ys = [], [], []
+    for x, target in zip(calibration, gap.targets):
+        capture = _Capture(pruned)
+        capture.output(into, "z")
+        capture.output(gap.before, "after")
+        seen = capture.run(x)
+        if seen["after"].shape != target.shape:
+            raise HealError(f"cannot heal the gap {', '.join(gap.blocks)}: {gap.before}'s output is shaped "
+                            f"{tuple(seen['after'].shape)}, the stream after the gap {tuple(target.shape)}")
         zs.append(_rows(seen["z"], axis))
-        wants.append(_rows(seen["gap_out"] - seen["after"], axis))  # the change wanted in the stream
-        ys.append(_rows(seen["gap_out"], axis))
+        wants.append(_rows(target - seen["after"], axis))  # the change wanted in the stream
+        ys.append(_rows(target, axis))
     z, want, y = torch.cat(zs), torch.cat(wants), torch.cat(ys)
     d = want / gain  # the change wanted at the op's output
     channels = z.shape[1]
     if ridge <= 0 and z.shape[0] < channels:
-        raise HealError(f"{z.shape[0]} calibration rows fit a {channels}x{channels} map only with a ridge "
-                        f"(heal_ridge > 0) or more calibration batches (at least {channels} rows)")
+        raise HealError(_too_few(z.shape[0], channels))
     gram = z.T @ z
     damp = ridge * float(torch.trace(gram)) / channels
     delta = torch.linalg.solve(gram + damp * torch.eye(channels, dtype=gram.dtype), z.T @ d).T  # D: out = z @ D.T
     norm = float(y.norm()) or 1.0
     unhealed, healed = float(want.norm()) / norm, float((want - (z @ delta.T) * gain).norm()) / norm
-    patch = Patch(tuple(gap), before, into, z.shape[0], unhealed, healed, time.perf_counter() - started)
+    patch = Patch(tuple(gap.blocks), gap.before, into, z.shape[0], unhealed, healed, time.perf_counter() - started)
     return patch, torch.eye(channels, dtype=delta.dtype) + delta
 
 
@@ -208,20 +242,57 @@ def fuse(model: nn.Module, into: str, patch_map: torch.Tensor) -> None:
             op.bias.copy_(t @ op.bias)
 
 
-def heal_plan(model: nn.Module, removed: Sequence[str], calibration: Sequence[torch.Tensor], ridge: float = RIDGE
-              ) -> list[tuple[Patch, torch.Tensor]]:
-    """Every gap of `removed` fitted on the unpruned `model` (in eval mode), in forward order."""
-    runs = gaps(model, removed)
-    for before, gap in runs:
-        if before and any(name.startswith(before + ".") for name in removed):
-            raise HealError(f"cannot heal the gap {', '.join(gap)}: {before}, the block its patch folds into, is "
-                            f"rebuilt by the plan's removed activations")
-    mode = model.training
-    model.eval()
+def heal(pruned: nn.Module, found: Sequence[Gap], calibration: Sequence[torch.Tensor], ridge: float = RIDGE,
+         strict: bool = True) -> tuple[list[tuple[Patch, torch.Tensor]], dict[str, str]]:
+    """Fit and fuse each gap's patch into `pruned`, in forward order (each fit sees the patches before it); returns
+    the patches and the gaps left as they were, with why (`strict`: the first such gap raises :class:`HealError`,
+    before any patch is fused)."""
+    if strict and (bad := next((g for g in found if g.reason), None)) is not None:
+        raise HealError(bad.reason)
+    mode = pruned.training
+    pruned.eval()
+    patches, unhealed = [], {}
     try:
-        return [fit_patch(model, before, gap, calibration, ridge) for before, gap in runs]
+        for gap in found:
+            try:
+                patch, patch_map = fit_patch(pruned, gap, calibration, ridge)
+            except HealError as exc:
+                if strict:
+                    raise
+                unhealed[", ".join(gap.blocks)] = str(exc)
+                continue
+            fuse(pruned, patch.into, patch_map)
+            patches.append((patch, patch_map))
     finally:
-        model.train(mode)
+        pruned.train(mode)
+    return patches, unhealed
+
+
+def check_healable(model: nn.Module, pruned: nn.Module, removed: Sequence[str], calibration: Sequence[torch.Tensor],
+                   ridge: float | None = None) -> None:
+    """Raise :class:`HealError` if a gap of `removed` cannot be healed: no kept block before it, a module between
+    that block and the gap, no op of that block (in `pruned`, the model with the plan applied) to fold a patch into
+    and, with a `ridge` of 0, fewer calibration rows than the op has channels. Fits nothing."""
+    for gap in gap_targets(model.eval(), removed, calibration[:1]):
+        if gap.reason:
+            raise HealError(gap.reason)
+        found = _target(pruned.eval(), gap.before, calibration[0])
+        if isinstance(found, str):
+            raise HealError(f"cannot heal the gap {', '.join(gap.blocks)}: {found}")
+        if ridge is not None and ridge <= 0:
+            op = pruned.get_submodule(found[0])
+            capture = _Capture(pruned)
+            capture.output(found[0], "z")
+            shape = capture.run(calibration[0])["z"].shape
+            channels = shape[_channel_axis(op)]
+            rows = len(calibration) * (shape.numel() // channels)
+            if rows < channels:
+                raise HealError(_too_few(rows, channels))
+
+
+def _too_few(rows: int, channels: int) -> str:
+    return (f"{rows} calibration rows fit a {channels}x{channels} map only with a ridge (heal_ridge > 0) or more "
+            f"calibration batches (at least {channels} rows)")
 
 
 def check_heal(heal: str, calibration: Any) -> None:

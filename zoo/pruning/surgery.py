@@ -311,12 +311,13 @@ def _combined(model: nn.Module, removed: list[str], merge: bool, blend: bool) ->
 
 def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, blend: bool | None = None,
                heal: str = "none", calibration: Sequence[torch.Tensor] | None = None,
-               ridge: float = healing.RIDGE) -> nn.Module:
+               ridge: float = healing.RIDGE, strict: bool = True) -> nn.Module:
     """Apply `plan` (see module docstring) and record it on the model as ``model.zoo_plan``.
 
     ``heal="linear"`` fits, for each run of removed blocks, a channel map on the `calibration` inputs and fuses it
     into the last linear op of the kept block before the run (:mod:`zoo.pruning.healing`; ``model.zoo_heal`` lists
-    the patches); a run it cannot heal raises :class:`~zoo.pruning.healing.HealError` before anything is changed.
+    the patches, ``model.zoo_unhealed`` the runs left as they were, with why); a run it cannot heal raises
+    :class:`~zoo.pruning.healing.HealError` before anything is changed, or, with ``strict=False``, is left unhealed.
 
     ``blend=True`` (with ``merge: false``; or ``"blend": true`` in the plan) keeps removed activations as fading
     :class:`LinearisingAct` modules for progressive linearisation; :func:`finalize_merges` merges afterwards.
@@ -333,7 +334,11 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
     units = check_removable(model, removed)
     record = _combined(model, removed, merge, blend)
     healing.check_heal(heal, calibration)
-    patches = healing.heal_plan(model, removed, list(calibration), ridge) if heal == "linear" else []
+    if heal == "linear" and strict:  # every refusal before the model changes: checked on an unhealed copy
+        trial = apply_plan(model, plan, inplace=False, blend=blend)
+        set_linearisation(trial, 1.0)
+        healing.check_healable(model, trial, removed, list(calibration), ridge)
+    gaps = _gap_targets(model, removed, calibration, strict) if heal == "linear" else []
     if not inplace:
         model = copy.deepcopy(model)
     block_names = [u.name for u in units.values() if u.kind == "block"]
@@ -354,12 +359,28 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
             continue
         block = model.get_submodule(block_name)
         model.set_submodule(block_name, rebuild_block(block, acts, merge, blend))
-    for patch, patch_map in patches:
-        healing.fuse(model, patch.into, patch_map)
+    if heal == "linear":
+        set_linearisation(model, 1.0)  # fitted on the network as it ends up: removed activations gone
+        patches, unhealed = healing.heal(model, gaps, list(calibration), ridge, strict)
+        set_linearisation(model, 0.0)
     model.zoo_plan = record
-    if patches:
+    if heal == "linear":
         model.zoo_heal = [patch.to_dict() for patch, _ in patches]
+        model.zoo_unhealed = unhealed
     return model
+
+
+def _gap_targets(model: nn.Module, removed: list[str], calibration: Any, strict: bool) -> list[healing.Gap]:
+    """The unpruned model's stream after each gap of `removed` on the calibration inputs (eval mode); with `strict`,
+    a gap that cannot be healed raises before the model is changed."""
+    mode = model.training
+    try:
+        gaps = healing.gap_targets(model.eval(), removed, list(calibration))
+    finally:
+        model.train(mode)
+    if strict and (bad := next((g for g in gaps if g.reason), None)) is not None:
+        raise healing.HealError(bad.reason)
+    return gaps
 
 
 def _inputs_of(model: nn.Module, names: list[str]) -> dict[str, tuple[tuple, dict]]:
