@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from ..helpers import TINY_PRUNE, prune_in_process
+from ..helpers import TINY_LM, TINY_PRUNE, prune_in_process
 
 
 def test_prune_py_heals_the_plan_and_reports_one_shot_metrics_beside_the_unhealed(tmp_path):
@@ -24,6 +24,11 @@ def test_prune_py_heals_the_plan_and_reports_one_shot_metrics_beside_the_unheale
     assert latency["verdict"] == ("tie" if abs(latency["ratio"] - 1) <= latency["noise"] else
                                   "slower" if latency["ratio"] > 1 else "faster")
     assert not {"unhealed", "unhealed_eager"} & set(results["measurements"])
+    assert set(heal["one_shot"]) == {"healed", "unhealed"} and all("val/acc1" in m for m in heal["one_shot"].values())
+    assert heal["fit_seconds"] >= 0 and heal["calibration_batches"] == 1
+    assert set(heal["finetuned"]) == {"healed", "unhealed"}  # the same plan fine-tuned unhealed, same seed
+    assert heal["finetuned"]["healed"]["val/acc1"] == results["pruned"]["metrics"]["val/acc1"]
+    assert heal["finetuned"]["unhealed"]["val/acc1"] >= 0 and (tmp_path / "run" / "finetune_unhealed").is_dir()
 
 
 def test_a_given_plan_whose_run_cannot_be_healed_is_refused(tmp_path):
@@ -35,3 +40,31 @@ def test_a_given_plan_whose_run_cannot_be_healed_is_refused(tmp_path):
     assert out.returncode == 2, out.stdout[-2000:]
     assert "no Linear or full Conv of layer1.0 reaches its output unchanged" in out.stdout
     assert not (tmp_path / "run" / "results.json").exists()
+
+
+def test_the_default_search_judges_its_finalists_healed(tmp_path):
+    out = prune_in_process(*TINY_PRUNE, "logger=none", "prune.heal=linear", "prune.target_speedup=1.3",
+                           "finetune.epochs=0", base=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    judged = results["search_result"]
+    assert results["search"] == "interaction" and judged["finalists_judged_by"] == "healed_loss"
+    assert judged["recovered"] is not None and judged["recovered"] == judged["recovered"]  # a number, not NaN
+    assert "heal" in results and set(results["heal"]["one_shot"]) == {"healed", "unhealed"}
+
+
+def test_healing_and_a_recovery_judge_are_refused_together_before_any_work(tmp_path):
+    out = prune_in_process(*TINY_PRUNE, "logger=none", "prune.heal=linear", "prune.recovery_steps=5", base=tmp_path)
+    assert out.returncode == 2, out.stdout[-2000:]
+    assert "choose one" in out.stdout and not (tmp_path / "run" / "results.json").exists()
+    assert "training the baseline" not in out.stdout
+
+
+def test_prune_py_heals_a_retnet_plan_through_the_previous_sublayer(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"remove": ["blocks.1.retention"]}))
+    out = prune_in_process(*TINY_LM, "logger=none", "prune.heal=linear", f"prune.plan={plan}", base=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:]
+    heal = json.loads((tmp_path / "run" / "results.json").read_text())["heal"]
+    assert [(p["gap"], p["into"]) for p in heal["patches"]] == [(["blocks.1.retention"], "blocks.0.ffn.down_proj")]
+    assert all("val/ppl" in m for stage in ("one_shot", "finetuned") for m in heal[stage].values())

@@ -5,6 +5,8 @@ what cannot be healed is refused before the model is touched."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -94,3 +96,57 @@ def test_what_cannot_be_healed_is_refused_before_the_model_changes(mobilenet):
         zoo.apply_plan(mobilenet, {"remove": []}, inplace=False, heal="quadratic")
     with pytest.raises(HealError, match="needs calibration batches"):
         zoo.apply_plan(mobilenet, {"remove": []}, inplace=False, heal="linear")
+
+
+def test_the_searchs_healed_loss_is_the_loss_of_the_plan_healed_as_it_ships(mobilenet):
+    """HealedLoss (the interaction search's finalist judge under prune.heal=linear) is the calibration loss of the
+    plan healed on the fit batches and merged, evaluated on other batches; it differs from the unhealed loss."""
+    from zoo.pruning.importance import HealedLoss, calibration_loss
+
+    labelled = [(x, torch.randint(0, 1000, (x.shape[0],), generator=torch.Generator().manual_seed(i)))
+                for i, x in enumerate(batches(4, seed=5))]
+    judged, fitted = labelled[:2], labelled[2:]
+    mobilenet = copy.deepcopy(mobilenet)  # logits of a few units' scale, so that a loss shows the patch
+    with torch.no_grad():
+        mobilenet.get_classifier().weight.mul_(3.0 / float(mobilenet(judged[0][0]).std()))
+    plan = removable_blocks(mobilenet)[1:3]
+    score = HealedLoss(mobilenet, judged, fitted)
+    healed = zoo.apply_plan(mobilenet, {"remove": plan}, inplace=False, heal="linear",
+                            calibration=[x for x, _ in fitted])
+    with torch.no_grad():
+        expected = calibration_loss(healed, judged)
+        unhealed = calibration_loss(zoo.apply_plan(mobilenet, {"remove": plan}, inplace=False), judged)
+    assert score(frozenset(plan)) == pytest.approx(expected, rel=1e-6)
+    assert abs(expected - unhealed) > 1e-4 * abs(unhealed)
+    assert score(frozenset()) == pytest.approx(calibration_loss(mobilenet, judged), rel=1e-6)
+
+
+def test_retnet_sublayer_runs_are_healed_into_the_previous_projection():
+    """RetNet's retention and FFN sub-layers are residual units: a run of them is healed through the kept
+    sub-layer before it (an FFN's down-projection, a retention's output projection), exactly the explicit map on
+    the last axis, and the healed model's recurrent form computes its parallel form's logits."""
+    torch.manual_seed(0)
+    model = zoo.create_model("retnet_tiny").eval()
+    vocab = model.lm_head.out_features
+    generator = torch.Generator().manual_seed(1)
+    calibration = [torch.randint(0, vocab, (4, 48), generator=generator) for _ in range(3)]
+    plan = {"remove": ["blocks.1.retention", "blocks.1.ffn"]}
+    healed = zoo.apply_plan(model, plan, inplace=False, heal="linear", calibration=calibration).eval()
+    assert [(p["before"], p["into"]) for p in healed.zoo_heal] == [("blocks.0.ffn", "blocks.0.ffn.down_proj")]
+    assert healed.zoo_heal[0]["error_healed"] < healed.zoo_heal[0]["error_unhealed"]
+    explicit = zoo.apply_plan(model, plan, inplace=False).eval()
+    patches, _ = healing.heal(zoo.apply_plan(model, plan, inplace=False).eval(),
+                              healing.gap_targets(model, plan["remove"], calibration), calibration)
+    patch_map = patches[0][1]
+    explicit.get_submodule("blocks.0.ffn.down_proj").register_forward_hook(
+        lambda m, a, out: out @ patch_map.T.to(out))
+    tokens = torch.randint(0, vocab, (2, 40), generator=generator)
+    with torch.no_grad():
+        ours, theirs = healed(tokens), explicit(tokens)
+        recurrent = healed(tokens, mode="recurrent")
+    scale = float(theirs.abs().max())
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5 * scale)
+    torch.testing.assert_close(recurrent, ours, rtol=1e-4, atol=1e-4 * scale)
+    with pytest.raises(HealError, match="starts the network"):
+        zoo.apply_plan(model, {"remove": ["blocks.0.retention"]}, inplace=False, heal="linear",
+                       calibration=calibration)

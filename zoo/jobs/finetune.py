@@ -39,8 +39,9 @@ class Linearise(Callback):
 
 
 def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, logger: Any, output_dir: Path,
-             config: dict) -> tuple[nn.Module, dict[str, float]]:
-    """Apply the plan as a linearised network, fine-tune it (distilling from `baseline`), then merge.
+             config: dict, heal: bool = True, subdir: str = "finetune") -> tuple[nn.Module, dict[str, float]]:
+    """Apply the plan as a linearised network (healed where ``prune.heal=linear`` and `heal`), fine-tune it
+    (distilling from `baseline`, checkpoints in ``output_dir / subdir``), then merge.
 
     Seeded anew (``trainer.seed``), so the result does not depend on what ran before it in this process (a baseline
     trained now or read from the cache); an interrupted fine-tuning resumes from ``finetune/checkpoints``.
@@ -50,7 +51,7 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
 
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     fading = cfg.finetune.linearise_fraction > 0 and cfg.finetune.epochs > 0
-    healed = heal_report(cfg, baseline, plan, data) if cfg.prune.heal == "linear" else None
+    healed = heal_report(cfg, baseline, plan, data) if heal and cfg.prune.heal == "linear" else None
     model = surgery.apply_plan(baseline, {**plan, "merge": False}, inplace=False, blend=fading,
                                **(healed.pop("apply") if healed else {}))
     memory: dict[str, float] = {}
@@ -58,12 +59,12 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
         optim = replace(typed(cfg.optim, OptimConfig), lr=cfg.finetune.lr or cfg.optim.lr * 0.3, warmup_epochs=0)
         trainer = replace(typed(cfg.trainer, TrainerConfig), max_epochs=cfg.finetune.epochs, resume=None)
         callback = Linearise(model, cfg.finetune.linearise_fraction)
-        resume = dist_utils.broadcast_object(resumable(output_dir / "finetune") if dist_utils.info().is_main
+        resume = dist_utils.broadcast_object(resumable(output_dir / subdir) if dist_utils.info().is_main
                                              else None)
         done = fit(model, data, optim, trainer, logger, teacher=baseline,
                    distill_weight=cfg.finetune.distill_weight,
                    distill_temperature=cfg.finetune.distill_temperature, callbacks=[callback],
-                   output_dir=output_dir / "finetune", config=config, resume_from=resume,
+                   output_dir=output_dir / subdir, config=config, resume_from=resume,
                    resume_hint=" Run the same command again: fine-tuning resumes where it stopped, with the same plan.")
         memory = done.memory
     model = surgery.finalize_merges(model) if cfg.prune.merge else model

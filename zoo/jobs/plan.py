@@ -16,6 +16,7 @@ from torch import nn
 from ..errors import ZooError, first_line
 from ..pruning import surgery
 from ..pruning.importance import (
+    HealedLoss,
     PlanLoss,
     PlanRecovery,
     angular_distance,
@@ -42,14 +43,15 @@ _log = logging.getLogger(__name__)
 
 def checked_plan(plan: dict[str, Any], baseline: nn.Module, heal: str = "none") -> dict[str, Any]:
     """A plan (its form checked: :func:`~zoo.jobs.prune_config.read_plan_file`) checked against the model: it applies
-    and, with ``heal="linear"``, every run of removed blocks can be healed (raises PlanError)."""
+    and, with ``heal="linear"``, every run of removed residual units can be healed (raises PlanError)."""
     pruned = surgery.apply_plan(baseline, plan, inplace=False)
     if heal == "linear":
         from ..pruning.healing import check_healable
 
-        example = torch.randn(baseline.example_input(2).shape, generator=torch.Generator().manual_seed(0))
-        check_healable(baseline, pruned, list(plan.get("remove", [])),
-                       [example.to(next(baseline.parameters()).device)])
+        example = baseline.example_input(2)  # tokens as they are; an image drawn (not a constant one)
+        if example.is_floating_point():
+            example = torch.randn(example.shape, generator=torch.Generator().manual_seed(0)).to(example)
+        check_healable(baseline, pruned, list(plan.get("remove", [])), [example])
     return {"remove": list(plan.get("remove", [])), "merge": bool(plan.get("merge", True))}
 
 
@@ -193,11 +195,19 @@ def model_search_inputs(cfg: Any, baseline: nn.Module, table: Any, data: Any, op
         return inputs
     count = cfg.prune.calib_batches
     recovering = "recovered_of" in needs and cfg.prune.recovery_steps > 0
-    batches = calibration_batches(data, 2 * count if recovering else count)
+    healing = "recovered_of" in needs and cfg.prune.heal == "linear"
+    batches = calibration_batches(data, 2 * count if recovering or healing else count)
     batches, train_batches = batches[:count], batches[count:]
     if "loss_of" in needs:
         inputs["loss_of"] = plan_loss(cfg, baseline, table, batches)
-    if "recovered_of" in needs:
+    if healing:  # the finalists judged healed as the plan ships (fitted on the batches the job's heal fits on)
+        if not train_batches:
+            _log.warning("prune.heal=linear: the training split has no batches after the %d calibration batches, "
+                         "so the search's finalists are judged healed on the batches the patches were fitted on",
+                         count)
+        inputs["recovered_of"] = HealedLoss(baseline, train_batches or batches, batches, merge=cfg.prune.merge,
+                                            tempered=cfg.prune.importance == "tempered", ridge=cfg.prune.heal_ridge)
+    elif "recovered_of" in needs:
         if recovering and not train_batches:
             _log.warning("prune.recovery_steps=%d needs training batches after the %d calibration batches, and the "
                          "training split has none: the search's finalists are judged one-shot (lower "

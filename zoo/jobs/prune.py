@@ -21,6 +21,7 @@ from ..errors import ZooError
 from ..files import write_json
 from ..latency.accuracy import correct
 from ..pruning import surgery
+from ..training.logger import PrefixedLogger
 from ..weights.checkpoint import save_checkpoint
 from .baseline import baseline_health, evaluate_baseline, load_or_train_baseline
 from .final_timing import build_job_table, export_pruned, heal_latency, measure_side_by_side, report_runtimes
@@ -209,6 +210,12 @@ def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, re
             raise (ZooError if stopped[0] else RuntimeError)(f"rank 0 stopped before fine-tuning ({stopped[1]})")
         with phase(timings, "finetune"):
             pruned, pruned_metrics = finetune(cfg, baseline, plan, data, logger, output_dir, config)
+        if p.heal == "linear" and p.heal_compare:  # the same plan fine-tuned unhealed, same seed: beside it
+            with phase(timings, "finetune_unhealed"):
+                _, unhealed_metrics = finetune(cfg, baseline, plan, data, PrefixedLogger(logger, "unhealed"),
+                                               output_dir, config, heal=False, subdir="finetune_unhealed")
+            pruned.heal_report["finetuned"] = {name: {f"val/{k}": v for k, v in metrics.items()} for name, metrics
+                                               in (("healed", pruned_metrics), ("unhealed", unhealed_metrics))}
         if request.finetune.qat:  # every rank trains (DDP); the INT8 model is made from it below
             with phase(timings, "qat"):
                 qat_model, qat_metrics = qat_finetune(cfg, baseline, pruned, data, logger, output_dir, config)

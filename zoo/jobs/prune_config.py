@@ -33,6 +33,7 @@ class PruneSettings:
     calib_batches: int = 4
     heal: str = "none"
     heal_ridge: float = 1e-3
+    heal_compare: bool = True
     search: str = "interaction"
     bins: int = 1000
     target_tolerance: float = 0.05
@@ -142,9 +143,9 @@ def check_prune_choices(p: PruneSettings, finetune: FinetuneSettings, model: str
         raise ZooError(f"prune.search={p.search!r}; allowed: {', '.join(SEARCHES)}.")
     if p.heal not in HEALS:
         raise ZooError(f"prune.heal={p.heal!r}; allowed: {', '.join(HEALS)}.")
-    if p.heal == "linear" and task == "language_model":
-        raise ZooError(f"prune.heal=linear heals runs of removed blocks of image models; {model} is a language model "
-                       f"(its retention and FFN sub-layers are not healed yet). Use prune.heal=none.")
+    if p.heal == "linear" and p.recovery_steps > 0:
+        raise ZooError("prune.heal=linear judges the search's finalists healed; prune.recovery_steps>0 judges them "
+                       "after a short recovery: choose one (prune.recovery_steps=0 with heal=linear).")
     task_metrics = ("val/ppl",) if task == "language_model" else ("val/acc1", "val/acc5")
     if finetune.qat and p.quantize is None:
         raise ZooError("finetune.qat=true trains the pruned network for the INT8 model it ships; it needs "

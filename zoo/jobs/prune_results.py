@@ -43,7 +43,10 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
         "importance": cfg.prune.importance,
         "plan": plan,
         "search_result": None if result is None else {"latency_ms": result.latency, "damage": result.damage,
-                                                      "method": result.method, "recovered": result.recovered},
+                                                      "method": result.method, "recovered": result.recovered,
+                                                      "finalists_judged_by": None if result.recovered is None else
+                                                      "healed_loss" if cfg.prune.heal == "linear" else
+                                                      "recovered_loss"},
         "latency_statistic": table.settings.estimator,
         "latency_form": table.condition.get("form", "eager"),
         "baseline": {"latency_ms": base_ms, "latency_eager_ms": eager_base,

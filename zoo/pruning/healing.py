@@ -1,7 +1,8 @@
 """Healing a removal for free: a fitted linear map on channels, fused into a weight that is already there.
 
-A plan's removed blocks form **gaps** (runs of blocks next to each other in forward order). For a gap, the kept block
-right before it (`before`) hands the stream on; with the gap removed the stream after `before` is what the next
+A plan's removed residual units (blocks; RetNet's retention and FFN sub-layers: units whose module outputs the
+stream) form **gaps** (runs of them next to each other in forward order). For a gap, the kept unit right before it
+(`before`) hands the stream on; with the gap removed the stream after `before` is what the next
 module gets, where the unpruned network gave it the stream after the gap. The patch is a channel map ``T = I + D``
 applied to the output of the last weighted linear op of `before` (``into``: a Linear, or a Conv with groups 1),
 fitted by ridge least squares on calibration batches so that the stream after `before` matches the stream after the
@@ -29,6 +30,7 @@ from ..errors import PlanError
 
 RIDGE = 1e-3  # the ridge, relative to the mean eigenvalue of the op's output covariance
 HEALS = ("none", "linear")
+RESIDUAL_KINDS = ("block", "retention", "ffn")  # units whose module's output is the stream (gaps are runs of them)
 
 
 class HealError(PlanError):
@@ -54,8 +56,9 @@ class Patch:
 
 
 def gaps(model: nn.Module, removed: Iterable[str]) -> list[tuple[str, list[str]]]:
-    """(the kept block before, the run of removed blocks) for each run of removed blocks, in forward order."""
-    blocks = [u.name for u in model.depth_unit_specs() if u.kind == "block"]
+    """(the kept unit before, the run of removed units) for each run of removed residual units (blocks; RetNet's
+    retention and FFN sub-layers) next to each other in forward order."""
+    blocks = [u.name for u in model.depth_unit_specs() if u.kind in RESIDUAL_KINDS]
     removed = set(removed)
     runs: list[tuple[str, list[str]]] = []
     for i, name in enumerate(blocks):
@@ -66,6 +69,20 @@ def gaps(model: nn.Module, removed: Iterable[str]) -> list[tuple[str, list[str]]
         else:
             runs.append((blocks[i - 1] if i else "", [name]))
     return runs
+
+
+def not_healed(model: nn.Module, removed: Iterable[str]) -> dict[str, str]:
+    """The removed units no gap covers (a discovered block's sub-layer: its branch ends inside the block), with why;
+    they stay removed, unhealed."""
+    kinds = {u.name: u.kind for u in model.depth_unit_specs()}
+    return {name: f"{name} is a sub-layer of its block ({kinds[name]}): only runs of whole residual units are healed"
+            for name in removed if kinds.get(name) == "sublayer"}
+
+
+def _first(value: Any) -> torch.Tensor:
+    """A module's output stream: the tensor itself, or the first of a tuple (RetNet's retention returns its state
+    too)."""
+    return value[0] if isinstance(value, (tuple, list)) else value
 
 
 def _channel_axis(module: nn.Module) -> int:
@@ -94,8 +111,8 @@ class _Capture:
         self.model, self.values, self.handles = model, {}, []
 
     def output(self, path: str, key: str, change: torch.Tensor | None = None) -> None:
-        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-            self.values[key] = output.detach()
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+            self.values[key] = _first(output).detach()
             return output + change.to(output) if change is not None else output
         self.handles.append(self.model.get_submodule(path).register_forward_hook(hook))
 
@@ -159,8 +176,8 @@ def _target(model: nn.Module, before: str, x: torch.Tensor) -> tuple[str, torch.
 
 @dataclass
 class Gap:
-    """A run of removed blocks, the kept block before it, and what the unpruned network's stream was after the run on
-    each calibration input (the target), or why it cannot be healed."""
+    """A run of removed residual units, the kept unit before it, and what the unpruned network's stream was after
+    the run on each calibration input (the target), or why it cannot be healed."""
 
     before: str
     blocks: list[str]

@@ -290,6 +290,33 @@ class PlanRecovery:
         return self.memo[removed]
 
 
+class HealedLoss:
+    """The calibration loss of a whole plan healed as ``prune.heal=linear`` ships it: each run of removed residual units
+    patched by a channel map fitted on `fit_batches`' inputs (:mod:`zoo.pruning.healing`; a run it cannot heal
+    stays as is), the plan merged, then its loss on `batches` (batches the fit did not see). A search's finalists
+    judged by it can differ from those one-shot loss prefers: healing changes which removals are cheap.
+    Memoised per plan."""
+
+    def __init__(self, model: nn.Module, batches: Sequence[Batch], fit_batches: Sequence[Batch], merge: bool = True,
+                 tempered: bool = False, ridge: float | None = None):
+        from .healing import RIDGE
+
+        self.model, self.batches, self.merge, self.tempered = model, list(batches), merge, tempered
+        self.calibration = [inputs for inputs, _ in fit_batches]
+        self.ridge = RIDGE if ridge is None else ridge
+        self.memo: dict[frozenset[str], float] = {}
+
+    def __call__(self, removed: frozenset[str] | Sequence[str]) -> float:
+        removed = frozenset(removed)
+        if removed not in self.memo:
+            healed = apply_plan(self.model, {"remove": sorted(removed), "merge": self.merge}, inplace=False,
+                                heal="linear", calibration=self.calibration, ridge=self.ridge, strict=False)
+            with torch.no_grad():
+                loss = calibration_loss(healed, self.batches, self.tempered)
+            self.memo[removed] = loss if math.isfinite(loss) else math.inf
+        return self.memo[removed]
+
+
 def tensors_in(value: Any) -> list[torch.Tensor]:
     """The tensors in a module's output (a tensor, or tuples, lists and mappings of them)."""
     if torch.is_tensor(value):

@@ -314,9 +314,10 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
                ridge: float = healing.RIDGE, strict: bool = True) -> nn.Module:
     """Apply `plan` (see module docstring) and record it on the model as ``model.zoo_plan``.
 
-    ``heal="linear"`` fits, for each run of removed blocks, a channel map on the `calibration` inputs and fuses it
-    into the last linear op of the kept block before the run (:mod:`zoo.pruning.healing`; ``model.zoo_heal`` lists
-    the patches, ``model.zoo_unhealed`` the runs left as they were, with why); a run it cannot heal raises
+    ``heal="linear"`` fits, for each run of removed residual units, a channel map on the `calibration` inputs and
+    fuses it into the last linear op of the kept unit before the run (:mod:`zoo.pruning.healing`;
+    ``model.zoo_heal`` lists the patches, ``model.zoo_unhealed`` the runs left as they were, with why); a run it
+    cannot heal raises
     :class:`~zoo.pruning.healing.HealError` before anything is changed, or, with ``strict=False``, is left unhealed.
 
     ``blend=True`` (with ``merge: false``; or ``"blend": true`` in the plan) keeps removed activations as fading
@@ -366,7 +367,7 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
     model.zoo_plan = record
     if heal == "linear":
         model.zoo_heal = [patch.to_dict() for patch, _ in patches]
-        model.zoo_unhealed = unhealed
+        model.zoo_unhealed = {**unhealed, **healing.not_healed(model, removed)}
     return model
 
 
