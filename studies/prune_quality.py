@@ -127,6 +127,9 @@ RULES: dict[str, dict[str, str]] = {  # rule: the prune.* settings that make it
     "block_influence": {"search": "dp", "importance": "block_influence"},
     "angular": {"search": "angular", "importance": "loss"}, "reverse": {"search": "reverse", "importance": "loss"},
     "kbest": {"search": "kbest", "importance": "loss"}, "local": {"search": "local", "importance": "loss"},
+    # the default with each run of removed residual units healed by a fused linear patch (issue 60): its finalists
+    # judged healed, its quality one-shot and after the short fine-tune healed as prune.heal=linear ships it
+    "interaction_healed": {"search": "interaction", "importance": "tempered", "recovery_steps": "0", "heal": "linear"},
 }
 TEST_RULES = ("interaction_tempered", "interaction_one_shot", "dp_loss", "greedy", "random", "sleb", "block_influence",
               "angular", "reverse")
@@ -138,6 +141,14 @@ DEV_SEEDS = (100, 101, 102)
 CONFIRMATORY: dict[str, Any] = {"families": ["mobilenetv2_050", "resnetv2_50x1_bit_w0.5", "tresnet_m_w0.125",
                                              "retnet_tiny8"], "first_seed": 6, "seeds": 10, "device": "cpu",
                                 "default": "interaction_tempered", "name": "prune_quality_confirmatory_cpu"}
+# The healing run (``--healing``), declared 2026-12-07 before it ran (docs/studies.md, "Healing"): the same four
+# tasks, fresh seeds 16-20; the default (its search unhealed) against the same search healed (``interaction_healed``:
+# the primary comparison, healed vs unhealed at the measured target) and against greedy, random and SLEB, paired over
+# seeds with Holm's correction within each family, one-shot and after the short fine-tune
+HEALING: dict[str, Any] = {"families": CONFIRMATORY["families"], "first_seed": 16, "seeds": 5, "device": "cpu",
+                           "default": "interaction_tempered",
+                           "rules": ["interaction_healed", "greedy", "random", "sleb"],
+                           "name": "prune_quality_healing_cpu"}
 SHORT_EPOCHS = 1
 TOLERANCE = 0.02          # a plan is at the target when its measured speed-up is within 2 % of it
 CORRECTIONS = 4           # searches again for a corrected target, at most
@@ -336,19 +347,25 @@ class Family:
             total += next(c.damage for c in seg if c.removed == frozenset(removed & units))
         return total
 
-    def qualities(self, seed: int, plan: dict[str, Any], loader: Any = None, reference: Any = None
-                  ) -> dict[str, Any]:
+    def qualities(self, seed: int, plan: dict[str, Any], loader: Any = None, reference: Any = None,
+                  heal: str = "none") -> dict[str, Any]:
         """Quality of `plan` one-shot and after the short fine-tune (seeded by `seed`), per sample of `loader` (the
-        validation split by default; `reference`: the baseline's outputs on it)."""
+        validation split by default; `reference`: the baseline's outputs on it); ``heal="linear"``: healed on the
+        seed's calibration batches, as ``prune.heal=linear`` ships it (a run it cannot heal stays as is)."""
         from zoo.jobs.finetune import finetune
+        from zoo.jobs.plan import calibration_batches
         from zoo.pruning import surgery
         from zoo.training.logger import NullLogger
 
         loader, reference = (self.data.val, self.reference) if loader is None else (loader, reference)
         cfg, data = self.seeded(seed, "interaction", TARGETS[0])
-        one_shot = surgery.apply_plan(self.baseline, plan, inplace=False)
+        healing = {}
+        if heal == "linear":
+            healing = {"heal": "linear", "strict": False, "ridge": cfg.prune.heal_ridge,
+                       "calibration": [x for x, _ in calibration_batches(data, cfg.prune.calib_batches)]}
+        one_shot = surgery.apply_plan(self.baseline, plan, inplace=False, **healing)
         found = {"one_shot": per_sample(one_shot, loader, reference, self.limit)}
-        short = self.compose(seed, [f"finetune.epochs={SHORT_EPOCHS}"])
+        short = self.compose(seed, [f"finetune.epochs={SHORT_EPOCHS}", f"prune.heal={heal}"])
         with tempfile.TemporaryDirectory(dir=self.root) as scratch:
             model, _ = finetune(short, self.baseline, plan, data, NullLogger(), Path(scratch), self._plain(short))
         found["short"] = per_sample(model, loader, reference, self.limit)
@@ -384,7 +401,8 @@ def files_digest(*paths: Path) -> str:
 
 
 SEARCH_CODE = ("zoo.pruning.search", "zoo.pruning.importance", "zoo.jobs.plan")  # what a plan depends on
-QUALITY_CODE = ("zoo.pruning.surgery", "zoo.jobs.finetune")  # what a plan's quality depends on, besides training
+# what a plan's quality depends on, besides training
+QUALITY_CODE = ("zoo.pruning.surgery", "zoo.pruning.healing", "zoo.jobs.finetune")
 
 
 def plain_plan(plan: dict[str, Any]) -> dict[str, Any]:
@@ -545,9 +563,11 @@ def run_family(name: str, overrides: list[str], seeds: list[int], root: Path, ru
         for used in cell["used"]:
             plan = used.pop("plan")
             used["name"] = plan_name(plan)
+            heal = RULES[cell["rule"]].get("heal", "none")
             key = {**family.key, "seed": cell["seed"], "plan": plan, "short_epochs": SHORT_EPOCHS, "what": "quality",
-                   "code": code_digest(*QUALITY_CODE)}
-            qualities[used["name"]] = cached(family, key, lambda p=plan, s=cell["seed"]: family.qualities(s, p))
+                   "code": code_digest(*QUALITY_CODE), **({"heal": heal} if heal != "none" else {})}
+            qualities[used["name"]] = cached(family, key, lambda p=plan, s=cell["seed"], h=heal:
+                                             family.qualities(s, p, heal=h))
             used["plan_score"] = family.plan_score(cell["seed"], plan)
             used["surrogate"] = family.surrogate(cell["seed"], plan)
             used["one_shot_loss"] = qualities[used["name"]]["one_shot"]["loss"]
@@ -829,6 +849,7 @@ def command_line() -> CommandLine:
     parser.add_argument("--first-seed", type=whole, default=None, help="seeds first_seed, first_seed + 1, ... "
                         "(default 0): fresh seeds for a confirmatory run (never the development seeds)")
     parser.add_argument("--confirmatory", action="store_true", help="the run declared in advance (CONFIRMATORY)")
+    parser.add_argument("--healing", action="store_true", help="the healing run declared in advance (HEALING)")
     parser.add_argument("--out", type=out_folder, default=None)
     parser.add_argument("--workdir", type=out_folder, default=None,
                         help="baselines, caches and finished cells (default: a temp dir)")
@@ -843,8 +864,11 @@ def command_line() -> CommandLine:
 def argument_problem(args: argparse.Namespace) -> str | None:
     """What the arguments ask for together that this study cannot do (None: nothing): a confirmatory run with
     anything but what was declared, tested seeds that are the selection's development seeds."""
-    if args.confirmatory:
-        return confirmatory_problem(args)
+    if args.confirmatory and args.healing:
+        return "--confirmatory and --healing are two declared runs: run one at a time"
+    if args.confirmatory or args.healing:
+        return declared_problem(args, *((CONFIRMATORY, "--confirmatory") if args.confirmatory else
+                                        (HEALING, "--healing")))
     if args.summarise or args.select:
         return None
     return seed_problem(args.first_seed or 0, args.seeds or (2 if args.quick else 5))
@@ -857,6 +881,10 @@ def main(argv: list[str] | None = None) -> None:
         args.families = list(CONFIRMATORY["families"])
         args.first_seed, args.seeds, args.device = (CONFIRMATORY[k] for k in ("first_seed", "seeds", "device"))
         name = CONFIRMATORY["name"]
+    if args.healing:
+        args.families, args.rules = list(HEALING["families"]), list(HEALING["rules"])
+        args.first_seed, args.seeds, args.device = (HEALING[k] for k in ("first_seed", "seeds", "device"))
+        name = HEALING["name"]
     if args.summarise:
         print(markdown(summarise_again(args.summarise, args.out)))
         return
@@ -873,20 +901,20 @@ def main(argv: list[str] | None = None) -> None:
                        args.rules, args.first_seed or 0, args.resume, name)))
 
 
-def confirmatory_problem(args: argparse.Namespace) -> str | None:
-    """Why ``--confirmatory`` cannot run with these arguments (None: it can): it runs only what CONFIRMATORY
-    declares, with the default that was declared."""
+def declared_problem(args: argparse.Namespace, declared: dict[str, Any], flag: str) -> str | None:
+    """Why a declared run (``--confirmatory``: CONFIRMATORY, ``--healing``: HEALING) cannot run with these arguments
+    (None: it can): it runs only what was declared, with the default that was declared."""
     given = [flag for flag, value in (("--families", args.families), ("--seeds", args.seeds), ("--first-seed",
              args.first_seed), ("--quick", args.quick or None), ("--rules", args.rules), ("--select", args.select or
              None), ("--summarise", args.summarise)) if value is not None]
-    if args.device not in (None, CONFIRMATORY["device"]):
+    if args.device not in (None, declared["device"]):
         given.append(f"--device {args.device}")
     if given:
-        return (f"--confirmatory runs the declared families, seeds, rules and device (CONFIRMATORY: {CONFIRMATORY}); "
-                f"not with {', '.join(given)}; allowed beside it: --device {CONFIRMATORY['device']}, --workdir, "
+        return (f"{flag} runs the declared families, seeds, rules and device ({declared}); "
+                f"not with {', '.join(given)}; allowed beside it: --device {declared['device']}, --workdir, "
                 "--out, --resume")
-    if default_rule() != CONFIRMATORY["default"]:
-        return (f"--confirmatory was declared for the default {CONFIRMATORY['default']!r}, but conf/prune.yaml now "
+    if default_rule() != declared["default"]:
+        return (f"{flag} was declared for the default {declared['default']!r}, but conf/prune.yaml now "
                 f"sets {default_rule()!r}; a changed default needs a new declaration")
     return None
 

@@ -78,12 +78,15 @@ def test_prune_quality_resume_refuses_what_is_not_its_result(tmp_path):
         assert proc.returncode == 2 and f"argument --resume: {path}" in proc.stderr, proc.stderr[-2000:]
         assert "python -m studies.prune_quality wrote" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "w").exists()
-    for extra in (["--seeds", "3"], ["--select"], ["--device", "cuda"], ["--first-seed", "0"]):
-        proc = subprocess.run([sys.executable, "-m", "studies.prune_quality", "--confirmatory", *extra,
-                               "--workdir", str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT,
-                              env=env_for(tmp_path), timeout=300)
-        assert proc.returncode == 2 and f"not with {' '.join(extra[:1 + (extra[0] == '--device')])};" in proc.stderr
-        assert not (tmp_path / "w").exists()
+    for declared in ("--confirmatory", "--healing"):
+        for extra in (["--seeds", "3"], ["--select"], ["--device", "cuda"], ["--first-seed", "0"], ["--rules", "sleb"]):
+            proc = subprocess.run([sys.executable, "-m", "studies.prune_quality", declared, *extra,
+                                   "--workdir", str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT,
+                                  env=env_for(tmp_path), timeout=300)
+            assert proc.returncode == 2, proc.stderr[-2000:]
+            assert f"{declared} runs the declared" in proc.stderr
+            assert f"not with {' '.join(extra[:1 + (extra[0] == '--device')])};" in proc.stderr
+            assert not (tmp_path / "w").exists()
     wanted = {"seeds": [6, 7], "code": "a", "rules": ["x"]}
     assert differing(dict(wanted), wanted) == [] and differing(None, wanted) == ["code", "rules", "seeds"]
     assert differing({**wanted, "seeds": [6], "extra": 1}, wanted) == ["extra", "seeds"]
@@ -98,7 +101,7 @@ def test_prune_quality_quick_computes_its_verdicts(tmp_path):
 
     default = default_rule()  # the rule whose settings conf/prune.yaml has
     assert RULES[default]["search"] == "interaction" and RULES[default]["recovery_steps"] == "0"
-    rules = [default, "dp_loss", "random", "sleb"]
+    rules = [default, "dp_loss", "random", "sleb", "interaction_healed"]
     command = [sys.executable, "-m", "studies.prune_quality", "--quick", "--seeds", "2", "--rules",
                ",".join(rules), "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "work")]
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env_for(tmp_path), timeout=900)
