@@ -39,6 +39,7 @@ def test_a_given_plan_whose_run_cannot_be_healed_is_refused(tmp_path):
                            f"prune.plan={plan}", base=tmp_path)
     assert out.returncode == 2, out.stdout[-2000:]
     assert "no Linear or full Conv of layer1.0 reaches its output unchanged" in out.stdout
+    assert "training the baseline" not in out.stdout  # refused on the untrained architecture, before any training
     assert not (tmp_path / "run" / "results.json").exists()
 
 

@@ -109,6 +109,20 @@ def check_ceiling_before_training(cfg: Any, request: PruneRequest, data: Any, ta
     against_ceiling(cfg, target, table, latency_only_options(table, request.prune.max_memory_mb))
 
 
+def check_plan_before_training(cfg: Any, request: PruneRequest, data: Any) -> None:
+    """Refuse a given ``prune.plan`` that does not apply (or, with ``prune.heal=linear``, cannot be healed) before the
+    baseline trains: checked on the untrained architecture, its zero-initialised parameters drawn afresh (a zero
+    layer scale or last BatchNorm would hide which op reaches a block's output; trained weights have none)."""
+    import torch
+
+    from ..models.discovery import _genericise
+    from .model_spec import build_model
+
+    architecture = build_model(cfg.model, data, pretrained=False).eval()
+    _genericise(architecture, torch.Generator().manual_seed(0))
+    checked_plan(request.plan, architecture, request.prune.heal)
+
+
 def forget_results_without_checkpoint(output_dir: Path, ours: str) -> None:
     """A finished run of this config whose pruned checkpoint is gone or changed is not finished: its results file is
     dropped (with a warning) so that the run completes again from its saved state."""
@@ -158,6 +172,9 @@ def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, re
     if dist.is_main and not dist.enabled and request.plan is None and not baseline_ready(cfg, config):
         with phase(timings, "ceiling"):  # before the baseline trains: a target beyond reach is refused first
             check_ceiling_before_training(cfg, request, data, target)
+    if dist.is_main and not dist.enabled and request.plan is not None and not baseline_ready(cfg, config):
+        with phase(timings, "plan_check"):  # a given plan that does not apply is refused before the baseline trains
+            check_plan_before_training(cfg, request, data)
     with phase(timings, "baseline"):
         baseline, baseline_path = load_or_train_baseline(cfg, data, config)
         baseline.eval()
