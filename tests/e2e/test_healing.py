@@ -12,9 +12,11 @@ from ..helpers import TINY_LM, TINY_PRUNE, prune_in_process
 def test_prune_py_heals_the_plan_and_reports_one_shot_metrics_beside_the_unhealed(tmp_path):
     plan = tmp_path / "plan.json"  # two runs of removed blocks and an activation (which no patch is for)
     plan.write_text(json.dumps({"remove": ["blocks.3.1", "blocks.3.2", "blocks.5.1", "blocks.4.1.bn1.act"]}))
-    out = prune_in_process(*TINY_PRUNE, "logger=none", "prune.heal=linear", f"prune.plan={plan}", base=tmp_path)
+    out = prune_in_process(*TINY_PRUNE, "logger=none", "prune.heal=linear", f"prune.plan={plan}", "prune.export=onnx",
+                           base=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["export"]["passed"] is True  # the ONNX file carries the healed weights: its logits are ours
     heal = results["heal"]
     assert [(p["before"], p["gap"]) for p in heal["patches"]] == [("blocks.3.0", ["blocks.3.1", "blocks.3.2"]),
                                                                    ("blocks.5.0", ["blocks.5.1"])]
@@ -69,3 +71,14 @@ def test_prune_py_heals_a_retnet_plan_through_the_previous_sublayer(tmp_path):
     heal = json.loads((tmp_path / "run" / "results.json").read_text())["heal"]
     assert [(p["gap"], p["into"]) for p in heal["patches"]] == [(["blocks.1.retention"], "blocks.0.ffn.down_proj")]
     assert all("val/ppl" in m for stage in ("one_shot", "finetuned") for m in heal[stage].values())
+
+
+def test_a_plain_least_squares_fit_without_enough_calibration_is_refused_before_any_work(tmp_path):
+    """prune.heal_ridge=0 needs, for the op a gap's patch goes into, at least as many calibration rows as it has
+    channels; a RetNet's (one row per token) with one calibration sequence of 32 tokens has 64 channels."""
+    tiny = [o for o in TINY_LM if not o.startswith(("data.batch_size", "prune.calib_batches"))]
+    out = prune_in_process(*tiny, "logger=none", "prune.heal=linear", "prune.heal_ridge=0", "data.batch_size=1",
+                           "prune.calib_batches=1", base=tmp_path)
+    assert out.returncode == 2, out.stdout[-2000:]
+    assert "prune.heal_ridge=0 with prune.calib_batches=1 batches of data.batch_size=1" in out.stdout
+    assert "only with a ridge" in out.stdout and "training the baseline" not in out.stdout

@@ -109,18 +109,27 @@ def check_ceiling_before_training(cfg: Any, request: PruneRequest, data: Any, ta
     against_ceiling(cfg, target, table, latency_only_options(table, request.prune.max_memory_mb))
 
 
-def check_plan_before_training(cfg: Any, request: PruneRequest, data: Any) -> None:
-    """Refuse a given ``prune.plan`` that does not apply (or, with ``prune.heal=linear``, cannot be healed) before the
-    baseline trains: checked on the untrained architecture, its zero-initialised parameters drawn afresh (a zero
-    layer scale or last BatchNorm would hide which op reaches a block's output; trained weights have none)."""
+def check_plan_before_training(cfg: Any, request: PruneRequest, data: Any, plan: bool) -> None:
+    """On the untrained architecture, its zero-initialised parameters drawn afresh (a zero layer scale or last
+    BatchNorm would hide which op reaches a block's output; trained weights have none): refuse a given
+    ``prune.plan`` that does not apply or, with ``prune.heal=linear``, cannot be healed (`plan`), and, with
+    ``prune.heal_ridge=0``, calibration too small for the map of a gap the search may choose."""
     import torch
 
     from ..models.discovery import _genericise
+    from ..pruning.healing import HealError, rows_problem
     from .model_spec import build_model
 
     architecture = build_model(cfg.model, data, pretrained=False).eval()
     _genericise(architecture, torch.Generator().manual_seed(0))
-    checked_plan(request.plan, architecture, request.prune.heal)
+    if plan:
+        checked_plan(request.plan, architecture, request.prune.heal)
+    if request.prune.heal == "linear" and request.prune.heal_ridge == 0:
+        batch = next(iter(data.train))[0]  # a calibration batch is a training batch
+        problem = rows_problem(architecture, batch, request.prune.calib_batches)
+        if problem:
+            raise HealError(f"prune.heal_ridge=0 with prune.calib_batches={request.prune.calib_batches} batches of "
+                            f"data.batch_size={cfg.data.batch_size}: {problem}")
 
 
 def forget_results_without_checkpoint(output_dir: Path, ours: str) -> None:
@@ -172,9 +181,10 @@ def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, re
     if dist.is_main and not dist.enabled and request.plan is None and not baseline_ready(cfg, config):
         with phase(timings, "ceiling"):  # before the baseline trains: a target beyond reach is refused first
             check_ceiling_before_training(cfg, request, data, target)
-    if dist.is_main and not dist.enabled and request.plan is not None and not baseline_ready(cfg, config):
-        with phase(timings, "plan_check"):  # a given plan that does not apply is refused before the baseline trains
-            check_plan_before_training(cfg, request, data)
+    given = request.plan is not None and not baseline_ready(cfg, config)  # (else checked as the baseline loads)
+    if dist.is_main and not dist.enabled and (given or (p.heal == "linear" and p.heal_ridge == 0)):
+        with phase(timings, "plan_check"):  # what a plan or its healing cannot do, before the baseline trains
+            check_plan_before_training(cfg, request, data, given)
     with phase(timings, "baseline"):
         baseline, baseline_path = load_or_train_baseline(cfg, data, config)
         baseline.eval()

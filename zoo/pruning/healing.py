@@ -307,6 +307,24 @@ def check_healable(model: nn.Module, pruned: nn.Module, removed: Sequence[str], 
                 raise HealError(_too_few(rows, channels))
 
 
+def rows_problem(model: nn.Module, batch: torch.Tensor, batches: int) -> str | None:
+    """With a ridge of 0, whether `batches` calibration batches like `batch` give every gap a search may choose at
+    least as many rows as its op has channels (None: they do), for each kept unit a gap could follow."""
+    units = [u.name for u in model.depth_unit_specs() if u.kind in RESIDUAL_KINDS]
+    for before in dict.fromkeys(units[:-1]):
+        found = _target(model.eval(), before, batch)
+        if isinstance(found, str):
+            continue  # a gap after it is left unhealed: no rows needed
+        capture = _Capture(model)
+        capture.output(found[0], "z")
+        shape = capture.run(batch)["z"].shape
+        channels = shape[_channel_axis(model.get_submodule(found[0]))]
+        rows = batches * (shape.numel() // channels)
+        if rows < channels:
+            return f"a gap after {before}: {_too_few(rows, channels)}"
+    return None
+
+
 def _too_few(rows: int, channels: int) -> str:
     return (f"{rows} calibration rows fit a {channels}x{channels} map only with a ridge (heal_ridge > 0) or more "
             f"calibration batches (at least {channels} rows)")
