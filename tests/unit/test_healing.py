@@ -150,3 +150,34 @@ def test_retnet_sublayer_runs_are_healed_into_the_previous_projection():
     with pytest.raises(HealError, match="starts the network"):
         zoo.apply_plan(model, {"remove": ["blocks.0.retention"]}, inplace=False, heal="linear",
                        calibration=calibration)
+
+
+def test_a_fit_that_fails_leaves_an_in_place_model_as_it_was(mobilenet):
+    """The maps are fitted on a pruned copy: a gap whose plain least squares fails (ridge 0, rows that span fewer
+    channels than the op has) is refused before the model changes, and the model keeps its train/eval mode."""
+    model = copy.deepcopy(mobilenet).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    blocks = removable_blocks(model)
+    one = batches(1, seed=4, batch=1)[0]
+    calibration = [one.expand(30, -1, -1, -1).clone(), batches(1, seed=5, batch=1)[0]]  # few distinct rows
+    with pytest.raises(HealError, match="plain least squares|only with a ridge"):
+        zoo.apply_plan(model, {"remove": [blocks[1], blocks[-1]]}, heal="linear", calibration=calibration,
+                       ridge=0.0)
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert model.training and not getattr(model, "zoo_plan", {}).get("remove")
+    healed = zoo.apply_plan(model, {"remove": [blocks[1]]}, inplace=False, heal="linear", calibration=batches(2, 6))
+    assert model.training and healed.training  # the strict checks leave the mode as it was
+    with pytest.raises(HealError, match="not one tensor"):
+        zoo.apply_plan(model, {"remove": []}, inplace=False, heal="linear", calibration=one)
+
+
+def test_a_removed_sublayer_of_a_discovered_block_is_listed_as_not_healed():
+    model = zoo.create_model("timm/test_vit").eval()
+    subs = [u.name for u in model.depth_unit_specs() if u.kind == "sublayer" and u.removable]
+    blocks = [u.name for u in model.depth_unit_specs() if u.kind == "block" and u.removable]
+    plan = {"remove": [subs[-1], blocks[1]]}
+    healed = zoo.apply_plan(model, plan, inplace=False, heal="linear",
+                            calibration=[torch.randn(4, *model.example_input(1).shape[1:])])
+    assert list(healed.zoo_unhealed) == [subs[-1]] and "sub-layer" in healed.zoo_unhealed[subs[-1]]
+    assert [p["gap"] for p in healed.zoo_heal] == [[blocks[1]]]

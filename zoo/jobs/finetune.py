@@ -81,11 +81,15 @@ def heal_report(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any) 
     healed and not. Returns the report with ``apply``: the arguments that heal the fine-tuned network the same way."""
     import time
 
+    from ..training import distributed as dist_utils
     from ..training import evaluate
     from .plan import calibration_batches
 
     device = next(baseline.parameters()).device
-    calibration = [inputs.to(device) for inputs, _ in calibration_batches(data, cfg.prune.calib_batches)]
+    main = dist_utils.info().is_main  # every rank heals with rank 0's batches (each rank reads its own shard)
+    calibration = dist_utils.broadcast_object(
+        [inputs.cpu() for inputs, _ in calibration_batches(data, cfg.prune.calib_batches)] if main else None)
+    calibration = [inputs.to(device) for inputs in calibration]
     apply = {"heal": "linear", "calibration": calibration, "ridge": cfg.prune.heal_ridge, "strict": False}
     started = time.perf_counter()
     healed = surgery.apply_plan(baseline, plan, inplace=False, **apply).eval()

@@ -117,7 +117,7 @@ def check_plan_before_training(cfg: Any, request: PruneRequest, data: Any, plan:
     import torch
 
     from ..models.discovery import _genericise
-    from ..pruning.healing import HealError, rows_problem
+    from ..pruning.healing import HealError, check_healable, rows_problem
     from .model_spec import build_model
 
     architecture = build_model(cfg.model, data, pretrained=False).eval()
@@ -126,6 +126,11 @@ def check_plan_before_training(cfg: Any, request: PruneRequest, data: Any, plan:
         checked_plan(request.plan, architecture, request.prune.heal)
     if request.prune.heal == "linear" and request.prune.heal_ridge == 0:
         batch = next(iter(data.train))[0]  # a calibration batch is a training batch
+        if request.plan is not None:  # a given plan: its own gaps
+            pruned = surgery.apply_plan(architecture, request.plan, inplace=False)
+            check_healable(architecture, pruned, list(request.plan.get("remove", [])),
+                           [batch] * request.prune.calib_batches, ridge=0.0)
+            return
         problem = rows_problem(architecture, batch, request.prune.calib_batches)
         if problem:
             raise HealError(f"prune.heal_ridge=0 with prune.calib_batches={request.prune.calib_batches} batches of "
@@ -182,7 +187,7 @@ def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, re
         with phase(timings, "ceiling"):  # before the baseline trains: a target beyond reach is refused first
             check_ceiling_before_training(cfg, request, data, target)
     given = request.plan is not None and not baseline_ready(cfg, config)  # (else checked as the baseline loads)
-    if dist.is_main and not dist.enabled and (given or (p.heal == "linear" and p.heal_ridge == 0)):
+    if dist.is_main and not dist.enabled and (given or (p.heal == "linear" and p.heal_ridge == 0)):  # torchrun: later
         with phase(timings, "plan_check"):  # what a plan or its healing cannot do, before the baseline trains
             check_plan_before_training(cfg, request, data, given)
     with phase(timings, "baseline"):

@@ -71,10 +71,9 @@ def gaps(model: nn.Module, removed: Iterable[str]) -> list[tuple[str, list[str]]
     return runs
 
 
-def not_healed(model: nn.Module, removed: Iterable[str]) -> dict[str, str]:
-    """The removed units no gap covers (a discovered block's sub-layer: its branch ends inside the block), with why;
-    they stay removed, unhealed."""
-    kinds = {u.name: u.kind for u in model.depth_unit_specs()}
+def not_healed(kinds: dict[str, str], removed: Iterable[str]) -> dict[str, str]:
+    """The removed units no gap covers (a discovered block's sub-layer: its branch ends inside the block), with why,
+    from each unit's kind (of the unpruned model); they stay removed, unhealed."""
     return {name: f"{name} is a sub-layer of its block ({kinds[name]}): only runs of whole residual units are healed"
             for name in removed if kinds.get(name) == "sublayer"}
 
@@ -241,12 +240,21 @@ def fit_patch(pruned: nn.Module, gap: Gap, calibration: Sequence[torch.Tensor], 
     if ridge <= 0 and z.shape[0] < channels:
         raise HealError(_too_few(z.shape[0], channels))
     gram = z.T @ z
+    if ridge <= 0 and (rank := int(torch.linalg.matrix_rank(gram))) < channels:
+        raise HealError(f"cannot heal the gap {', '.join(gap.blocks)}: its calibration rows span {rank} of the "
+                        f"{channels} channels of {into}, so the plain least squares has no unique map; use a ridge "
+                        f"(heal_ridge > 0) or more varied calibration batches")
     damp = ridge * float(torch.trace(gram)) / channels
-    delta = torch.linalg.solve(gram + damp * torch.eye(channels, dtype=gram.dtype), z.T @ d).T  # D: out = z @ D.T
+    eye = torch.eye(channels, dtype=gram.dtype, device=gram.device)
+    try:
+        delta = torch.linalg.solve(gram + damp * eye, z.T @ d).T  # D: out = z @ D.T
+    except torch.linalg.LinAlgError as exc:
+        raise HealError(f"cannot heal the gap {', '.join(gap.blocks)}: the least squares for {into} is singular "
+                        f"({exc}); use a ridge (heal_ridge > 0)") from exc
     norm = float(y.norm()) or 1.0
     unhealed, healed = float(want.norm()) / norm, float((want - (z @ delta.T) * gain).norm()) / norm
     patch = Patch(tuple(gap.blocks), gap.before, into, z.shape[0], unhealed, healed, time.perf_counter() - started)
-    return patch, torch.eye(channels, dtype=delta.dtype) + delta
+    return patch, eye + delta
 
 
 def fuse(model: nn.Module, into: str, patch_map: torch.Tensor) -> None:
@@ -289,22 +297,37 @@ def check_healable(model: nn.Module, pruned: nn.Module, removed: Sequence[str], 
                    ridge: float | None = None) -> None:
     """Raise :class:`HealError` if a gap of `removed` cannot be healed: no kept block before it, a module between
     that block and the gap, no op of that block (in `pruned`, the model with the plan applied) to fold a patch into
-    and, with a `ridge` of 0, fewer calibration rows than the op has channels. Fits nothing."""
-    for gap in gap_targets(model.eval(), removed, calibration[:1]):
-        if gap.reason:
-            raise HealError(gap.reason)
-        found = _target(pruned.eval(), gap.before, calibration[0])
-        if isinstance(found, str):
-            raise HealError(f"cannot heal the gap {', '.join(gap.blocks)}: {found}")
-        if ridge is not None and ridge <= 0:
-            op = pruned.get_submodule(found[0])
-            capture = _Capture(pruned)
-            capture.output(found[0], "z")
-            shape = capture.run(calibration[0])["z"].shape
-            channels = shape[_channel_axis(op)]
-            rows = len(calibration) * (shape.numel() // channels)
-            if rows < channels:
-                raise HealError(_too_few(rows, channels))
+    and, with a `ridge` of 0, fewer calibration rows than the op has channels. Fits nothing; both models are left in
+    the mode they were in."""
+    modes = model.training, pruned.training
+    try:
+        model.eval()
+        pruned.eval()
+        for gap in gap_targets(model, removed, calibration[:1]):
+            if gap.reason:
+                raise HealError(gap.reason)
+            found = _target(pruned, gap.before, calibration[0])
+            if isinstance(found, str):
+                raise HealError(f"cannot heal the gap {', '.join(gap.blocks)}: {found}")
+            if ridge is not None and ridge <= 0:
+                channels, rows = _rows_of(pruned, found[0], calibration)
+                if rows < channels:
+                    raise HealError(f"cannot heal the gap {', '.join(gap.blocks)}: {_too_few(rows, channels)}")
+    finally:
+        model.train(modes[0])
+        pruned.train(modes[1])
+
+
+def _rows_of(model: nn.Module, into: str, calibration: Sequence[torch.Tensor]) -> tuple[int, int]:
+    """(channels, calibration rows) of the op `into`'s output over every calibration batch."""
+    rows, channels = 0, 0
+    for x in calibration:
+        capture = _Capture(model)
+        capture.output(into, "z")
+        shape = capture.run(x)["z"].shape
+        channels = shape[_channel_axis(model.get_submodule(into))]
+        rows += shape.numel() // channels
+    return channels, rows
 
 
 def rows_problem(model: nn.Module, batch: torch.Tensor, batches: int) -> str | None:
@@ -312,14 +335,10 @@ def rows_problem(model: nn.Module, batch: torch.Tensor, batches: int) -> str | N
     least as many rows as its op has channels (None: they do), for each kept unit a gap could follow."""
     units = [u.name for u in model.depth_unit_specs() if u.kind in RESIDUAL_KINDS]
     for before in dict.fromkeys(units[:-1]):
-        found = _target(model.eval(), before, batch)
+        found = _target(model, before, batch)
         if isinstance(found, str):
             continue  # a gap after it is left unhealed: no rows needed
-        capture = _Capture(model)
-        capture.output(found[0], "z")
-        shape = capture.run(batch)["z"].shape
-        channels = shape[_channel_axis(model.get_submodule(found[0]))]
-        rows = batches * (shape.numel() // channels)
+        channels, rows = _rows_of(model, found[0], [batch] * batches)
         if rows < channels:
             return f"a gap after {before}: {_too_few(rows, channels)}"
     return None
@@ -333,5 +352,5 @@ def _too_few(rows: int, channels: int) -> str:
 def check_heal(heal: str, calibration: Any) -> None:
     if heal not in HEALS:
         raise HealError(f"heal={heal!r} is not one of {', '.join(HEALS)}")
-    if heal == "linear" and not calibration:
-        raise HealError("heal='linear' needs calibration batches (a list of input tensors)")
+    if heal == "linear" and (calibration is None or torch.is_tensor(calibration) or not len(calibration)):
+        raise HealError("heal='linear' needs calibration batches: a list of input tensors (not one tensor)")

@@ -335,11 +335,13 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
     units = check_removable(model, removed)
     record = _combined(model, removed, merge, blend)
     healing.check_heal(heal, calibration)
-    if heal == "linear" and strict:  # every refusal before the model changes: checked on an unhealed copy
+    patches: list[tuple[healing.Patch, torch.Tensor]] = []
+    if heal == "linear":  # fitted on a pruned copy, so that every refusal comes before the model changes
+        gaps = _gap_targets(model, removed, calibration, strict)
         trial = apply_plan(model, plan, inplace=False, blend=blend)
-        set_linearisation(trial, 1.0)
-        healing.check_healable(model, trial, removed, list(calibration), ridge)
-    gaps = _gap_targets(model, removed, calibration, strict) if heal == "linear" else []
+        set_linearisation(trial, 1.0)  # fitted on the network as it ends up: removed activations gone
+        patches, unhealed = healing.heal(trial, gaps, list(calibration), ridge, strict)
+        unhealed.update(healing.not_healed({n: u.kind for n, u in units.items()}, removed))
     if not inplace:
         model = copy.deepcopy(model)
     block_names = [u.name for u in units.values() if u.kind == "block"]
@@ -360,14 +362,12 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
             continue
         block = model.get_submodule(block_name)
         model.set_submodule(block_name, rebuild_block(block, acts, merge, blend))
-    if heal == "linear":
-        set_linearisation(model, 1.0)  # fitted on the network as it ends up: removed activations gone
-        patches, unhealed = healing.heal(model, gaps, list(calibration), ridge, strict)
-        set_linearisation(model, 0.0)
+    for patch, patch_map in patches:  # the same surgery as the copy's: the same op at the same path
+        healing.fuse(model, patch.into, patch_map)
     model.zoo_plan = record
     if heal == "linear":
         model.zoo_heal = [patch.to_dict() for patch, _ in patches]
-        model.zoo_unhealed = {**unhealed, **healing.not_healed(model, removed)}
+        model.zoo_unhealed = unhealed
     return model
 
 
