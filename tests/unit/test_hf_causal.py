@@ -1,0 +1,101 @@
+"""Any transformers causal LM's decoder layers (zoo.models.hf_causal): found by structure, each proven (its removal
+equals the layer with every parameter zeroed), removed as a stock config says it, and saved as a folder that
+AutoModelForCausalLM loads with equal logits. Tiny random configs of eight families, built here (no download)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from zoo.errors import PlanError, ZooError  # noqa: E402
+from zoo.models import hf_causal  # noqa: E402
+
+SMALL = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+         "num_attention_heads": 4, "max_position_embeddings": 64, "bos_token_id": 0, "eos_token_id": 0}
+CONFIGS = {
+    "llama": lambda: transformers.LlamaConfig(**SMALL, num_key_value_heads=2),
+    "qwen2": lambda: transformers.Qwen2Config(**SMALL, num_key_value_heads=2),
+    "gemma2": lambda: transformers.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=8, sliding_window=4),
+    "phi3": lambda: transformers.Phi3Config(**SMALL, pad_token_id=0),
+    "mixtral": lambda: transformers.MixtralConfig(**SMALL, num_key_value_heads=2, num_local_experts=4),
+    "gpt_neox": lambda: transformers.GPTNeoXConfig(**SMALL),
+    "gpt2": lambda: transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=4, n_head=4, n_positions=64,
+                                            bos_token_id=0, eos_token_id=0),
+    "opt": lambda: transformers.OPTConfig(vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=4,
+                                          num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
+                                          bos_token_id=0, eos_token_id=0, pad_token_id=1),
+}
+
+
+def build(family: str, **changes):
+    torch.manual_seed(0)
+    config = CONFIGS[family]()
+    for key, value in changes.items():
+        setattr(config, key, value)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def logits(model, seed: int = 3) -> torch.Tensor:
+    tokens = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        return model(input_ids=tokens, use_cache=False).logits
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_every_layer_is_proven_and_a_whole_layer_plan_saves_as_a_stock_folder(family, tmp_path):
+    model = build(family)
+    path, layers = hf_causal.decoder_layers(model)
+    proofs = hf_causal.prove_layers(model)
+    assert [p.name for p in proofs] == [f"{path}.{i}" for i in range(4)] and all(p.removable for p in proofs), proofs
+    pruned = hf_causal.remove_layers(model, [1, 2], proofs)
+    zeroed = copy.deepcopy(model)  # what the proof says the removal is: those layers contributing nothing
+    with torch.no_grad():
+        for index in (1, 2):
+            for param in hf_causal.decoder_layers(zeroed)[1][index].parameters():
+                param.zero_()
+    torch.testing.assert_close(logits(pruned), logits(zeroed), rtol=1e-5, atol=1e-5)
+    assert len(hf_causal.decoder_layers(pruned)[1]) == 2 and len(layers) == 4  # the model itself is untouched
+    folder = hf_causal.save_stock(pruned, tmp_path / "stock")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert reloaded.config.num_hidden_layers == 2
+    torch.testing.assert_close(logits(reloaded), logits(pruned), rtol=1e-5, atol=1e-5)
+    kinds = getattr(model.config, "layer_types", None)
+    if kinds is not None:  # a per-layer list keeps the kept layers' entries
+        assert reloaded.config.layer_types == [kinds[0], kinds[3]]
+
+
+def test_a_post_norm_layer_is_refused_with_why():
+    model = build("opt", do_layer_norm_before=False)  # LN(x + f(x)): removing it is not f contributing nothing
+    proofs = hf_causal.prove_layers(model)
+    assert not any(p.removable for p in proofs) and all("not the layer contributing nothing" in p.reason
+                                                        for p in proofs)
+    with pytest.raises(PlanError, match="cannot be removed.*removable layers: none"):
+        hf_causal.remove_layers(model, [1], proofs)
+    with pytest.raises(PlanError, match="leaves no network"):
+        hf_causal.remove_layers(build("llama"), range(4))
+
+
+def test_a_removal_its_config_does_not_say_is_refused():
+    """remove_layers checks its result against the layers zeroed: a per-layer list left uncut (Gemma-2's sliding and
+    full layers with a 4-token window) would make the kept layers attend differently."""
+    model = build("gemma2")
+    pruned = hf_causal.remove_layers(model, [1])  # sliding, sliding, full
+    assert pruned.config.layer_types == ["sliding_attention", "sliding_attention", "full_attention"]
+    pruned.config.layer_types = list(reversed(pruned.config.layer_types))  # the wrong layers slide
+    with pytest.raises(ZooError, match="do not say the removal"):
+        hf_causal.check_removal(model, pruned, [1])
+
+
+def test_a_folder_that_does_not_reload_as_the_model_is_not_written(tmp_path):
+    """State a folder does not carry (a non-persistent buffer changed in memory) makes the reloaded logits differ:
+    nothing is written."""
+    pruned = hf_causal.remove_layers(build("llama"), [2])
+    with torch.no_grad():
+        pruned.model.rotary_emb.inv_freq.mul_(3.0)  # recomputed from the config on load
+    with pytest.raises(ZooError, match="logits differ"):
+        hf_causal.save_stock(pruned, tmp_path / "stock")
+    assert not list(tmp_path.iterdir())

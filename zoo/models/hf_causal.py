@@ -1,0 +1,223 @@
+"""Any Hugging Face causal language model's depth (issue 61, first part: the Python API).
+
+A decoder-only model that ``transformers.AutoModelForCausalLM`` builds keeps its decoder layers in one
+``nn.ModuleList`` of ``config.num_hidden_layers`` modules of one class (``model.layers``, ``transformer.h``,
+``gpt_neox.layers``, ``model.decoder.layers``): :func:`decoder_layers` finds it from the module structure, nothing
+named per family. Each layer is a depth unit only once it is **proven**: on random tokens, in float64, the network
+with the layer removed must equal the network with every parameter of that layer zeroed (its branches then add
+nothing to the stream), within :data:`TOLERANCE` of the logits' scale (:func:`prove_layers`). A post-norm layer
+(``LN(x + f(x))``), a layer that is not a residual around its input, or one whose forward does not take a removal,
+fails, with why.
+
+:func:`remove_layers` takes proven layers out the way a stock config can say it: the list shortened, every
+``layer_idx`` renumbered (the KV cache's slots), ``num_hidden_layers`` and every per-layer config list
+(``layer_types``, ...) cut to the kept layers, layer-index lists (``mlp_only_layers``) renumbered.
+:func:`save_stock` writes the result with ``save_pretrained`` (and the tokenizer), loads it back with
+``AutoModelForCausalLM`` (no custom code) and keeps the folder only if its logits equal the pruned model's.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import PlanError, ZooError
+from .depth import PassThrough
+
+TOLERANCE = 1e-9  # float64: the removed and the zeroed network differ by at most this much of the logits' scale
+SAVE_TOLERANCE = 1e-5  # the reloaded stock folder's logits against the pruned model's (float32)
+INDEX_LISTS = ("mlp_only_layers",)  # config lists that hold layer indices (renumbered), not one value per layer
+
+
+@dataclass
+class LayerProof:
+    """One decoder layer's proof: removable, the two networks' difference (of the logits' scale) and why not."""
+
+    index: int
+    name: str
+    removable: bool
+    error: float | None
+    reason: str = ""
+
+
+def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The path and the list of `model`'s decoder layers: the one ModuleList of ``num_hidden_layers`` modules of one
+    class. Raises :class:`ZooError` when there is none or more than one."""
+    count = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    if not isinstance(count, int) or count < 1:
+        raise ZooError(f"{type(model).__name__} has no config.num_hidden_layers: not a transformers causal LM whose "
+                       f"decoder layers could be found")
+    found = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.ModuleList)
+             and len(module) == count and len({type(layer) for layer in module}) == 1]
+    if len(found) != 1:
+        names = ", ".join(name for name, _ in found) or "none"
+        raise ZooError(f"{type(model).__name__}: {len(found)} lists of {count} layers of one class ({names}); "
+                       f"exactly one is its decoder layers")
+    return found[0]
+
+
+def _tokens(model: nn.Module, batch: int, length: int, seed: int) -> torch.Tensor:
+    vocab = model.config.vocab_size
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=tokens.to(next(model.parameters()).device), use_cache=False).logits
+
+
+def _twin(model: nn.Module, tokens: torch.Tensor, seed: int) -> tuple[nn.Module, float]:
+    """A float64 copy of `model` in eval mode (float32 where its code does not run in float64: then the two networks
+    must be equal exactly, a zero branch adding exactly nothing), its zero parameters drawn afresh, and the
+    tolerance of its proofs. Raises :class:`ZooError` when the model does not run on random tokens at all."""
+    for dtype, tolerance in ((torch.float64, TOLERANCE), (torch.float32, 0.0)):
+        twin = copy.deepcopy(model).to(dtype).eval()
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for param in twin.parameters():
+                if param.numel() and float(param.abs().max()) == 0.0:
+                    param.copy_(torch.rand(param.shape, generator=generator, dtype=param.dtype) * 0.5 + 0.5)
+        try:
+            _logits(twin, tokens)
+        except Exception as exc:  # noqa: BLE001 - code that fixes its own dtype: float32, exactly
+            failure = exc
+            continue
+        return twin, tolerance
+    raise ZooError(f"{type(model).__name__} does not run on random tokens {tuple(tokens.shape)} "
+                   f"({type(failure).__name__}: {str(failure)[:160]})")
+
+
+def prove_layers(model: nn.Module, length: int = 16, seed: int = 0) -> list[LayerProof]:
+    """Each decoder layer's proof (module docstring) on a float64 copy of `model` (:func:`_twin`), with parameters
+    that were zero drawn afresh (so that no branch vanishes by its initialisation) and `seed`'s random tokens."""
+    tokens = _tokens(model, 2, length, seed)
+    twin, tolerance = _twin(model, tokens, seed)
+    path, layers = decoder_layers(twin)
+    proofs = []
+    for index, layer in enumerate(list(layers)):
+        name = f"{path}.{index}"
+        zeroed = copy.deepcopy(layer)
+        with torch.no_grad():
+            for param in zeroed.parameters():
+                param.zero_()
+        try:
+            layers[index] = zeroed
+            reference = _logits(twin, tokens)
+            layers[index] = PassThrough(layer)
+            removed = _logits(twin, tokens)
+        except Exception as exc:  # noqa: BLE001 - a layer whose model does not take its removal
+            proofs.append(LayerProof(index, name, False, None, f"the network with it removed does not run "
+                                     f"({type(exc).__name__}: {str(exc)[:120]})"))
+            continue
+        finally:
+            layers[index] = layer
+        scale = float(reference.abs().max()) or 1.0
+        error = float((removed - reference).abs().max()) / scale
+        removable = bool(torch.isfinite(removed).all()) and error <= tolerance
+        reason = "" if removable else (f"its removal is not the layer contributing nothing (they differ by "
+                                       f"{error:.2g} of the logits' scale in {str(reference.dtype)[6:]}: a "
+                                       f"post-norm or non-residual layer, or one that returns more than its stream)")
+        proofs.append(LayerProof(index, name, removable, error, reason))
+    return proofs
+
+
+def remove_layers(model: nn.Module, remove: Iterable[int], proofs: Sequence[LayerProof] | None = None
+                  ) -> nn.Module:
+    """A copy of `model` without the decoder layers `remove` (indices), as a stock config says it (module
+    docstring). Each must be proven removable (`proofs`, default: :func:`prove_layers`); raises :class:`PlanError`
+    naming the ones that are not, and what may be removed."""
+    path, layers = decoder_layers(model)
+    drop = sorted(set(remove))
+    bad = [i for i in drop if not isinstance(i, int) or not 0 <= i < len(layers)]
+    if bad:
+        raise PlanError(f"layer indices {bad} are not layers of {type(model).__name__} (0 to {len(layers) - 1})")
+    if len(drop) == len(layers):
+        raise PlanError(f"removing all {len(layers)} decoder layers leaves no network; keep at least one")
+    proofs = list(proofs) if proofs is not None else prove_layers(model)
+    refused = [p for p in proofs if p.index in drop and not p.removable]
+    if refused:
+        allowed = [p.index for p in proofs if p.removable]
+        raise PlanError(f"layer {refused[0].index} ({refused[0].name}) cannot be removed: {refused[0].reason}; "
+                        f"removable layers: {allowed or 'none'}")
+    pruned = copy.deepcopy(model)
+    _, layers = decoder_layers(pruned)
+    kept = [layer for i, layer in enumerate(layers) if i not in drop]
+    for new_index, layer in enumerate(kept):
+        for module in layer.modules():
+            if isinstance(getattr(module, "layer_idx", None), int):
+                module.layer_idx = new_index
+    pruned.set_submodule(path, nn.ModuleList(kept))
+    _renumber_config(pruned.config, len(layers), drop)
+    check_removal(model, pruned, drop)
+    return pruned
+
+
+def check_removal(model: nn.Module, pruned: nn.Module, drop: Sequence[int], length: int = 16) -> None:
+    """Raise :class:`ZooError` unless `pruned` computes `model` with the layers `drop` contributing nothing (every
+    parameter zeroed), within :data:`SAVE_TOLERANCE` of the logits' scale on random tokens: the removal as its config
+    now says it (per-layer lists, cache slots) is the one proven."""
+    zeroed = copy.deepcopy(model).eval()
+    _, layers = decoder_layers(zeroed)
+    with torch.no_grad():
+        for index in drop:
+            for param in layers[index].parameters():
+                param.zero_()
+    tokens = _tokens(model, 2, length, seed=2)
+    ours, theirs = _logits(pruned.eval(), tokens).float(), _logits(zeroed, tokens).float()
+    error = float((ours - theirs).abs().max()) / (float(theirs.abs().max()) or 1.0)
+    if error > SAVE_TOLERANCE:
+        raise ZooError(f"without layers {list(drop)} the model differs from those layers zeroed by {error:.2g} of the "
+                       f"logits' scale (allowed {SAVE_TOLERANCE}): its config or cache slots do not say the removal")
+
+
+def _renumber_config(config: Any, count: int, drop: list[int]) -> None:
+    """Cut every per-layer list of `config` to the kept layers and renumber its layer-index lists."""
+    keep = [i for i in range(count) if i not in drop]
+    new_index = {old: new for new, old in enumerate(keep)}
+    for key, value in config.to_dict().items():
+        if key in INDEX_LISTS and isinstance(value, list):
+            setattr(config, key, [new_index[i] for i in value if i in new_index])
+        elif isinstance(value, list) and len(value) == count and key not in ("architectures",):
+            setattr(config, key, [value[i] for i in keep])
+    config.num_hidden_layers = len(keep)
+
+
+def save_stock(model: nn.Module, folder: str | Path, tokenizer: Any = None, length: int = 16) -> Path:
+    """Write `model` (pruned by :func:`remove_layers`) as a folder ``AutoModelForCausalLM.from_pretrained`` loads
+    with no custom code, with `tokenizer`'s files; kept only if the reloaded model's logits equal `model`'s within
+    :data:`SAVE_TOLERANCE` of their scale (raises :class:`ZooError` otherwise, leaving nothing at `folder`)."""
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        model.save_pretrained(staging)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        reloaded = AutoModelForCausalLM.from_pretrained(staging, trust_remote_code=False).eval()
+        tokens = _tokens(model, 2, length, seed=1)
+        ours, theirs = _logits(model.eval(), tokens).float(), _logits(reloaded, tokens).float()
+        scale = float(ours.abs().max()) or 1.0
+        error = float((ours - theirs).abs().max()) / scale if ours.shape == theirs.shape else float("inf")
+        if error > SAVE_TOLERANCE:
+            raise ZooError(f"the saved folder's logits differ from the pruned model's by {error:.2g} of their scale "
+                           f"(allowed {SAVE_TOLERANCE}): its config does not say this model; nothing was written")
+        if folder.exists():
+            shutil.rmtree(folder)
+        staging.replace(folder)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return folder
+
+
+__all__ = ["LayerProof", "check_removal", "decoder_layers", "prove_layers", "remove_layers", "save_stock"]
