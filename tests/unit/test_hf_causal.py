@@ -50,7 +50,8 @@ def test_every_layer_is_proven_and_a_whole_layer_plan_saves_as_a_stock_folder(fa
     model = build(family)
     path, layers = hf_causal.decoder_layers(model)
     proofs = hf_causal.prove_layers(model)
-    assert [p.name for p in proofs] == [f"{path}.{i}" for i in range(4)] and all(p.removable for p in proofs), proofs
+    whole = [p for p in proofs if p.kind == "layer"]
+    assert [p.name for p in whole] == [f"{path}.{i}" for i in range(4)] and all(p.removable for p in whole), proofs
     pruned = hf_causal.remove_layers(model, [1, 2], proofs)
     zeroed = copy.deepcopy(model)  # what the proof says the removal is: those layers contributing nothing
     with torch.no_grad():
@@ -70,7 +71,7 @@ def test_every_layer_is_proven_and_a_whole_layer_plan_saves_as_a_stock_folder(fa
 
 def test_a_post_norm_layer_is_refused_with_why():
     model = build("opt", do_layer_norm_before=False)  # LN(x + f(x)): removing it is not f contributing nothing
-    proofs = hf_causal.prove_layers(model)
+    proofs = [p for p in hf_causal.prove_layers(model) if p.kind == "layer"]
     assert not any(p.removable for p in proofs) and all("not the layer contributing nothing" in p.reason
                                                         for p in proofs)
     with pytest.raises(PlanError, match="cannot be removed.*removable layers: none"):
@@ -99,3 +100,29 @@ def test_a_folder_that_does_not_reload_as_the_model_is_not_written(tmp_path):
     with pytest.raises(ZooError, match="logits differ"):
         hf_causal.save_stock(pruned, tmp_path / "stock")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_attention_and_mlp_sublayers_are_proven_and_removed_to_zeros(family, tmp_path):
+    """Each layer's children with a weight matrix whose output is shaped like its input are sub-layers; removing one
+    (zeros in its output's structure, nothing computed) equals its parameters zeroed. OPT's MLP is two Linears in the
+    layer itself, not one module: refused, with why. A stock folder cannot say a removed sub-layer: refused."""
+    model = build(family)
+    path, layers = hf_causal.decoder_layers(model)
+    subs = [p for p in hf_causal.prove_layers(model) if p.kind == "sublayer" and p.index == 1]
+    offered = [p.name for p in subs if p.removable]
+    assert len(offered) == 2 if family != "opt" else offered == [f"{path}.1.self_attn"], subs
+    if family == "opt":
+        assert {p.reason for p in subs if not p.removable} == {"its output is not shaped like its input"}
+    pruned = hf_causal.remove_sublayers(model, offered[-1:])
+    zeroed = copy.deepcopy(model)
+    with torch.no_grad():
+        for param in zeroed.get_submodule(offered[-1]).parameters():
+            param.zero_()
+    assert isinstance(pruned.get_submodule(offered[-1]), hf_causal.ZeroOutput)
+    torch.testing.assert_close(logits(pruned), logits(zeroed), rtol=1e-5, atol=1e-5)
+    assert float((logits(pruned) - logits(model)).abs().max()) > 1e-4  # the sub-layer mattered
+    with pytest.raises(ZooError, match="no stock config"):
+        hf_causal.save_stock(pruned, tmp_path / "stock")
+    with pytest.raises(PlanError, match="cannot be removed"):
+        hf_causal.remove_sublayers(model, [f"{path}.1"])

@@ -7,7 +7,9 @@ named per family. Each layer is a depth unit only once it is **proven**: on rand
 with the layer removed must equal the network with every parameter of that layer zeroed (its branches then add
 nothing to the stream), within :data:`TOLERANCE` of the logits' scale (:func:`prove_layers`). A post-norm layer
 (``LN(x + f(x))``), a layer that is not a residual around its input, or one whose forward does not take a removal,
-fails, with why.
+fails, with why. Each layer's sub-layers (children with a weight matrix whose output is shaped like their input:
+its attention and MLP) are proven the same way against their own parameters zeroed, and removed by
+:func:`remove_sublayers` as :class:`ZeroOutput` (zeros, nothing computed), which no stock config can say.
 
 :func:`remove_layers` takes proven layers out the way a stock config can say it: the list shortened, every
 ``layer_idx`` renumbered (the KV cache's slots), ``num_hidden_layers`` and every per-layer config list
@@ -39,13 +41,30 @@ INDEX_LISTS = ("mlp_only_layers",)  # config lists that hold layer indices (renu
 
 @dataclass
 class LayerProof:
-    """One decoder layer's proof: removable, the two networks' difference (of the logits' scale) and why not."""
+    """One unit's proof (a decoder layer, ``kind="layer"``, or one of its sub-layers, ``kind="sublayer"``: a child
+    module with a weight matrix whose output is shaped like its input, such as its attention or MLP): removable, the
+    two networks' difference (of the logits' scale) and why not."""
 
     index: int
     name: str
     removable: bool
     error: float | None
     reason: str = ""
+    kind: str = "layer"
+
+
+class ZeroOutput(nn.Module):
+    """A removed sub-layer: zeros shaped like its input, in the structure its module returned (a tensor, or a tuple
+    whose other entries were None: an attention's unrequested weights), computing nothing."""
+
+    def __init__(self, structure: tuple[bool, ...] | None):
+        super().__init__()
+        self.structure = structure  # None: a tensor; else per entry of the tuple, True where the stream was
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        stream = args[0] if args else kwargs["hidden_states"]
+        zeros = torch.zeros_like(stream)
+        return zeros if self.structure is None else tuple(zeros if is_stream else None for is_stream in self.structure)
 
 
 def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
@@ -95,6 +114,38 @@ def _twin(model: nn.Module, tokens: torch.Tensor, seed: int) -> tuple[nn.Module,
                    f"({type(failure).__name__}: {str(failure)[:160]})")
 
 
+def _structures(model: nn.Module, names: list[str], tokens: torch.Tensor) -> dict[str, tuple[bool, ...] | None | str]:
+    """For each named module, what :class:`ZeroOutput` must return in its place (seen in one forward), or why no
+    zeros can stand for its output (a string)."""
+    seen: dict[str, Any] = {}
+
+    def hook(name: str) -> Any:
+        def note(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            stream = args[0] if args else kwargs.get("hidden_states")
+            shape = stream.shape if torch.is_tensor(stream) else None
+            if torch.is_tensor(output):
+                seen[name] = None if output.shape == shape else "its output is not shaped like its input"
+            elif isinstance(output, tuple) and all(o is None or torch.is_tensor(o) for o in output) and sum(
+                    torch.is_tensor(o) and o.shape == shape for o in output) == 1 and torch.is_tensor(output[0]):
+                seen[name] = tuple(torch.is_tensor(o) and o.shape == shape for o in output)
+            else:
+                seen[name] = "its output is not one tensor shaped like its input (with Nones beside it)"
+        return note
+
+    handles = [model.get_submodule(n).register_forward_hook(hook(n), with_kwargs=True) for n in names]
+    try:
+        _logits(model, tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {n: seen.get(n, "it is not called in a forward") for n in names}
+
+
+def sublayers(layer: nn.Module) -> list[str]:
+    """The children of a decoder layer that may be sub-layers: those holding a weight matrix (not norms)."""
+    return [name for name, child in layer.named_children() if any(p.dim() >= 2 for p in child.parameters())]
+
+
 def prove_layers(model: nn.Module, length: int = 16, seed: int = 0) -> list[LayerProof]:
     """Each decoder layer's proof (module docstring) on a float64 copy of `model` (:func:`_twin`), with parameters
     that were zero drawn afresh (so that no branch vanishes by its initialisation) and `seed`'s random tokens."""
@@ -126,7 +177,56 @@ def prove_layers(model: nn.Module, length: int = 16, seed: int = 0) -> list[Laye
                                        f"{error:.2g} of the logits' scale in {str(reference.dtype)[6:]}: a "
                                        f"post-norm or non-residual layer, or one that returns more than its stream)")
         proofs.append(LayerProof(index, name, removable, error, reason))
+    names = [f"{path}.{i}.{child}" for i, layer in enumerate(layers) for child in sublayers(layer)]
+    structures = _structures(twin, names, tokens)
+    for name in names:
+        index = int(name[len(path) + 1:].split(".")[0])
+        proofs.append(_prove_sublayer(twin, name, index, structures[name], tokens, tolerance))
     return proofs
+
+
+def _prove_sublayer(twin: nn.Module, name: str, index: int, structure: Any, tokens: torch.Tensor,
+                    tolerance: float) -> LayerProof:
+    """A sub-layer's proof: the network with it returning zeros equals the network with its parameters zeroed."""
+    if isinstance(structure, str):
+        return LayerProof(index, name, False, None, structure, "sublayer")
+    module = twin.get_submodule(name)
+    zeroed = copy.deepcopy(module)
+    with torch.no_grad():
+        for param in zeroed.parameters():
+            param.zero_()
+    try:
+        twin.set_submodule(name, zeroed)
+        reference = _logits(twin, tokens)
+        twin.set_submodule(name, ZeroOutput(structure))
+        removed = _logits(twin, tokens)
+    finally:
+        twin.set_submodule(name, module)
+    error = float((removed - reference).abs().max()) / (float(reference.abs().max()) or 1.0)
+    removable = bool(torch.isfinite(removed).all()) and error <= tolerance
+    reason = "" if removable else (f"its removal is not its branch contributing nothing (they differ by {error:.2g} "
+                                   f"of the logits' scale in {str(reference.dtype)[6:]})")
+    return LayerProof(index, name, removable, error, reason, "sublayer")
+
+
+def remove_sublayers(model: nn.Module, names: Iterable[str], proofs: Sequence[LayerProof] | None = None
+                     ) -> nn.Module:
+    """A copy of `model` whose sub-layers `names` return zeros and compute nothing (each proven removable; raises
+    :class:`PlanError` otherwise). No stock config says this: :func:`save_stock` refuses the result."""
+    proofs = {p.name: p for p in (proofs if proofs is not None else prove_layers(model)) if p.kind == "sublayer"}
+    names = list(dict.fromkeys(names))
+    bad = [n for n in names if n not in proofs or not proofs[n].removable]
+    if bad:
+        why = proofs[bad[0]].reason if bad[0] in proofs else "it is not a sub-layer of a decoder layer"
+        allowed = [n for n, p in proofs.items() if p.removable]
+        raise PlanError(f"sub-layer {bad[0]} cannot be removed: {why}; removable sub-layers: {allowed[:8]}"
+                        f"{' ...' if len(allowed) > 8 else ''}")
+    pruned = copy.deepcopy(model)
+    tokens = _tokens(model, 1, 8, seed=0)
+    structures = _structures(pruned.eval(), names, tokens)
+    for name in names:
+        pruned.set_submodule(name, ZeroOutput(structures[name]))
+    return pruned
 
 
 def remove_layers(model: nn.Module, remove: Iterable[int], proofs: Sequence[LayerProof] | None = None
@@ -141,7 +241,7 @@ def remove_layers(model: nn.Module, remove: Iterable[int], proofs: Sequence[Laye
         raise PlanError(f"layer indices {bad} are not layers of {type(model).__name__} (0 to {len(layers) - 1})")
     if len(drop) == len(layers):
         raise PlanError(f"removing all {len(layers)} decoder layers leaves no network; keep at least one")
-    proofs = list(proofs) if proofs is not None else prove_layers(model)
+    proofs = [p for p in (proofs if proofs is not None else prove_layers(model)) if p.kind == "layer"]
     refused = [p for p in proofs if p.index in drop and not p.removable]
     if refused:
         allowed = [p.index for p in proofs if p.removable]
@@ -196,6 +296,9 @@ def save_stock(model: nn.Module, folder: str | Path, tokenizer: Any = None, leng
     :data:`SAVE_TOLERANCE` of their scale (raises :class:`ZooError` otherwise, leaving nothing at `folder`)."""
     from transformers import AutoModelForCausalLM
 
+    if any(isinstance(m, ZeroOutput) for m in model.modules()):
+        raise ZooError("a model with removed sub-layers has no stock config (every layer of a stock model has its "
+                       "attention and MLP); save whole-layer removals only, or save it as a checkpoint")
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
@@ -220,4 +323,5 @@ def save_stock(model: nn.Module, folder: str | Path, tokenizer: Any = None, leng
     return folder
 
 
-__all__ = ["LayerProof", "check_removal", "decoder_layers", "prove_layers", "remove_layers", "save_stock"]
+__all__ = ["LayerProof", "ZeroOutput", "check_removal", "decoder_layers", "prove_layers", "remove_layers",
+           "remove_sublayers", "save_stock", "sublayers"]
