@@ -126,3 +126,27 @@ def test_attention_and_mlp_sublayers_are_proven_and_removed_to_zeros(family, tmp
         hf_causal.save_stock(pruned, tmp_path / "stock")
     with pytest.raises(PlanError, match="cannot be removed"):
         hf_causal.remove_sublayers(model, [f"{path}.1"])
+
+
+def test_load_takes_a_causal_lm_folder_and_refuses_what_is_not_one(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # (read at import: the library's constant too, so nothing is fetched)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    model = build("llama")
+    model.save_pretrained(tmp_path / "llama")
+    loaded = hf_causal.load(tmp_path / "llama")
+    torch.testing.assert_close(logits(loaded), logits(model))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ZooError, match="has no config.json"):
+        hf_causal.load(tmp_path / "empty")
+    transformers.T5Config(vocab_size=64, d_model=32, num_layers=1).save_pretrained(tmp_path / "t5")
+    with pytest.raises(ZooError, match="'t5' model, not a causal language model"):
+        hf_causal.load(tmp_path / "t5")
+    config = transformers.LlamaConfig(**SMALL)
+    config.auto_map = {"AutoModelForCausalLM": "modeling_mine.MyModel"}
+    config.save_pretrained(tmp_path / "custom")
+    with pytest.raises(ZooError, match="trust_remote_code=True"):
+        hf_causal.load(tmp_path / "custom")
+    with pytest.raises(ZooError, match="HF_HUB_OFFLINE=1"):
+        hf_causal.load("no-such-user/no-such-model")

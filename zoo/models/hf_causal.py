@@ -323,5 +323,46 @@ def save_stock(model: nn.Module, folder: str | Path, tokenizer: Any = None, leng
     return folder
 
 
-__all__ = ["LayerProof", "ZeroOutput", "check_removal", "decoder_layers", "prove_layers", "remove_layers",
+def load(name_or_folder: str | Path, trust_remote_code: bool = False, dtype: torch.dtype = torch.float32
+         ) -> nn.Module:
+    """A causal LM from a local folder or a hub id (through the HF cache; ``HF_HUB_OFFLINE=1`` is respected), in
+    eval mode. Refused, with what is allowed (:class:`ZooError`): a folder without ``config.json``, a config that is
+    not a causal LM, one that needs custom code unless `trust_remote_code`, a hub id that cannot be fetched."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    source = str(name_or_folder)
+    folder = Path(source).expanduser()
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        raise ZooError(f"{folder} has no config.json: not a transformers model folder (save one with "
+                       f"model.save_pretrained(folder), or give a hub id)")
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise ZooError(f"{source} needs its own code from the hub (its config's auto_map); run it only if you "
+                           f"trust it, with trust_remote_code=True") from exc
+        raise ZooError(f"{source}: {str(exc)[:300]}") from exc
+    except OSError as exc:
+        offline = " (HF_HUB_OFFLINE=1: only the local cache is read)" if _offline() else ""
+        raise ZooError(f"{source} is neither a model folder nor a hub id that can be fetched{offline}: "
+                       f"{str(exc)[:200]}") from exc
+    if getattr(config, "auto_map", None) and not trust_remote_code:
+        raise ZooError(f"{source} needs its own code (auto_map {sorted(config.auto_map)}); run it only if you trust "
+                       f"it, with trust_remote_code=True")
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(config, "auto_map", None):
+        raise ZooError(f"{source} is a {config.model_type!r} model, not a causal language model "
+                       f"(AutoModelForCausalLM builds: {', '.join(sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)[:12])}, "
+                       f"...)")
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
+    return model.eval()
+
+
+def _offline() -> bool:
+    import os
+
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+
+
+__all__ = ["LayerProof", "ZeroOutput", "check_removal", "decoder_layers", "load", "prove_layers", "remove_layers",
            "remove_sublayers", "save_stock", "sublayers"]
