@@ -150,3 +150,27 @@ def test_load_takes_a_causal_lm_folder_and_refuses_what_is_not_one(tmp_path, mon
         hf_causal.load(tmp_path / "custom")
     with pytest.raises(ZooError, match="HF_HUB_OFFLINE=1"):
         hf_causal.load("no-such-user/no-such-model")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_block_influence_is_shortgpts_on_a_transformers_model(family):
+    """The peer check: zoo's Block Influence of each decoder layer (1 - mean cosine of its input and output, from
+    hooks) equals ShortGPT's definition computed from transformers' own ``output_hidden_states`` on the same
+    batches. (For the last layer transformers returns the stream after the final norm, so the two definitions part
+    there; the layers before it are compared.)"""
+    from zoo.pruning.importance import block_influence
+
+    model = build(family)
+    path, layers = hf_causal.decoder_layers(model)
+    batches = [(torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(s)), None) for s in (5, 6)]
+    ours = block_influence(model, [f"{path}.{i}" for i in range(len(layers))], batches)
+    cosines: list[list[torch.Tensor]] = [[] for _ in layers]
+    with torch.no_grad():
+        for tokens, _ in batches:
+            states = model(input_ids=tokens, output_hidden_states=True).hidden_states
+            for i in range(len(layers)):
+                cosines[i].append(torch.nn.functional.cosine_similarity(states[i], states[i + 1], dim=-1).flatten())
+    shortgpt = [1.0 - float(torch.cat(c).mean()) for c in cosines]
+    for i in range(len(layers) - 1):
+        assert ours[f"{path}.{i}"] == pytest.approx(shortgpt[i], abs=1e-6)
+    assert len(set(round(v, 4) for v in ours.values())) > 1  # the layers differ: the comparison can fail
