@@ -1,6 +1,6 @@
 """Any transformers causal LM's decoder layers (zoo.models.hf_causal): found by structure, each proven (its removal
 equals the layer with every parameter zeroed), removed as a stock config says it, and saved as a folder that
-AutoModelForCausalLM loads with equal logits. Tiny random configs of eight families, built here (no download)."""
+AutoModelForCausalLM loads with equal logits. Tiny random configs of nine families, built here (no download)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ CONFIGS = {
     "gpt_neox": lambda: transformers.GPTNeoXConfig(**SMALL),
     "gpt2": lambda: transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=4, n_head=4, n_positions=64,
                                             bos_token_id=0, eos_token_id=0),
+    "falcon": lambda: transformers.FalconConfig(vocab_size=64, hidden_size=64, num_hidden_layers=4,
+                                                num_attention_heads=4, new_decoder_architecture=True, num_kv_heads=2,
+                                                bos_token_id=0, eos_token_id=0),  # its layers return a tuple
     "opt": lambda: transformers.OPTConfig(vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=4,
                                           num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
                                           bos_token_id=0, eos_token_id=0, pad_token_id=1),

@@ -63,8 +63,18 @@ class ZeroOutput(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         stream = args[0] if args else kwargs["hidden_states"]
-        zeros = torch.zeros_like(stream)
-        return zeros if self.structure is None else tuple(zeros if is_stream else None for is_stream in self.structure)
+        return self.shaped(torch.zeros_like(stream))
+
+    def shaped(self, value: torch.Tensor) -> Any:
+        return value if self.structure is None else tuple(value if is_stream else None for is_stream in self.structure)
+
+
+class StreamOutput(ZeroOutput):
+    """A removed decoder layer while it is proven: its input stream, in the structure the layer returned (Falcon's
+    layers return ``(hidden_states, attention_weights)``)."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.shaped(args[0] if args else kwargs["hidden_states"])
 
 
 def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
@@ -152,6 +162,7 @@ def prove_layers(model: nn.Module, length: int = 16, seed: int = 0) -> list[Laye
     tokens = _tokens(model, 2, length, seed)
     twin, tolerance = _twin(model, tokens, seed)
     path, layers = decoder_layers(twin)
+    returns = _structures(twin, [f"{path}.{i}" for i in range(len(layers))], tokens)
     proofs = []
     for index, layer in enumerate(list(layers)):
         name = f"{path}.{index}"
@@ -162,7 +173,8 @@ def prove_layers(model: nn.Module, length: int = 16, seed: int = 0) -> list[Laye
         try:
             layers[index] = zeroed
             reference = _logits(twin, tokens)
-            layers[index] = PassThrough(layer)
+            structure = returns[name]
+            layers[index] = PassThrough(layer) if isinstance(structure, str) else StreamOutput(structure)
             removed = _logits(twin, tokens)
         except Exception as exc:  # noqa: BLE001 - a layer whose model does not take its removal
             proofs.append(LayerProof(index, name, False, None, f"the network with it removed does not run "
