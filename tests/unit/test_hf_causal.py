@@ -177,3 +177,25 @@ def test_block_influence_is_shortgpts_on_a_transformers_model(family):
     for i in range(len(layers) - 1):
         assert ours[f"{path}.{i}"] == pytest.approx(shortgpt[i], abs=1e-6)
     assert len(set(round(v, 4) for v in ours.values())) > 1  # the layers differ: the comparison can fail
+
+
+def word_tokenizer(words: int):
+    """A word-level tokenizer of `words` tokens, built here (tokenizers, no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, **{f"w{i}": i + 1 for i in range(words - 1)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+
+
+def test_text_inputs_the_model_cannot_take_are_refused_and_the_tokenizer_travels(tmp_path):
+    model = build("llama")
+    hf_causal.check_text_inputs(model, word_tokenizer(64), context=64)
+    with pytest.raises(ZooError, match="tokenizer has 65 tokens but the model embeds 64"):
+        hf_causal.check_text_inputs(model, word_tokenizer(65))
+    with pytest.raises(ZooError, match="context of 65 tokens is longer than the model's 64 positions"):
+        hf_causal.check_text_inputs(model, context=65)
+    folder = hf_causal.save_stock(hf_causal.remove_layers(model, [3]), tmp_path / "stock", word_tokenizer(64))
+    again = transformers.AutoTokenizer.from_pretrained(folder)
+    assert again("w1 w2 w62 w99")["input_ids"] == [2, 3, 63, 0]  # the same ids: the unknown word last

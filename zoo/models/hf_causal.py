@@ -370,11 +370,25 @@ def load(name_or_folder: str | Path, trust_remote_code: bool = False, dtype: tor
     return model.eval()
 
 
+def check_text_inputs(model: nn.Module, tokenizer: Any = None, context: int | None = None) -> None:
+    """Refuse (:class:`ZooError`, with what is allowed) a tokenizer with more tokens than the model's embedding has
+    rows, and a context longer than the model's positions (where its config has a limit)."""
+    config = model.config
+    vocab = config.vocab_size
+    if tokenizer is not None and len(tokenizer) > vocab:
+        raise ZooError(f"the tokenizer has {len(tokenizer)} tokens but the model embeds {vocab}: ids from {vocab} up "
+                       f"would index no row; use the tokenizer the model was trained with")
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if context is not None and isinstance(limit, int) and context > limit:
+        raise ZooError(f"a context of {context} tokens is longer than the model's {limit} positions; use at most "
+                       f"{limit}")
+
+
 def _offline() -> bool:
     import os
 
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
 
 
-__all__ = ["LayerProof", "ZeroOutput", "check_removal", "decoder_layers", "load", "prove_layers", "remove_layers",
-           "remove_sublayers", "save_stock", "sublayers"]
+__all__ = ["LayerProof", "StreamOutput", "ZeroOutput", "check_removal", "check_text_inputs", "decoder_layers", "load",
+           "prove_layers", "remove_layers", "remove_sublayers", "save_stock", "sublayers"]
