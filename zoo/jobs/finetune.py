@@ -84,6 +84,7 @@ def heal_report(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any) 
     from ..training import distributed as dist_utils
     from ..training import evaluate
     from .plan import calibration_batches
+    from .prune_results import metric_view
 
     device = next(baseline.parameters()).device
     main = dist_utils.info().is_main  # every rank heals with rank 0's batches (each rank reads its own shard)
@@ -95,7 +96,7 @@ def heal_report(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any) 
     healed = surgery.apply_plan(baseline, plan, inplace=False, **apply).eval()
     seconds = time.perf_counter() - started
     unhealed = surgery.apply_plan(baseline, plan, inplace=False).eval()
-    one_shot = {name: {f"val/{k}": v for k, v in evaluate(net, data.val, task=data.task).items()}
+    one_shot = {name: metric_view(evaluate(net, data.val, task=data.task))
                 for name, net in (("healed", healed), ("unhealed", unhealed))}
     _log.info("heal=linear: %d run(s) healed, %d left (%.1f s); one-shot %s", len(healed.zoo_heal),
               len(healed.zoo_unhealed), seconds, {k: v.get("val/acc1", v.get("val/loss")) for k, v in one_shot.items()})

@@ -246,8 +246,8 @@ def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, re
             with phase(timings, "finetune_unhealed"):
                 _, unhealed_metrics = finetune(cfg, baseline, plan, data, PrefixedLogger(logger, "unhealed"),
                                                output_dir, config, heal=False, subdir="finetune_unhealed")
-            pruned.heal_report["finetuned"] = {name: {f"val/{k}": v for k, v in metrics.items()} for name, metrics
-                                               in (("healed", pruned_metrics), ("unhealed", unhealed_metrics))}
+            pruned.heal_report["finetuned"] = {"healed": metric_view(pruned_metrics),
+                                               "unhealed": metric_view(unhealed_metrics)}
         if request.finetune.qat:  # every rank trains (DDP); the INT8 model is made from it below
             with phase(timings, "qat"):
                 qat_model, qat_metrics = qat_finetune(cfg, baseline, pruned, data, logger, output_dir, config)

@@ -317,8 +317,9 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
     ``heal="linear"`` fits, for each run of removed residual units, a channel map on the `calibration` inputs and
     fuses it into the last linear op of the kept unit before the run (:mod:`zoo.pruning.healing`;
     ``model.zoo_heal`` lists the patches, ``model.zoo_unhealed`` the runs left as they were, with why); a run it
-    cannot heal raises
-    :class:`~zoo.pruning.healing.HealError` before anything is changed, or, with ``strict=False``, is left unhealed.
+    cannot heal raises :class:`~zoo.pruning.healing.HealError` before anything is changed, or, with
+    ``strict=False``, is left unhealed. The maps are fitted on a pruned copy: with ``inplace=False`` that copy is
+    the result; in place, they are fused into `model` after its own surgery.
 
     ``blend=True`` (with ``merge: false``; or ``"blend": true`` in the plan) keeps removed activations as fading
     :class:`LinearisingAct` modules for progressive linearisation; :func:`finalize_merges` merges afterwards.
@@ -337,11 +338,15 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
     healing.check_heal(heal, calibration)
     patches: list[tuple[healing.Patch, torch.Tensor]] = []
     if heal == "linear":  # fitted on a pruned copy, so that every refusal comes before the model changes
-        gaps = _gap_targets(model, removed, calibration, strict)
-        trial = apply_plan(model, plan, inplace=False, blend=blend)
-        set_linearisation(trial, 1.0)  # fitted on the network as it ends up: removed activations gone
-        patches, unhealed = healing.heal(trial, gaps, list(calibration), ridge, strict)
-        unhealed.update(healing.not_healed({n: u.kind for n, u in units.items()}, removed))
+        gaps = _gap_targets(model, removed, calibration)
+        healed = apply_plan(model, plan, inplace=False, blend=blend)
+        set_linearisation(healed, 1.0)  # fitted on the network as it ends up: removed activations gone
+        patches, unhealed = healing.heal(healed, gaps, list(calibration), ridge, strict)
+        set_linearisation(healed, 0.0)  # fading activations start where a fresh plan's do
+        healed.zoo_heal = [patch.to_dict() for patch, _ in patches]
+        healed.zoo_unhealed = {**unhealed, **healing.not_healed({n: u.kind for n, u in units.items()}, removed)}
+        if not inplace:
+            return healed
     if not inplace:
         model = copy.deepcopy(model)
     block_names = [u.name for u in units.values() if u.kind == "block"]
@@ -366,22 +371,18 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
         healing.fuse(model, patch.into, patch_map)
     model.zoo_plan = record
     if heal == "linear":
-        model.zoo_heal = [patch.to_dict() for patch, _ in patches]
-        model.zoo_unhealed = unhealed
+        model.zoo_heal, model.zoo_unhealed = healed.zoo_heal, healed.zoo_unhealed
     return model
 
 
-def _gap_targets(model: nn.Module, removed: list[str], calibration: Any, strict: bool) -> list[healing.Gap]:
-    """The unpruned model's stream after each gap of `removed` on the calibration inputs (eval mode); with `strict`,
-    a gap that cannot be healed raises before the model is changed."""
+def _gap_targets(model: nn.Module, removed: list[str], calibration: Any) -> list[healing.Gap]:
+    """The unpruned model's stream after each gap of `removed` on the calibration inputs (eval mode; the model's mode
+    is kept)."""
     mode = model.training
     try:
-        gaps = healing.gap_targets(model.eval(), removed, list(calibration))
+        return healing.gap_targets(model.eval(), removed, list(calibration))
     finally:
         model.train(mode)
-    if strict and (bad := next((g for g in gaps if g.reason), None)) is not None:
-        raise healing.HealError(bad.reason)
-    return gaps
 
 
 def _inputs_of(model: nn.Module, names: list[str]) -> dict[str, tuple[tuple, dict]]:
