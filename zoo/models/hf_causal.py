@@ -33,6 +33,7 @@ from torch import nn
 
 from ..errors import PlanError, ZooError
 from .depth import PassThrough
+from .discovery import _genericise
 
 TOLERANCE = 1e-9  # float64: the removed and the zeroed network differ by at most this much of the logits' scale
 SAVE_TOLERANCE = 1e-5  # the reloaded stock folder's logits against the pruned model's (float32)
@@ -103,17 +104,23 @@ def _logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
         return model(input_ids=tokens.to(next(model.parameters()).device), use_cache=False).logits
 
 
+def _zeroed(module: nn.Module) -> nn.Module:
+    """A copy of `module` with every parameter zero: its branch contributing nothing, as a proof compares against."""
+    zeroed = copy.deepcopy(module)
+    with torch.no_grad():
+        for param in zeroed.parameters():
+            param.zero_()
+    return zeroed
+
+
 def _twin(model: nn.Module, tokens: torch.Tensor, seed: int) -> tuple[nn.Module, float]:
     """A float64 copy of `model` in eval mode (float32 where its code does not run in float64: then the two networks
-    must be equal exactly, a zero branch adding exactly nothing), its zero parameters drawn afresh, and the
-    tolerance of its proofs. Raises :class:`ZooError` when the model does not run on random tokens at all."""
+    must be equal exactly, a zero branch adding exactly nothing), its zero or tiny parameters drawn afresh as
+    discovery draws them, and the tolerance of its proofs. Raises :class:`ZooError` when the model does not run on
+    random tokens at all."""
     for dtype, tolerance in ((torch.float64, TOLERANCE), (torch.float32, 0.0)):
         twin = copy.deepcopy(model).to(dtype).eval()
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for param in twin.parameters():
-                if param.numel() and float(param.abs().max()) == 0.0:
-                    param.copy_(torch.rand(param.shape, generator=generator, dtype=param.dtype) * 0.5 + 0.5)
+        _genericise(twin, torch.Generator().manual_seed(seed))
         try:
             _logits(twin, tokens)
         except Exception as exc:  # noqa: BLE001 - code that fixes its own dtype: float32, exactly
@@ -166,12 +173,8 @@ def prove_layers(model: nn.Module, length: int = 16, seed: int = 0) -> list[Laye
     proofs = []
     for index, layer in enumerate(list(layers)):
         name = f"{path}.{index}"
-        zeroed = copy.deepcopy(layer)
-        with torch.no_grad():
-            for param in zeroed.parameters():
-                param.zero_()
         try:
-            layers[index] = zeroed
+            layers[index] = _zeroed(layer)
             reference = _logits(twin, tokens)
             structure = returns[name]
             layers[index] = PassThrough(layer) if isinstance(structure, str) else StreamOutput(structure)
@@ -203,12 +206,8 @@ def _prove_sublayer(twin: nn.Module, name: str, index: int, structure: Any, toke
     if isinstance(structure, str):
         return LayerProof(index, name, False, None, structure, "sublayer")
     module = twin.get_submodule(name)
-    zeroed = copy.deepcopy(module)
-    with torch.no_grad():
-        for param in zeroed.parameters():
-            param.zero_()
     try:
-        twin.set_submodule(name, zeroed)
+        twin.set_submodule(name, _zeroed(module))
         reference = _logits(twin, tokens)
         twin.set_submodule(name, ZeroOutput(structure))
         removed = _logits(twin, tokens)
@@ -278,10 +277,8 @@ def check_removal(model: nn.Module, pruned: nn.Module, drop: Sequence[int], leng
     now says it (per-layer lists, cache slots) is the one proven."""
     zeroed = copy.deepcopy(model).eval()
     _, layers = decoder_layers(zeroed)
-    with torch.no_grad():
-        for index in drop:
-            for param in layers[index].parameters():
-                param.zero_()
+    for index in drop:
+        layers[index] = _zeroed(layers[index])
     tokens = _tokens(model, 2, length, seed=2)
     ours, theirs = _logits(pruned.eval(), tokens).float(), _logits(zeroed, tokens).float()
     error = float((ours - theirs).abs().max()) / (float(theirs.abs().max()) or 1.0)
