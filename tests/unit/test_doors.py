@@ -31,8 +31,8 @@ def family_overrides(family: zoo.models.registry.Family) -> list[str]:
     """A tiny prune config of the family's small member on its task's embedded data."""
     data = ["data=bytes", "data.seq_len=16"] if family.task == "language_model" else ["data.image_size=16"]
     options = [f"+model.overrides.{k}={v}" for k, v in family.small_options.items()]
-    model = ["model=timm", f"model.name={family.small.removeprefix('timm/')}"] if family.small.startswith("timm/") \
-        else [f"model={family.small}"]
+    source, _, name = family.small.rpartition("/")  # timm/<name>, hf/<name> or a declared name
+    model = [f"model={source}", f"model.name={name}"] if source else [f"model={family.small}"]
     return [*model, *data, *options, *QUICK]
 
 

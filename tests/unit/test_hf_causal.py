@@ -63,7 +63,7 @@ def test_every_layer_is_proven_and_a_whole_layer_plan_saves_as_a_stock_folder(fa
                 param.zero_()
     torch.testing.assert_close(logits(pruned), logits(zeroed), rtol=1e-5, atol=1e-5)
     assert len(hf_causal.decoder_layers(pruned)[1]) == 2 and len(layers) == 4  # the model itself is untouched
-    folder = hf_causal.save_stock(pruned, tmp_path / "stock")
+    folder, _ = hf_causal.save_stock(pruned, tmp_path / "stock")
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     assert reloaded.config.num_hidden_layers == 2
     torch.testing.assert_close(logits(reloaded), logits(pruned), rtol=1e-5, atol=1e-5)
@@ -196,6 +196,6 @@ def test_text_inputs_the_model_cannot_take_are_refused_and_the_tokenizer_travels
         hf_causal.check_text_inputs(model, word_tokenizer(65))
     with pytest.raises(ZooError, match="context of 65 tokens is longer than the model's 64 positions"):
         hf_causal.check_text_inputs(model, context=65)
-    folder = hf_causal.save_stock(hf_causal.remove_layers(model, [3]), tmp_path / "stock", word_tokenizer(64))
+    folder, _ = hf_causal.save_stock(hf_causal.remove_layers(model, [3]), tmp_path / "stock", word_tokenizer(64))
     again = transformers.AutoTokenizer.from_pretrained(folder)
     assert again("w1 w2 w62 w99")["input_ids"] == [2, 3, 63, 0]  # the same ids: the unknown word last

@@ -124,6 +124,8 @@ def export(model: nn.Module, path: str | Path, format: str = "onnx", example: An
         if int8_scheme not in INT8_SCHEMES or (format != "onnx" and int8_scheme != "onnxruntime"):
             raise ExportError(f"int8_scheme={int8_scheme!r} with format={format!r}: the scheme of an INT8 ONNX file is "
                               f"one of {', '.join(INT8_SCHEMES)} (a torch.export program has PT2E's own).")
+    if format == "hf" and hasattr(model, "save_stock"):  # a transformers model: its stock folder
+        return _export_stock(model, Path(path), tokenizer)
     if format == "hf":
         if not hasattr(model, "hf_form"):
             raise ExportError(f"format='hf' writes a model's Hugging Face form; {type(model).__name__} has none (a "
@@ -401,6 +403,27 @@ def _export_hf(model: nn.Module, folder: Path, rtol: float, tokenizer: str | Non
         raise ExportError(f"The Hugging Face form of {type(model).__name__} ({folder}) differs from PyTorch by "
                           f"{rel_diff:.2e} relative ({abs_diff:.2e} absolute), beyond rtol={rtol:g}.")
     return report
+
+
+def _export_stock(model: nn.Module, folder: Path, tokenizer: str | None) -> ExportReport:
+    """A transformers model's stock folder (``model.save_stock``: its removed layers cut as its config says it,
+    kept only if ``AutoModelForCausalLM`` reloads it with logits equal to the model's) with `tokenizer`'s files."""
+    from ..errors import ZooError
+    from ..models.hf_causal import SAVE_TOLERANCE
+
+    start = time.perf_counter()
+    tok = None
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+    try:
+        _, error = model.save_stock(folder, tok)
+    except ZooError as error:
+        raise ExportError(f"The stock folder of {type(model).__name__} ({folder}) was not written: {error}.") from None
+    checked = f"transformers {_version('transformers')} AutoModelForCausalLM (no custom code)"
+    return ExportReport(str(folder), "hf", "parallel", checked, [[2, 16]], math.nan, error, SAVE_TOLERANCE,
+                        error <= SAVE_TOLERANCE, time.perf_counter() - start, checked_shapes=[[[2, 16]]])
 
 
 def hf_logits(folder: str | Path, tokens: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,9 @@ def baseline_dir(cfg: Any, config: dict) -> Path:
     from .runs import fingerprint
 
     digest = fingerprint(baseline_config(config))[:12]
-    return Path(cfg.paths.log_dir) / "baselines" / f"{cfg.model.name}-{cfg.data.name}-{digest}"
+    name = str(cfg.model.name)
+    label = f"hf/{Path(name.removeprefix('hf/')).name}" if name.startswith("hf/") else name  # (hf/<folder path>)
+    return Path(cfg.paths.log_dir) / "baselines" / f"{label}-{cfg.data.name}-{digest}"
 
 
 def finished_baseline(directory: Path, config: dict) -> Path | None:

@@ -295,7 +295,7 @@ def check_baseline_source(source: bool | str, model: str, tag: str | None) -> No
     from ..weights.pretrained import WEIGHT_SUFFIXES, check_source, is_local
     from ..weights.tags import resolve_tag
 
-    if source is True:
+    if source is True and not model.startswith("hf/"):  # (a transformers folder's weights are its own)
         resolve_tag(model, tag)  # an architecture without published weights fails here
     if source is True or source is False:
         return

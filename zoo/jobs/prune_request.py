@@ -87,8 +87,8 @@ def read_request(cfg: Any) -> PruneRequest:
     options = dict(cfg.model.get("overrides") or {})
     check_capabilities(prune, cfg.model.name, family, None if weights_given else options)  # 3
     if entry.precheck is not None:  # 4
-        image = cfg.data.get("image_size")
-        entry.precheck(options, (3, image, image) if image else None)
+        image, length = cfg.data.get("image_size"), cfg.data.get("seq_len")
+        entry.precheck(options, (3, image, image) if image else (length,) if length else None)
     device = resolve_device(prune.device)  # 5
     check_runtimes(prune, device, resolve_dtype(prune.dtype, device))
     check_folders(cfg)

@@ -50,8 +50,8 @@ OUTPUTS = {
     "baseline": ("checkpoints", "trained.json"),
 }
 ALL_OUTPUTS = tuple(dict.fromkeys(name for names in OUTPUTS.values() for name in names))
-FILE_KEYS = ("checkpoint", "prune.plan", "model.pretrained", "data.files", "data.tokenizer")  # name input files
-FOLDER_KEYS = ("checkpoint", "model.pretrained", "data.tokenizer")  # may name a model/tokenizer folder: its files
+FILE_KEYS = ("checkpoint", "prune.plan", "model.pretrained", "data.files", "data.tokenizer", "model.name")  # name
+FOLDER_KEYS = ("checkpoint", "model.pretrained", "data.tokenizer", "model.name")  # input files; may name a folder
 FULL_DIGEST_BYTES = 256 * 2**20  # files up to this size are hashed; larger ones are identified by size and mtime
 
 
@@ -94,6 +94,8 @@ def with_inputs(config: dict[str, Any]) -> dict[str, Any]:
     inputs = {}
     for key in FILE_KEYS:
         value = flatten(config).get(key)
+        if key == "model.name":  # a transformers model folder (hf/<folder>: model=hf); other names are no files
+            value = value.removeprefix("hf/") if isinstance(value, str) and value.startswith("hf/") else None
         patterns = value if isinstance(value, list) else [value]
         for pattern in patterns:
             if not isinstance(pattern, str) or not pattern:

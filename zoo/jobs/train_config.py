@@ -94,14 +94,17 @@ def register_configs(config_dir: str | Path | None = None) -> None:
             store.store(group="model", name=name, node=ModelConfig(name=name))
     # model=timm: any timm model; its model.name (???: required) is timm's name of it
     store.store(group="model", name="timm", node=ModelConfig(name="???", source="timm"))
+    # model=hf: any transformers causal LM; its model.name (???: required) a folder, a hub id or a packaged config
+    store.store(group="model", name="hf", node=ModelConfig(name="???", source="hf"))
 
 
-MODEL_SOURCES = ("zoo", "timm")
+MODEL_SOURCES = ("zoo", "timm", "hf")
 
 
 def canonical_model_name(cfg: Any) -> None:
-    """``model=timm model.name=convnext_atto`` names the registry's ``timm/convnext_atto``: set once, at the run's
-    start, so every later reader (checks, caches, fingerprints, checkpoints) sees one name."""
+    """``model=timm model.name=convnext_atto`` names the registry's ``timm/convnext_atto`` (``model=hf
+    model.name=<folder>``: ``hf/<its absolute path>``): set once, at the run's start, so every later reader (checks,
+    caches, fingerprints, checkpoints) sees one name."""
     from omegaconf import open_dict
 
     source = cfg.model.get("source", "zoo")
@@ -109,6 +112,11 @@ def canonical_model_name(cfg: Any) -> None:
     if source == "timm" and not str(cfg.model.name).startswith("timm/"):
         with open_dict(cfg):
             cfg.model.name = f"timm/{cfg.model.name}"
+    if source == "hf":  # a folder by its absolute path: the same model whatever directory the run starts in
+        given = str(cfg.model.name).removeprefix("hf/")
+        folder = Path(given).expanduser()
+        with open_dict(cfg):
+            cfg.model.name = f"hf/{folder.resolve() if folder.is_dir() else given}"
 
 
 SCHEDULERS = ("cosine", "tanh", "step", "multistep", "plateau", "poly", "wsd", "none", "constant")

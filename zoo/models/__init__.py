@@ -3,4 +3,4 @@
 models; RetNet is a package). Any other timm model comes through `timm_any`, its depth units discovered from its graph
 (`discovery`)."""
 
-from . import mobilenetv2, plainresnet, resnetv2, retnet, timm_any, tresnet  # noqa: F401 - registers the families
+from . import hf_lm, mobilenetv2, plainresnet, resnetv2, retnet, timm_any, tresnet  # noqa: F401 - registers the families

@@ -52,6 +52,7 @@ class LayerProof:
     error: float | None
     reason: str = ""
     kind: str = "layer"
+    tensor_output: bool = True  # the module returns its stream as one tensor (not in a tuple, as Falcon's layers do)
 
 
 class ZeroOutput(nn.Module):
@@ -191,7 +192,7 @@ def prove_layers(model: nn.Module, length: int = 16, seed: int = 0) -> list[Laye
         reason = "" if removable else (f"its removal is not the layer contributing nothing (they differ by "
                                        f"{error:.2g} of the logits' scale in {str(reference.dtype)[6:]}: a "
                                        f"post-norm or non-residual layer, or one that returns more than its stream)")
-        proofs.append(LayerProof(index, name, removable, error, reason))
+        proofs.append(LayerProof(index, name, removable, error, reason, tensor_output=structure is None))
     names = [f"{path}.{i}.{child}" for i, layer in enumerate(layers) for child in sublayers(layer)]
     structures = _structures(twin, names, tokens)
     for name in names:
@@ -258,17 +259,25 @@ def remove_layers(model: nn.Module, remove: Iterable[int], proofs: Sequence[Laye
         allowed = [p.index for p in proofs if p.removable]
         raise PlanError(f"layer {refused[0].index} ({refused[0].name}) cannot be removed: {refused[0].reason}; "
                         f"removable layers: {allowed or 'none'}")
-    pruned = copy.deepcopy(model)
-    _, layers = decoder_layers(pruned)
+    pruned = cut_layers(copy.deepcopy(model), drop)
+    check_removal(model, pruned, drop)
+    return pruned
+
+
+def cut_layers(model: nn.Module, drop: Sequence[int], path: str | None = None) -> nn.Module:
+    """`model` itself without the decoder layers `drop` (of the list at `path`, default :func:`decoder_layers`'s), as
+    a stock config says it: the list shortened, every ``layer_idx`` renumbered (the KV cache's slots), the config's
+    per-layer lists cut (nothing is checked here)."""
+    path = decoder_layers(model)[0] if path is None else path
+    layers = model.get_submodule(path)
     kept = [layer for i, layer in enumerate(layers) if i not in drop]
     for new_index, layer in enumerate(kept):
         for module in layer.modules():
             if isinstance(getattr(module, "layer_idx", None), int):
                 module.layer_idx = new_index
-    pruned.set_submodule(path, nn.ModuleList(kept))
-    _renumber_config(pruned.config, len(layers), drop)
-    check_removal(model, pruned, drop)
-    return pruned
+    model.set_submodule(path, nn.ModuleList(kept))
+    _renumber_config(model.config, len(layers), list(drop))
+    return model
 
 
 def check_removal(model: nn.Module, pruned: nn.Module, drop: Sequence[int], length: int = 16) -> None:
@@ -299,10 +308,11 @@ def _renumber_config(config: Any, count: int, drop: list[int]) -> None:
     config.num_hidden_layers = len(keep)
 
 
-def save_stock(model: nn.Module, folder: str | Path, tokenizer: Any = None, length: int = 16) -> Path:
+def save_stock(model: nn.Module, folder: str | Path, tokenizer: Any = None, length: int = 16) -> tuple[Path, float]:
     """Write `model` (pruned by :func:`remove_layers`) as a folder ``AutoModelForCausalLM.from_pretrained`` loads
     with no custom code, with `tokenizer`'s files; kept only if the reloaded model's logits equal `model`'s within
-    :data:`SAVE_TOLERANCE` of their scale (raises :class:`ZooError` otherwise, leaving nothing at `folder`)."""
+    :data:`SAVE_TOLERANCE` of their scale (raises :class:`ZooError` otherwise, leaving nothing at `folder`). Returns
+    the folder and that difference."""
     from transformers import AutoModelForCausalLM
 
     if any(isinstance(m, ZeroOutput) for m in model.modules()):
@@ -329,7 +339,7 @@ def save_stock(model: nn.Module, folder: str | Path, tokenizer: Any = None, leng
     finally:
         if staging.exists():
             shutil.rmtree(staging)
-    return folder
+    return folder, error
 
 
 def load(name_or_folder: str | Path, trust_remote_code: bool = False, dtype: torch.dtype = torch.float32
@@ -337,7 +347,17 @@ def load(name_or_folder: str | Path, trust_remote_code: bool = False, dtype: tor
     """A causal LM from a local folder or a hub id (through the HF cache; ``HF_HUB_OFFLINE=1`` is respected), in
     eval mode. Refused, with what is allowed (:class:`ZooError`): a folder without ``config.json``, a config that is
     not a causal LM, one that needs custom code unless `trust_remote_code`, a hub id that cannot be fetched."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    source = str(name_or_folder)
+    load_config(source, trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
+    return model.eval()
+
+
+def load_config(name_or_folder: str | Path, trust_remote_code: bool = False, **overrides: Any) -> Any:
+    """The config of a causal LM folder or hub id (`overrides` set on it), refused as :func:`load` says."""
+    from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     source = str(name_or_folder)
@@ -346,7 +366,7 @@ def load(name_or_folder: str | Path, trust_remote_code: bool = False, dtype: tor
         raise ZooError(f"{folder} has no config.json: not a transformers model folder (save one with "
                        f"model.save_pretrained(folder), or give a hub id)")
     try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **overrides)
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
             raise ZooError(f"{source} needs its own code from the hub (its config's auto_map); run it only if you "
@@ -363,8 +383,7 @@ def load(name_or_folder: str | Path, trust_remote_code: bool = False, dtype: tor
         raise ZooError(f"{source} is a {config.model_type!r} model, not a causal language model "
                        f"(AutoModelForCausalLM builds: {', '.join(sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)[:12])}, "
                        f"...)")
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
-    return model.eval()
+    return config
 
 
 def check_text_inputs(model: nn.Module, tokenizer: Any = None, context: int | None = None) -> None:
@@ -387,5 +406,6 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
 
 
-__all__ = ["LayerProof", "StreamOutput", "ZeroOutput", "check_removal", "check_text_inputs", "decoder_layers", "load",
+__all__ = ["LayerProof", "StreamOutput", "ZeroOutput", "check_removal", "check_text_inputs", "cut_layers",
+           "decoder_layers", "load", "load_config",
            "prove_layers", "remove_layers", "remove_sublayers", "save_stock", "sublayers"]

@@ -56,9 +56,11 @@ def create_model(
     if not isinstance(name, str):
         raise ModelOptionError(f"create_model takes a model name (str), e.g. 'mobilenetv2_100'; got {name!r}.")
     arch, tag = split_name(name)
-    get_entry(arch)  # an unknown name fails first, with the closest names
+    entry = get_entry(arch)  # an unknown name fails first, with the closest names
     if isinstance(pretrained, str) and pretrained in ("true", "True"):
         pretrained = True
+    if entry.family == "hf" and pretrained is True:  # a transformers folder's own weights, read by transformers
+        overrides["weights"], pretrained = True, False
     tag = tag or source_tag(arch, pretrained)  # weights carry their tag (and so their eval config)
     if pretrained is True:
         pretrained = hub_id(arch, tag)

@@ -21,7 +21,10 @@ EVAL_KEYS = ("input_size", "test_input_size", "interpolation", "crop_pct", "test
 
 
 def split_name(name: str) -> tuple[str, str | None]:
-    """``"mobilenetv2_140.ra_in1k"`` -> (``"mobilenetv2_140"``, ``"ra_in1k"``); a plain name has tag None."""
+    """``"mobilenetv2_140.ra_in1k"`` -> (``"mobilenetv2_140"``, ``"ra_in1k"``); a plain name has tag None, as has
+    ``hf/<folder or hub id>`` (whose dots are the path's)."""
+    if str(name).startswith("hf/"):
+        return str(name), None
     arch, _, tag = str(name).partition(".")
     return arch, (tag or None)
 

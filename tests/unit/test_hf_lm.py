@@ -1,0 +1,111 @@
+"""Any transformers causal LM as a zoo model (zoo.models.hf_lm: ``create_model("hf/<folder>")``): the model's own
+logits, its decoder layers offered only where the zoo's removal is proven equal to the layer zeroed, a plan applied
+by the zoo's surgery, saved as our checkpoint and as a stock folder that AutoModelForCausalLM reloads with equal
+logits. Tiny random models of the families of test_hf_causal, saved here (no download)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import zoo  # noqa: E402
+from zoo.errors import ZooError  # noqa: E402
+from zoo.jobs.runs import fingerprint, with_inputs  # noqa: E402
+
+from .test_hf_causal import CONFIGS, build  # noqa: E402
+
+TOKENS = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(5))
+REFUSED = {"post-norm opt": "differ", "falcon": "returns more than its stream"}  # LN(x + f(x)); a tuple returned
+CHANGES = {"post-norm opt": ("opt", {"do_layer_norm_before": False})}
+
+
+def saved(family: str, folder) -> torch.nn.Module:
+    family, changes = CHANGES.get(family, (family, {}))
+    model = build(family, **changes)
+    model.save_pretrained(folder)
+    return model
+
+
+def logits_of(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model.eval()(TOKENS)
+
+
+def zeroed_logits(model: zoo.models.hf_lm.HFCausalLM, indices: list[int]) -> torch.Tensor:
+    """The model with every parameter of those decoder layers zeroed: what their removal must compute."""
+    twin = copy.deepcopy(model)
+    layers = twin.get_submodule(twin.layers_path)
+    with torch.no_grad():
+        for index in indices:
+            for param in layers[index].parameters():
+                param.zero_()
+    return logits_of(twin)
+
+
+def close(a: torch.Tensor, b: torch.Tensor, tolerance: float = 1e-5) -> bool:
+    return float((a - b).abs().max()) <= tolerance * float(b.abs().max())
+
+
+@pytest.mark.parametrize("family", sorted(set(CONFIGS) - {"falcon"}))
+def test_a_saved_model_prunes_as_proven_and_ships_as_a_stock_folder(family, tmp_path):
+    own = saved(family, tmp_path / f"{family}.v1.5")  # dots in the folder's name are the path's, not a tag
+    model = zoo.create_model(f"hf/{tmp_path / f'{family}.v1.5'}", pretrained=True)
+    with torch.no_grad():
+        assert torch.equal(logits_of(model), own(input_ids=TOKENS, use_cache=False).logits)  # its weights
+    units = zoo.depth_units(model)
+    assert [u.name for u in units] == [f"{model.layers_path}.{i}" for i in range(4)] and all(u.removable for u in units)
+    pruned = zoo.apply_plan(model, {"remove": [units[1].name, units[3].name]}, inplace=False)
+    assert close(logits_of(pruned), zeroed_logits(model, [1, 3]))  # the removal is the layers contributing nothing
+    report = zoo.export(pruned, tmp_path / "stock", format="hf")
+    assert report.passed and report.max_rel_diff <= 1e-5
+    stock = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "stock").eval()
+    assert stock.config.num_hidden_layers == 2
+    with torch.no_grad():
+        assert close(stock(input_ids=TOKENS, use_cache=False).logits, logits_of(pruned))
+    reloaded = zoo.load(zoo.save_checkpoint(pruned, tmp_path / "pruned.safetensors"))
+    assert reloaded.removed_layers() == [1, 3] and torch.equal(logits_of(reloaded), logits_of(pruned))
+
+
+@pytest.mark.parametrize("family", sorted(REFUSED))
+def test_a_model_whose_layers_the_zoo_cannot_remove_is_refused_with_why(family, tmp_path):
+    saved(family, tmp_path / "model")
+    with pytest.raises(ZooError, match="none of its decoder layers is removable") as refused:
+        zoo.create_model(f"hf/{tmp_path / 'model'}", pretrained=True)
+    assert REFUSED[family] in str(refused.value)
+
+
+def test_the_packaged_config_builds_with_overrides_and_every_removal_is_its_layer_zeroed():
+    model = zoo.create_model("hf/tiny_llama", num_hidden_layers=3, vocab_size=64)
+    assert model.lm.config.num_hidden_layers == 3 and model.vocab_size == 64 and model.task == "language_model"
+    for index in range(3):
+        pruned = zoo.apply_plan(model, {"remove": [f"{model.layers_path}.{index}"]}, inplace=False)
+        assert close(logits_of(pruned), zeroed_logits(model, [index])), index
+    everything = zoo.apply_plan(model, {"remove": [u.name for u in zoo.depth_units(model)]}, inplace=False)
+    with pytest.raises(zoo.errors.PlanError, match="no network is left"):
+        everything.stock_model()
+
+
+def test_a_folder_is_fingerprinted_by_its_files(tmp_path):
+    """Results keyed by a run's config (a trained baseline) follow the folder's contents, not only its path."""
+    saved("llama", tmp_path / "m")
+    config = {"model": {"name": f"hf/{tmp_path / 'm'}"}}
+    before = fingerprint(with_inputs(config))
+    settings = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**settings, "rms_norm_eps": 1e-5}))
+    assert fingerprint(with_inputs(config)) != before
+    assert with_inputs({"model": {"name": "mobilenetv2_050"}})["inputs"] == {}
+
+
+def test_a_context_longer_than_the_positions_and_a_folder_without_config_are_refused(tmp_path):
+    entry = zoo.models.registry.get_entry("hf/tiny_llama")
+    with pytest.raises(ZooError, match="data.seq_len=512 is longer than the 256 positions"):
+        entry.precheck({}, (512,))
+    entry.precheck({}, (256,))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ZooError, match="has no config.json"):
+        zoo.create_model(f"hf/{tmp_path / 'empty'}")

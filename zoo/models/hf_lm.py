@@ -1,0 +1,206 @@
+"""Any transformers causal LM as a zoo model: ``zoo.create_model("hf/<folder | hub id | packaged config>")``,
+``python prune.py model=hf model.name=<folder> data=text``, ``python train.py model=hf model.name=tiny_llama``.
+
+The model is transformers' own (:class:`HFCausalLM` holds it as ``lm``; its logits are the model's). Its depth units
+are its decoder layers, each proven removable by :func:`zoo.models.hf_causal.prove_layers` (the network with the
+layer replaced by the zoo's removal equals the network with every parameter of that layer zeroed) before it is
+offered; a layer that returns more than its stream (Falcon's tuple) or fails its proof is kept, with why. A removed
+layer is a :class:`~zoo.models.depth.PassThrough` while the model is pruned, searched and fine-tuned (a forward
+without KV cache: the prefill workload); :meth:`HFCausalLM.stock_model` cuts the removed layers out the way a stock
+config says it (the list shortened, ``layer_idx`` and per-layer config lists renumbered), and checks it computes the
+same logits, for a folder ``AutoModelForCausalLM`` loads with no custom code (``prune.export=hf``).
+
+``pretrained=True`` loads the folder's (or hub id's) weights; ``False`` builds its config with random weights (a
+folder holding only ``config.json`` is a config to train, as the packaged ``tiny_llama`` is). Config fields may be
+overridden as options: ``create_model("hf/tiny_llama", num_hidden_layers=4)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import PlanError, ZooError
+from . import hf_causal
+from .depth import DepthMixin, DepthUnit
+from .registry import ModelEntry, register_family, register_resolver
+
+PREFIX = "hf/"
+FAMILY = "hf"
+PACKAGED = Path(__file__).parent / "hf_configs"  # configs shipped with the zoo: hf/<name> for each folder
+CONTEXT = 128  # the default prompt length a model is built, proven and timed at (at most its positions)
+EXPORT_TOLERANCE = hf_causal.SAVE_TOLERANCE
+
+
+def source_of(name: str) -> str:
+    """The folder or hub id of ``hf/<name>``: a local folder, else a packaged config's folder, else a hub id."""
+    given = name.removeprefix(PREFIX)
+    folder = Path(given).expanduser()
+    if folder.is_dir():
+        return str(folder.resolve())
+    if (PACKAGED / given / "config.json").is_file():
+        return str(PACKAGED / given)
+    return given
+
+
+def _positions(config: Any) -> int | None:
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return limit if isinstance(limit, int) else None
+
+
+class HFCausalLM(DepthMixin, nn.Module):
+    """A transformers causal LM (``lm``) with the zoo's depth interface: token ids [B, T] -> logits [B, T, vocab]
+    (no KV cache: the prefill of a prompt), its proven decoder layers as the depth units."""
+
+    task = "language_model"
+
+    def __init__(self, lm: nn.Module, proofs: Sequence[hf_causal.LayerProof], context: int):
+        super().__init__()
+        self.lm = lm
+        self.layers_path = "lm." + hf_causal.decoder_layers(lm)[0]
+        self.proofs = [p for p in proofs if p.kind == "layer"]
+        self.default_cfg = {"input_size": (context,)}
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.lm.config.vocab_size)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=input_ids, use_cache=False).logits
+
+    def example_input(self, batch_size: int = 1, input_size: Sequence[int] | None = None) -> torch.Tensor:
+        """Zero token ids [batch, T] on the model's device (T from `input_size` or the default context)."""
+        length = (input_size or self.default_cfg["input_size"])[0]
+        device = next(self.parameters()).device
+        return torch.zeros(batch_size, length, dtype=torch.long, device=device)
+
+    def depth_blocks(self) -> list[tuple[str, int, int]]:
+        return [(f"{self.layers_path}.{p.index}", 0, p.index) for p in self.proofs]
+
+    def depth_unit_specs(self) -> list[DepthUnit]:
+        """Each decoder layer not removed yet: removable where its proof passed and the zoo's removal (its input
+        passed on as one tensor) is the one proven."""
+        layers = self.get_submodule(self.layers_path)
+        return [DepthUnit(name=f"{self.layers_path}.{p.index}", kind="block", stage=0, index=p.index,
+                          removable=p.removable and p.tensor_output)
+                for p in self.proofs if not isinstance(layers[p.index], nn.Identity)]
+
+    def refusals(self) -> dict[str, str]:
+        """Why each decoder layer that is not removable is not."""
+        return {f"lm.{p.name}": p.reason or "it returns more than its stream (a tuple), which the zoo's removal does not "
+                "pass on" for p in self.proofs if not (p.removable and p.tensor_output)}
+
+    def removed_layers(self) -> list[int]:
+        layers = self.get_submodule(self.layers_path)
+        return [i for i, layer in enumerate(layers) if isinstance(layer, nn.Identity)]
+
+    def stock_model(self, length: int = 16) -> nn.Module:
+        """A copy of ``lm`` without the removed decoder layers, as a stock config says it (``num_hidden_layers``,
+        per-layer lists, ``layer_idx`` renumbered), checked to compute this model's logits (:class:`ZooError` if
+        not). Every layer removed is refused: nothing would be left."""
+        drop = self.removed_layers()
+        if len(drop) == len(self.proofs):
+            raise PlanError("every decoder layer is removed: no network is left to save")
+        stock = hf_causal.cut_layers(copy.deepcopy(self.lm).eval(), drop, self.layers_path.removeprefix("lm."))
+        tokens = torch.randint(0, self.vocab_size, (2, length), generator=torch.Generator().manual_seed(3))
+        device = next(self.parameters()).device
+        mode = self.training
+        try:
+            with torch.no_grad():
+                ours = self.eval()(tokens.to(device)).float()
+                theirs = stock(input_ids=tokens.to(device), use_cache=False).logits.float()
+        finally:
+            self.train(mode)
+        error = float((ours - theirs).abs().max()) / (float(ours.abs().max()) or 1.0)
+        if error > EXPORT_TOLERANCE:
+            raise ZooError(f"without layers {drop} as its config says it, the model differs from the pruned one by "
+                           f"{error:.2g} of the logits' scale (allowed {EXPORT_TOLERANCE})")
+        return stock
+
+    def save_stock(self, folder: str | Path, tokenizer: Any = None) -> tuple[Path, float]:
+        """The stock folder of :meth:`stock_model` (with the tokenizer's files), kept only if it reloads with equal
+        logits (:func:`zoo.models.hf_causal.save_stock`); the folder and its logits' difference."""
+        return hf_causal.save_stock(self.stock_model(), folder, tokenizer)
+
+
+def build(source: str, context: int | None = None, trust_remote_code: bool = False, weights: bool = False,
+          **config: Any) -> HFCausalLM:
+    """The causal LM at `source` (random weights from its config, or its own with `weights`), `config` fields
+    overridden, its decoder layers proven. On the meta device (the registry's class lookup) nothing is proven."""
+    from transformers import AutoModelForCausalLM
+
+    settings = hf_causal.load_config(source, trust_remote_code, **config)
+    limit = _positions(settings)
+    context = context or (min(CONTEXT, limit) if limit else CONTEXT)
+    if weights:
+        lm = AutoModelForCausalLM.from_pretrained(source, config=settings, trust_remote_code=trust_remote_code)
+    else:
+        lm = AutoModelForCausalLM.from_config(settings, trust_remote_code=trust_remote_code)
+    lm = lm.float().eval()
+    if next(lm.parameters()).is_meta:
+        path, layers = hf_causal.decoder_layers(lm)
+        return HFCausalLM(lm, [hf_causal.LayerProof(i, f"{path}.{i}", False, None) for i in range(len(layers))],
+                          context)
+    model = HFCausalLM(lm, hf_causal.prove_layers(lm, length=min(16, context)), context)
+    if weights:  # where the weights came from, as create_model records it for files it loads itself
+        model.pretrained_source, model.pretrained_head_reset = source, False
+    if not any(u.removable for u in model.depth_unit_specs()):
+        first = next(iter(model.refusals().items()))
+        raise ZooError(f"{source} cannot be depth-pruned: none of its decoder layers is removable ({first[0]}: "
+                       f"{first[1]})")
+    return model
+
+
+def precheck(source: str, options: dict[str, Any], input_size: Sequence[int] | None = None) -> None:
+    """What can be known before any work: the config loads as a causal LM (:func:`hf_causal.load_config`'s
+    refusals) and the run's context (`input_size`, tokens) fits the model's positions."""
+    own = ("context", "trust_remote_code", "weights")
+    settings = hf_causal.load_config(source, bool(options.get("trust_remote_code", False)),
+                                     **{k: v for k, v in options.items() if k not in own})
+    limit = _positions(settings)
+    if input_size and limit and input_size[0] > limit:
+        raise ZooError(f"data.seq_len={input_size[0]} is longer than the {limit} positions of {source}; use "
+                       f"data.seq_len={limit} or less")
+
+
+def resolve(name: str) -> ModelEntry | None:
+    """The registry entry of ``hf/<folder | hub id | packaged config>`` (None for other names)."""
+    if not name.startswith(PREFIX):
+        return None
+    source = source_of(name)
+    settings = hf_causal.load_config(source)
+    limit = _positions(settings)
+    context = min(CONTEXT, limit) if limit else CONTEXT
+    return ModelEntry(name, FAMILY, functools.partial(build, source), {"input_size": (context,)}, "language_model",
+                      functools.partial(precheck, source))
+
+
+def packaged() -> list[str]:
+    """The configs shipped with the zoo, as ``hf/<name>``."""
+    return sorted(PREFIX + p.parent.name for p in PACKAGED.glob("*/config.json"))
+
+
+_PREFILL_ONLY = ("times one decode step with the model's KV cache, which a transformers model pruned here does not "
+                 "yet have a table for: use prune.workload=forward (the prefill of data.seq_len tokens)")
+_EAGER = ("a transformers model is timed in eager PyTorch here: use prune.runtime=eager (and serve the stock folder, "
+          "prune.export=hf, in the runtime you use)")
+_STOCK = ("a transformers model ships as its stock folder: use prune.export=hf (then export it with the tools "
+          "transformers has for that format)")
+HF_DEPLOY = {
+    "runtime": {"eager": None, "compile": _EAGER, "onnxruntime": _EAGER, "tensorrt": _EAGER},
+    "export": {"onnx": _STOCK, "torch_export": _STOCK, "hf": None},
+    "quantize": {"int8": "prune.quantize=int8 covers image classifiers: use prune.quantize=null"},
+    "workload": {"forward": None, "decode": _PREFILL_ONLY},
+}
+
+register_resolver(resolve)
+register_family(FAMILY, task="language_model", reference="hf/tiny_llama", small="hf/tiny_llama",
+                test_input_size=(16,), small_options={"num_hidden_layers": 3}, deploy=HF_DEPLOY, dynamic=True)
+
+__all__ = ["HFCausalLM", "build", "packaged", "resolve", "source_of"]
