@@ -93,8 +93,8 @@ class HFCausalLM(DepthMixin, nn.Module):
 
     def refusals(self) -> dict[str, str]:
         """Why each decoder layer that is not removable is not."""
-        return {f"lm.{p.name}": p.reason or "it returns more than its stream (a tuple), which the zoo's removal does not "
-                "pass on" for p in self.proofs if not (p.removable and p.tensor_output)}
+        tuple_output = "it returns more than its stream (a tuple), which the zoo's removal does not pass on"
+        return {f"lm.{p.name}": p.reason or tuple_output for p in self.proofs if not (p.removable and p.tensor_output)}
 
     def removed_layers(self) -> list[int]:
         layers = self.get_submodule(self.layers_path)
