@@ -56,3 +56,13 @@ def test_train_py_trains_the_packaged_tiny_llama_and_prune_py_trains_it_as_its_b
     results = json.loads((tmp_path / "prune" / "run" / "results.json").read_text())
     assert results["baseline"]["metrics"]["val/ppl"] > 0 and results["pruned"]["metrics"]["val/ppl"] > 0
     assert "hf/tiny_llama" in results["baseline"]["source"]  # trained once, cached under the model's name
+
+
+def test_prune_py_plans_on_the_decode_step_at_the_data_context_with_the_model_kv_cache(tmp_path):
+    out = prune_in_process("model=hf", "model.name=tiny_llama", *TINY_HF_PRUNE, "prune.workload=decode",
+                           "prune.target_speedup=1.2", "prune.export=hf", base=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["workload"] == "decode" and results["condition"]["workload"] == "decode@32"  # data.seq_len
+    assert results["condition"]["input_size"] == [1] and results["plan"]["remove"]
+    assert results["export"]["passed"] is True

@@ -109,3 +109,33 @@ def test_a_context_longer_than_the_positions_and_a_folder_without_config_are_ref
     (tmp_path / "empty").mkdir()
     with pytest.raises(ZooError, match="has no config.json"):
         zoo.create_model(f"hf/{tmp_path / 'empty'}")
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "mixtral"])
+def test_a_decode_step_after_the_cached_context_is_the_next_tokens_logits_also_with_layers_removed(family, tmp_path):
+    """The decode workload's step (the model's own KV cache of `context` tokens, prefilled by the network that steps):
+    its logits are those of the whole sequence's last token, every step starts from the same cache, and a network
+    whose first layer is removed (its slot filled from a kept layer's) still steps right."""
+    saved(family, tmp_path / "m")
+    model = zoo.create_model(f"hf/{tmp_path / 'm'}", pretrained=True)
+    context = 8  # beyond gemma2's sliding window of 4
+    prompt, token = torch.zeros(2, context, dtype=torch.long), TOKENS[:, :1]
+    for net in (model, zoo.apply_plan(model, {"remove": [f"{model.layers_path}.0"]}, inplace=False)):
+        inputs = net.decode_inputs(2, context)
+        with torch.no_grad():
+            first, again = net(token, **inputs), net(token, **inputs)
+            whole = net(torch.cat([prompt, token], dim=1))[:, -1:]
+        assert torch.equal(first, again) and close(first, whole), family
+
+
+def test_a_decode_state_shared_by_networks_of_other_removals_holds_the_context_in_every_layer():
+    """A table's networks share one decode state: prefilled by a network without layers 0 and 2, every layer's slot
+    still holds the context, so the baseline stepping after it attends over as many tokens as alone."""
+    model = zoo.create_model("hf/tiny_llama", num_hidden_layers=4)
+    pruned = zoo.apply_plan(model, {"remove": [f"{model.layers_path}.0", f"{model.layers_path}.2"]}, inplace=False)
+    inputs = pruned.decode_inputs(2, 12)
+    with torch.no_grad():
+        pruned(TOKENS[:, :1], **inputs)
+        model(TOKENS[:, :1], **inputs)
+    cache = inputs["state"].cache
+    assert [cache.get_seq_length(i) for i in range(4)] == [12] * 4

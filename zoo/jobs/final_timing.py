@@ -25,11 +25,36 @@ def build_job_table(cfg: Any, baseline: nn.Module, data: Any, runtime: str | Non
     p = cfg.prune
     kwargs: dict[str, Any] = {"input_size": data.input_size}
     if p.workload == "decode":
-        state = baseline.init_state(p.batch_size).to(resolve_device(p.device))
-        kwargs = {"input_size": (1,), "workload": "decode", "forward_kwargs": {"mode": "recurrent", "state": state}}
+        context = data.input_size[0]
+        kwargs = {"input_size": (1,), "workload": decode_workload(baseline, context), "forward_kwargs":
+                  baseline.decode_inputs(p.batch_size, context, resolve_device(p.device))}
     return build_table(baseline, batch_size=p.batch_size, device=p.device, dtype=p.dtype,
                        channels_last=p.channels_last, threads=p.threads, cache_dir=p.cache_dir, merge=p.merge,
                        settings=table_settings(p, runtime), **kwargs)
+
+
+def decode_workload(model: nn.Module, context: int) -> str:
+    """The table's name of one decode step: ``decode``, or ``decode@<context>`` for a model whose step reads a KV
+    cache of that many tokens (its cost depends on it)."""
+    return f"decode@{context}" if getattr(model, "kv_cache", False) else "decode"
+
+
+def decode_context(table: Any) -> int | None:
+    """The context a decode table's step follows (None: the model's own, or a forward table)."""
+    name = str(table.condition.get("workload", ""))
+    return int(name.partition("@")[2]) if name.startswith("decode@") else None
+
+
+class DecodeStep(nn.Module):
+    """One decode step of `model` from the same starting point every call (`inputs`: its ``decode_inputs``): token
+    ids [B, 1] -> logits [B, vocab]."""
+
+    def __init__(self, model: nn.Module, inputs: dict[str, Any]):
+        super().__init__()
+        self.model, self.inputs = model, inputs
+
+    def forward(self, token: Any) -> Any:
+        return self.model(token, **self.inputs)[:, -1]
 
 
 def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any = None, unfused: bool = True
@@ -53,11 +78,9 @@ def measure_side_by_side(table: Any, nets: dict[str, nn.Module], settings: Any =
         if unfused:
             forms[f"{name}_eager"] = net
     prepared = [prepare(copy.deepcopy(net), device, channels_last) for net in forms.values()]
-    if table.condition.get("workload") == "decode":
-        from ..models.retnet import RecurrentStep
-
-        prepared = [RecurrentStep(net, net.init_state(table.example.shape[0]).to(device), advance=False)
-                    for net in prepared]
+    if str(table.condition.get("workload")).startswith("decode"):
+        batch, context = table.example.shape[0], decode_context(table)
+        prepared = [DecodeStep(net, net.decode_inputs(batch, context, device)) for net in prepared]
     benches = time_networks(prepared, table.example, {}, table, settings or NetworkTimingSettings(), list(forms))
     return {name: {k: round(v, 5) for k, v in bench.summary().items()} for name, bench in zip(forms, benches)}
 

@@ -54,11 +54,52 @@ def _positions(config: Any) -> int | None:
     return limit if isinstance(limit, int) else None
 
 
+class KVState:
+    """A decode step's starting point: the model's own KV cache (transformers' ``DynamicCache``) holding `context`
+    tokens for every decoder layer, filled by the first step's network (a prefill of `context` tokens, on that
+    call's device). A latency table's networks share one state, each with other layers removed: the slot of a layer
+    the first network removed takes a kept layer's keys and values, so that a later network keeping that layer
+    attends over `context` tokens as it would (the step's cost; its values are another layer's). Every step appends
+    to a shallow copy: the cache stays at `context` tokens, and one step can be timed again and again (the
+    ``decode`` workload)."""
+
+    def __init__(self, batch_size: int, context: int):
+        self.batch_size, self.context = batch_size, context
+        self.cache: Any = None
+
+    def prefill(self, lm: nn.Module, device: torch.device) -> Any:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=lm.config)
+        prompt = torch.zeros(self.batch_size, self.context, dtype=torch.long, device=device)
+        with torch.no_grad():
+            lm(input_ids=prompt, cache=cache, use_cache=True)
+        filled = [layer for layer in cache.layers if getattr(layer, "is_initialized", False)]
+        if not filled:
+            raise ZooError(f"{type(lm).__name__} keeps no KV cache in a forward with use_cache=True, so it has no "
+                           f"decode step to time: use prune.workload=forward")
+        for index, layer in enumerate(cache.layers):  # a removed layer's slot, for a network that keeps it
+            if not getattr(layer, "is_initialized", False):
+                cache.update(filled[0].keys.clone(), filled[0].values.clone(), index)
+        return cache
+
+    def step(self, lm: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        """`lm`'s logits for `tokens` [B, 1] after the cached context."""
+        if self.cache is None:
+            self.cache = self.prefill(lm, tokens.device)
+        cache = copy.copy(self.cache)
+        cache.layers = [copy.copy(layer) for layer in self.cache.layers]
+        positions = torch.arange(self.context, self.context + tokens.shape[1], device=tokens.device)
+        return lm(input_ids=tokens, cache=cache, position_ids=positions.expand(tokens.shape[0], -1),
+                  use_cache=True).logits
+
+
 class HFCausalLM(DepthMixin, nn.Module):
     """A transformers causal LM (``lm``) with the zoo's depth interface: token ids [B, T] -> logits [B, T, vocab]
     (no KV cache: the prefill of a prompt), its proven decoder layers as the depth units."""
 
     task = "language_model"
+    kv_cache = True  # its decode step's cost depends on the context held in its cache (the workload names it)
 
     def __init__(self, lm: nn.Module, proofs: Sequence[hf_causal.LayerProof], context: int):
         super().__init__()
@@ -71,8 +112,16 @@ class HFCausalLM(DepthMixin, nn.Module):
     def vocab_size(self) -> int:
         return int(self.lm.config.vocab_size)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, state: KVState | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab] of token ids [B, T]: of the prompt (no cache), or after `state`'s context."""
+        if state is not None:
+            return state.step(self.lm, input_ids)
         return self.lm(input_ids=input_ids, use_cache=False).logits
+
+    def decode_inputs(self, batch_size: int, context: int | None = None, device: Any = None) -> dict[str, Any]:
+        """The forward keywords of one decode step after `context` tokens (default the model's) that every call
+        starts from (the ``decode`` workload)."""
+        return {"state": KVState(batch_size, context or self.default_cfg["input_size"][0])}
 
     def example_input(self, batch_size: int = 1, input_size: Sequence[int] | None = None) -> torch.Tensor:
         """Zero token ids [batch, T] on the model's device (T from `input_size` or the default context)."""
@@ -186,8 +235,6 @@ def packaged() -> list[str]:
     return sorted(PREFIX + p.parent.name for p in PACKAGED.glob("*/config.json"))
 
 
-_PREFILL_ONLY = ("times one decode step with the model's KV cache, which a transformers model pruned here does not "
-                 "yet have a table for: use prune.workload=forward (the prefill of data.seq_len tokens)")
 _EAGER = ("a transformers model is timed in eager PyTorch here: use prune.runtime=eager (and serve the stock folder, "
           "prune.export=hf, in the runtime you use)")
 _STOCK = ("a transformers model ships as its stock folder: use prune.export=hf (then export it with the tools "
@@ -196,11 +243,11 @@ HF_DEPLOY = {
     "runtime": {"eager": None, "compile": _EAGER, "onnxruntime": _EAGER, "tensorrt": _EAGER},
     "export": {"onnx": _STOCK, "torch_export": _STOCK, "hf": None},
     "quantize": {"int8": "prune.quantize=int8 covers image classifiers: use prune.quantize=null"},
-    "workload": {"forward": None, "decode": _PREFILL_ONLY},
+    "workload": {"forward": None, "decode": None},
 }
 
 register_resolver(resolve)
 register_family(FAMILY, task="language_model", reference="hf/tiny_llama", small="hf/tiny_llama",
                 test_input_size=(16,), small_options={"num_hidden_layers": 3}, deploy=HF_DEPLOY, dynamic=True)
 
-__all__ = ["HFCausalLM", "build", "packaged", "resolve", "source_of"]
+__all__ = ["HFCausalLM", "KVState", "build", "packaged", "resolve", "source_of"]

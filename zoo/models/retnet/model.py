@@ -223,6 +223,12 @@ class RetNet(DepthMixin, nn.Module):
         self._run_blocks(self.embed(input_ids), mode, chunk_size, [None] * self.depth, 0, hidden, need_state=False)
         return hidden
 
+    def decode_inputs(self, batch_size: int, context: int | None = None, device: Any = None) -> dict[str, Any]:
+        """The forward keywords of one decode step that every call starts from (the ``decode`` workload): the
+        recurrent form from the empty state (a RetNet's step costs the same at any context)."""
+        state = self.init_state(batch_size)
+        return {"mode": "recurrent", "state": state if device is None else state.to(device)}
+
     def init_state(self, batch_size: int = 1) -> RetNetState:
         """The empty state (zeros), in fp32 or the model's wider dtype."""
         dtype = torch.promote_types(self.embed.weight.dtype, torch.float32)
