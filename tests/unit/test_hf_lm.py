@@ -139,3 +139,33 @@ def test_a_decode_state_shared_by_networks_of_other_removals_holds_the_context_i
         model(TOKENS[:, :1], **inputs)
     cache = inputs["state"].cache
     assert [cache.get_seq_length(i) for i in range(4)] == [12] * 4
+
+
+DOOR = ["data=bytes", "data.seq_len=16", "logger=none", "trainer.progress=false"]
+
+
+@pytest.mark.parametrize("case, said", [
+    ("vit", "not a causal language model"),
+    ("no config", "has no config.json"),
+    ("vocabulary", "ids from 64 up would index no row"),
+    ("context", "data.seq_len=512 is longer than the 64 positions"),
+])
+def test_prune_py_refuses_what_a_transformers_model_cannot_do_in_one_line_before_any_work(case, said, tmp_path):
+    """Exit 2, one line with what is allowed, before the untrained network's table or any baseline."""
+    from ..helpers import prune_in_process
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    extra = ["model.pretrained=true"]
+    if case == "vit":
+        transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=64).save_pretrained(folder)
+    elif case in ("vocabulary", "context"):
+        saved("llama", folder)  # 64 token ids, 64 positions; the bytes data has 256
+        extra += ["data.seq_len=512"] if case == "context" else []
+        if case == "context":
+            extra += ["+model.overrides.vocab_size=256", "model.pretrained=false"]
+    out = prune_in_process("model=hf", f"model.name={folder}", *DOOR, *extra, base=tmp_path)
+    assert out.returncode == 2, out.stdout[-2000:]
+    assert said in out.stdout and "Traceback" not in out.stdout, out.stdout[-2000:]
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache").exists()

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ZooError
 from .prune_config import (
     PRUNE_RANGES,
     FinetuneSettings,
@@ -52,6 +53,17 @@ class PruneRequest:
     data_model_cfg: dict[str, Any]
 
 
+def check_vocabulary(vocab: int, tokenizer: str | None, model: str) -> None:
+    """The data's token ids (bytes: 256; else the tokenizer's) must index rows of the embedding of the model's own
+    weights (`vocab` rows)."""
+    from ..training.data import load_tokenizer
+
+    size = 256 if tokenizer in (None, "bytes") else len(load_tokenizer(tokenizer))
+    if size > vocab:
+        raise ZooError(f"data.tokenizer={tokenizer or 'bytes'} has {size} tokens but {model} embeds {vocab}: ids from "
+                       f"{vocab} up would index no row; use the tokenizer the weights were trained with")
+
+
 def read_request(cfg: Any) -> PruneRequest:
     """The composed prune config as a :class:`PruneRequest`, checked in the order of what can fail, cheapest first
     (raises ZooError, before any work):
@@ -89,6 +101,8 @@ def read_request(cfg: Any) -> PruneRequest:
     if entry.precheck is not None:  # 4
         image, length = cfg.data.get("image_size"), cfg.data.get("seq_len")
         entry.precheck(options, (3, image, image) if image else (length,) if length else None)
+    if "vocab_size" in entry.default_cfg and weights_arg(cfg.model.get("pretrained")) is True:
+        check_vocabulary(entry.default_cfg["vocab_size"], cfg.data.get("tokenizer"), cfg.model.name)
     device = resolve_device(prune.device)  # 5
     check_runtimes(prune, device, resolve_dtype(prune.dtype, device))
     check_folders(cfg)

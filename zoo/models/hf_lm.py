@@ -226,7 +226,8 @@ def resolve(name: str) -> ModelEntry | None:
     settings = hf_causal.load_config(source)
     limit = _positions(settings)
     context = min(CONTEXT, limit) if limit else CONTEXT
-    return ModelEntry(name, FAMILY, functools.partial(build, source), {"input_size": (context,)}, "language_model",
+    return ModelEntry(name, FAMILY, functools.partial(build, source),
+                      {"input_size": (context,), "vocab_size": settings.vocab_size}, "language_model",
                       functools.partial(precheck, source))
 
 
