@@ -319,10 +319,14 @@ def compose(overrides: list[str], output_dir: Path) -> Any:
     from zoo.jobs.cli import register_resolvers
     from zoo.jobs.prune_config import register_configs
 
+    from zoo.jobs.train_config import canonical_model_name
+
     register_configs(CONF)
     register_resolvers()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return hydra_compose(config_name="prune", overrides=[*overrides, f"paths.output_dir={output_dir}"])
+        cfg = hydra_compose(config_name="prune", overrides=[*overrides, f"paths.output_dir={output_dir}"])
+    canonical_model_name(cfg)  # model=timm/hf model.name=<name>: the registry's name, as a run sets it
+    return cfg
 
 
 def speed_plan(table: Any, target: float) -> dict[str, Any] | None:

@@ -118,6 +118,14 @@ VARIANTS: dict[str, list[str]] = {  # named tasks beside the families' own (``--
     # or 2.0x (measured gaps 1.22-1.54x and 1.69-2.14x in the 2026-12-04 run), so its comparisons read lines across them
     "retnet_tiny8": [o.replace("depth=4", "depth=8") for o in TUNED["retnet"][1]],
 }
+# transformers causal LMs (issue 61): the packaged tiny configs of four families, 6 decoder layers each (Gemma-2 with
+# sliding-window and full-attention layers in turn), trained on the embedded bytes corpus; each timed in the prefill
+# (forward) and in one decode step after data.seq_len tokens in its KV cache
+HF_TASK = ["data=bytes", "data.seq_len=64", "data.train_samples=1024", "optim.lr=2e-3", "optim.weight_decay=0.01",
+           "trainer.max_epochs=60", "trainer.patience=6", "prune.batch_size=4", "finetune.epochs=3"]
+for _hf in ("llama", "qwen2", "gpt2", "gemma2"):
+    VARIANTS[f"hf_{_hf}"] = ["model=hf", f"model.name=tiny_{_hf}", *HF_TASK]
+    VARIANTS[f"hf_{_hf}_decode"] = [*VARIANTS[f"hf_{_hf}"], "prune.workload=decode"]
 RULES: dict[str, dict[str, str]] = {  # rule: the prune.* settings that make it
     "interaction": {"search": "interaction", "importance": "loss", "recovery_steps": "20"},
     "interaction_one_shot": {"search": "interaction", "importance": "loss", "recovery_steps": "0"},
@@ -149,6 +157,15 @@ HEALING: dict[str, Any] = {"families": CONFIRMATORY["families"], "first_seed": 1
                            "default": "interaction_tempered",
                            "rules": ["interaction_healed", "greedy", "random", "sleb"],
                            "name": "prune_quality_healing_cpu"}
+# The transformers LM run (``--hf-lm``), declared 2026-12-07 before it ran (docs/studies.md, "Transformers language
+# models"): four families, each in the prefill and the decode workload, fresh seeds 30-34, at 1.3x and 1.5x measured;
+# the default against Block Influence (ShortGPT's rule), SLEB and dropping the last layers (reverse), paired over
+# seeds with Holm's correction within each task, one-shot and after the short fine-tune
+HF_LM: dict[str, Any] = {"families": [f"hf_{f}{w}" for f in ("llama", "qwen2", "gpt2", "gemma2")
+                                      for w in ("", "_decode")],
+                         "first_seed": 30, "seeds": 5, "device": "cpu", "default": "interaction_tempered",
+                         "rules": ["block_influence", "sleb", "reverse"], "targets": [1.3, 1.5],
+                         "name": "prune_quality_hf_lm_cpu"}
 SHORT_EPOCHS = 1
 TOLERANCE = 0.02          # a plan is at the target when its measured speed-up is within 2 % of it
 CORRECTIONS = 4           # searches again for a corrected target, at most
@@ -767,7 +784,8 @@ def differing(stored: dict[str, Any] | None, wanted: dict[str, Any]) -> list[str
 
 def run(quick: bool = False, device: str = "auto", out: str | None = None, families: list[str] | None = None,
         seeds: int | None = None, workdir: str | None = None, rules: list[str] | None = None, first_seed: int = 0,
-        resume: str | None = None, name: str = "prune_quality") -> dict[str, Any]:
+        resume: str | None = None, name: str = "prune_quality", targets: tuple[float, ...] | None = None
+        ) -> dict[str, Any]:
     """Every family's cells, statistics and verdicts (5 seeds from `first_seed`; 2 with `quick`), written to
     ``<name>.json.gz`` after each family. A later `first_seed` gives fresh seeds: a confirmatory run of a protocol
     declared after an earlier run's seeds were seen. `resume`: a stored result whose families are kept when their
@@ -784,7 +802,7 @@ def run(quick: bool = False, device: str = "auto", out: str | None = None, famil
     if default not in rules:
         rules = [default, *rules]
     # quick: the lower target, which whole-segment rules (sleb) reach on the tiny task whatever its 3-round table
-    targets = TARGETS[:1] if quick else TARGETS
+    targets = tuple(targets) if targets else TARGETS[:1] if quick else TARGETS
     measure = QUICK_MEASURE if quick else MEASURE
     tested = list(range(first_seed, first_seed + seeds))
     root = Path(workdir or tempfile.mkdtemp(prefix="prune_quality-"))
@@ -850,6 +868,7 @@ def command_line() -> CommandLine:
                         "(default 0): fresh seeds for a confirmatory run (never the development seeds)")
     parser.add_argument("--confirmatory", action="store_true", help="the run declared in advance (CONFIRMATORY)")
     parser.add_argument("--healing", action="store_true", help="the healing run declared in advance (HEALING)")
+    parser.add_argument("--hf-lm", action="store_true", help="the transformers LM run declared in advance (HF_LM)")
     parser.add_argument("--out", type=out_folder, default=None)
     parser.add_argument("--workdir", type=out_folder, default=None,
                         help="baselines, caches and finished cells (default: a temp dir)")
@@ -864,11 +883,13 @@ def command_line() -> CommandLine:
 def argument_problem(args: argparse.Namespace) -> str | None:
     """What the arguments ask for together that this study cannot do (None: nothing): a confirmatory run with
     anything but what was declared, tested seeds that are the selection's development seeds."""
-    if args.confirmatory and args.healing:
-        return "--confirmatory and --healing are two declared runs: run one at a time"
-    if args.confirmatory or args.healing:
-        return declared_problem(args, *((CONFIRMATORY, "--confirmatory") if args.confirmatory else
-                                        (HEALING, "--healing")))
+    declared = [(run, flag) for run, flag, asked in ((CONFIRMATORY, "--confirmatory", args.confirmatory),
+                                                      (HEALING, "--healing", args.healing),
+                                                      (HF_LM, "--hf-lm", args.hf_lm)) if asked]
+    if len(declared) > 1:
+        return f"{' and '.join(flag for _, flag in declared)} are declared runs: run one at a time"
+    if declared:
+        return declared_problem(args, *declared[0])
     if args.summarise or args.select:
         return None
     return seed_problem(args.first_seed or 0, args.seeds or (2 if args.quick else 5))
@@ -881,10 +902,12 @@ def main(argv: list[str] | None = None) -> None:
         args.families = list(CONFIRMATORY["families"])
         args.first_seed, args.seeds, args.device = (CONFIRMATORY[k] for k in ("first_seed", "seeds", "device"))
         name = CONFIRMATORY["name"]
-    if args.healing:
-        args.families, args.rules = list(HEALING["families"]), list(HEALING["rules"])
-        args.first_seed, args.seeds, args.device = (HEALING[k] for k in ("first_seed", "seeds", "device"))
-        name = HEALING["name"]
+    targets = None
+    for declared, asked in ((HEALING, args.healing), (HF_LM, args.hf_lm)):
+        if asked:
+            args.families, args.rules = list(declared["families"]), list(declared["rules"])
+            args.first_seed, args.seeds, args.device = (declared[k] for k in ("first_seed", "seeds", "device"))
+            name, targets = declared["name"], declared.get("targets")
     if args.summarise:
         print(markdown(summarise_again(args.summarise, args.out)))
         return
@@ -898,12 +921,12 @@ def main(argv: list[str] | None = None) -> None:
         print(markdown(result))
         return
     print(markdown(run(args.quick, args.device or "auto", args.out, args.families, args.seeds, args.workdir,
-                       args.rules, args.first_seed or 0, args.resume, name)))
+                       args.rules, args.first_seed or 0, args.resume, name, targets)))
 
 
 def declared_problem(args: argparse.Namespace, declared: dict[str, Any], flag: str) -> str | None:
-    """Why a declared run (``--confirmatory``: CONFIRMATORY, ``--healing``: HEALING) cannot run with these arguments
-    (None: it can): it runs only what was declared, with the default that was declared."""
+    """Why a declared run (``--confirmatory``: CONFIRMATORY, ``--healing``: HEALING, ``--hf-lm``: HF_LM) cannot run
+    with these arguments (None: it can): it runs only what was declared, with the default that was declared."""
     given = [flag for flag, value in (("--families", args.families), ("--seeds", args.seeds), ("--first-seed",
              args.first_seed), ("--quick", args.quick or None), ("--rules", args.rules), ("--select", args.select or
              None), ("--summarise", args.summarise)) if value is not None]

@@ -78,7 +78,7 @@ def test_prune_quality_resume_refuses_what_is_not_its_result(tmp_path):
         assert proc.returncode == 2 and f"argument --resume: {path}" in proc.stderr, proc.stderr[-2000:]
         assert "python -m studies.prune_quality wrote" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "w").exists()
-    for declared in ("--confirmatory", "--healing"):
+    for declared in ("--confirmatory", "--healing", "--hf-lm"):
         for extra in (["--seeds", "3"], ["--select"], ["--device", "cuda"], ["--first-seed", "0"], ["--rules", "sleb"]):
             proc = subprocess.run([sys.executable, "-m", "studies.prune_quality", declared, *extra,
                                    "--workdir", str(tmp_path / "w")], capture_output=True, text=True, cwd=ROOT,

@@ -66,3 +66,22 @@ def test_prune_py_plans_on_the_decode_step_at_the_data_context_with_the_model_kv
     assert results["workload"] == "decode" and results["condition"]["workload"] == "decode@32"  # data.seq_len
     assert results["condition"]["input_size"] == [1] and results["plan"]["remove"]
     assert results["export"]["passed"] is True
+
+
+def test_sub_layers_are_searched_unless_the_run_ships_a_stock_folder_and_a_given_sub_layer_plan_is_refused(tmp_path):
+    """Without prune.export=hf the search may remove a layer's attention or MLP alone; with it, whole layers only
+    (a stock config has every layer's); a given plan removing a sub-layer with prune.export=hf: exit 2 before the
+    baseline."""
+    out = prune_in_process("model=hf", "model.name=tiny_llama", *TINY_HF_PRUNE, "prune.target_speedup=1.2",
+                           "prune.export=hf", base=tmp_path / "a")
+    assert out.returncode == 0, out.stdout[-3000:]
+    results = json.loads((tmp_path / "a" / "run" / "results.json").read_text())
+    assert all(name.count(".") == 3 for name in results["plan"]["remove"])  # lm.model.layers.<i>: whole layers
+    table = json.loads((tmp_path / "a" / "run" / "latency_table.json").read_text())
+    assert any(".mlp" in str(segment) for segment in table["segments"])  # the table has the sub-layers' variants
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"remove": ["lm.model.layers.2.mlp"]}))
+    out = prune_in_process("model=hf", "model.name=tiny_llama", *TINY_HF_PRUNE, f"prune.plan={plan}",
+                           "prune.export=hf", base=tmp_path / "b")
+    assert out.returncode == 2 and "prune.export=hf writes a folder whose stock config" in out.stdout, out.stdout[-2000:]
+    assert "training the baseline" not in out.stdout

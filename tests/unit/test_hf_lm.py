@@ -20,7 +20,7 @@ from zoo.jobs.runs import fingerprint, with_inputs  # noqa: E402
 from .test_hf_causal import CONFIGS, build  # noqa: E402
 
 TOKENS = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(5))
-REFUSED = {"post-norm opt": "differ", "falcon": "returns more than its stream"}  # LN(x + f(x)); a tuple returned
+REFUSED = {"post-norm opt": "differ"}  # LN(x + f(x)): removing it is not its branch contributing nothing
 CHANGES = {"post-norm opt": ("opt", {"do_layer_norm_before": False})}
 
 
@@ -47,20 +47,33 @@ def zeroed_logits(model: zoo.models.hf_lm.HFCausalLM, indices: list[int]) -> tor
     return logits_of(twin)
 
 
+def zeroed_module(model: torch.nn.Module, name: str) -> torch.Tensor:
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for param in twin.get_submodule(name).parameters():
+            param.zero_()
+    return logits_of(twin)
+
+
 def close(a: torch.Tensor, b: torch.Tensor, tolerance: float = 1e-5) -> bool:
     return float((a - b).abs().max()) <= tolerance * float(b.abs().max())
 
 
-@pytest.mark.parametrize("family", sorted(set(CONFIGS) - {"falcon"}))
+@pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_a_saved_model_prunes_as_proven_and_ships_as_a_stock_folder(family, tmp_path):
+    """Falcon's layers return a tuple: removed, they pass their stream on in it. OPT's MLP is two Linears in the
+    layer, no sub-layer; its attention is one."""
     own = saved(family, tmp_path / f"{family}.v1.5")  # dots in the folder's name are the path's, not a tag
     model = zoo.create_model(f"hf/{tmp_path / f'{family}.v1.5'}", pretrained=True)
     with torch.no_grad():
         assert torch.equal(logits_of(model), own(input_ids=TOKENS, use_cache=False).logits)  # its weights
     units = zoo.depth_units(model)
-    assert [u.name for u in units] == [f"{model.layers_path}.{i}" for i in range(4)] and all(u.removable for u in units)
-    pruned = zoo.apply_plan(model, {"remove": [units[1].name, units[3].name]}, inplace=False)
+    blocks = [u.name for u in units if u.kind == "block"]
+    assert blocks == [f"{model.layers_path}.{i}" for i in range(4)] and all(u.removable for u in units)
+    pruned = zoo.apply_plan(model, {"remove": [blocks[1], blocks[3]]}, inplace=False)
     assert close(logits_of(pruned), zeroed_logits(model, [1, 3]))  # the removal is the layers contributing nothing
+    for sub in [u.name for u in units if u.kind == "sublayer"][:3]:  # each sub-layer's removal: its branch zeroed
+        assert close(logits_of(zoo.apply_plan(model, {"remove": [sub]}, inplace=False)), zeroed_module(model, sub))
     report = zoo.export(pruned, tmp_path / "stock", format="hf")
     assert report.passed and report.max_rel_diff <= 1e-5
     stock = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "stock").eval()
@@ -72,10 +85,19 @@ def test_a_saved_model_prunes_as_proven_and_ships_as_a_stock_folder(family, tmp_
 
 
 @pytest.mark.parametrize("family", sorted(REFUSED))
-def test_a_model_whose_layers_the_zoo_cannot_remove_is_refused_with_why(family, tmp_path):
+def test_a_post_norm_layer_is_kept_with_why_and_a_model_with_nothing_removable_is_refused(family, tmp_path):
+    """LN(x + f(x)): the layer is not removable, its attention is (zeros from it are the branch zeroed)."""
     saved(family, tmp_path / "model")
+    model = zoo.create_model(f"hf/{tmp_path / 'model'}", pretrained=True)
+    units = {u.name: u for u in zoo.depth_units(model)}
+    assert not any(u.removable for u in units.values() if u.kind == "block")
+    assert all(REFUSED[family] in why for why in model.refusals().values()) and len(model.refusals()) == 4
+    offered = [n for n, u in units.items() if u.kind == "sublayer"]
+    assert offered and all(n.endswith(".self_attn") for n in offered)
+    for name in offered[:2]:
+        assert close(logits_of(zoo.apply_plan(model, {"remove": [name]}, inplace=False)), zeroed_module(model, name))
     with pytest.raises(ZooError, match="none of its decoder layers is removable") as refused:
-        zoo.create_model(f"hf/{tmp_path / 'model'}", pretrained=True)
+        zoo.create_model(f"hf/{tmp_path / 'model'}", pretrained=True, sublayers=False)
     assert REFUSED[family] in str(refused.value)
 
 

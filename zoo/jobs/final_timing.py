@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +24,18 @@ def build_job_table(cfg: Any, baseline: nn.Module, data: Any, runtime: str | Non
     from ..latency.device import resolve_device
 
     p = cfg.prune
+    settings = table_settings(p, runtime)
     kwargs: dict[str, Any] = {"input_size": data.input_size}
     if p.workload == "decode":
         context = data.input_size[0]
         kwargs = {"input_size": (1,), "workload": decode_workload(baseline, context), "forward_kwargs":
                   baseline.decode_inputs(p.batch_size, context, resolve_device(p.device))}
+        if getattr(baseline, "kv_cache", False) and settings.entries == "auto":  # a layer timed alone would append
+            settings = replace(settings, entries="context")  # to its captured cache at every call; a network's
+            # decode step starts from the same cache each time
     return build_table(baseline, batch_size=p.batch_size, device=p.device, dtype=p.dtype,
                        channels_last=p.channels_last, threads=p.threads, cache_dir=p.cache_dir, merge=p.merge,
-                       settings=table_settings(p, runtime), **kwargs)
+                       settings=settings, **kwargs)
 
 
 def decode_workload(model: nn.Module, context: int) -> str:

@@ -111,9 +111,11 @@ def variant_memory(table: Any, index: int, variant: frozenset[str]) -> int:
     return 0 if key is None else int(table.records[key].get("peak_mem_bytes") or 0)
 
 
-def build_options(table: Any, damages: list[dict[frozenset[str], float]], max_memory_mb: float | None = None
-                  ) -> list[list[Choice]]:
-    """Search options: per segment, every variant with its predicted latency and its damage.
+def build_options(table: Any, damages: list[dict[frozenset[str], float]], max_memory_mb: float | None = None,
+                  whole_only: bool = False) -> list[list[Choice]]:
+    """Search options: per segment, every variant with its predicted latency and its damage (`whole_only`: the
+    segment kept or removed whole, none of the units inside it: ``prune.export=hf``, whose stock config has every
+    layer's attention and MLP).
 
     A memory budget is exact here: a network's peak activation memory is the largest of its parts', so it is
     met by dropping every variant (and refusing a fixed part) whose own peak exceeds it.
@@ -125,8 +127,10 @@ def build_options(table: Any, damages: list[dict[frozenset[str], float]], max_me
                           f"(stem, head) alone peak at {fixed_mb:.1f} MB at this batch size.")
     options = []
     for i, (costs, seg_damage) in enumerate(zip(table.segment_costs(), damages)):
+        whole = (frozenset(), frozenset({table.segments[i].name}))
         seg = [Choice(variant, latency, max(0.0, seg_damage[variant])) for variant, latency in costs
-               if limit is None or variant_memory(table, i, variant) <= limit]
+               if (limit is None or variant_memory(table, i, variant) <= limit)
+               and (not whole_only or variant in whole)]
         if not seg:
             least = min(variant_memory(table, i, v) for v, _ in costs) / 2**20
             raise BudgetError(f"prune.max_memory_mb={max_memory_mb} cannot be met: segment {table.segments[i].name} "
@@ -275,10 +279,11 @@ def against_ceiling(cfg: Any, target: Target, table: Any, options: list[list[Cho
     return f"{why} ({fastest:.3f} ms, {best:.2f}x)"
 
 
-def latency_only_options(table: Any, max_memory_mb: float | None = None) -> list[list[Choice]]:
+def latency_only_options(table: Any, max_memory_mb: float | None = None, whole_only: bool = False
+                         ) -> list[list[Choice]]:
     """Search options from the table alone (every damage 0): enough to know the fastest plan, before any weights."""
     return build_options(table, [{variant: 0.0 for variant, _ in costs} for costs in table.segment_costs()],
-                         max_memory_mb)
+                         max_memory_mb, whole_only)
 
 
 def ceiling_speedup(table: Any, options: list[list[Choice]]) -> float:

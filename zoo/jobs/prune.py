@@ -106,7 +106,8 @@ def check_ceiling_before_training(cfg: Any, request: PruneRequest, data: Any, ta
 
     architecture = build_model(cfg.model, data, pretrained=False).eval()
     table = build_job_table(cfg, architecture, data)
-    against_ceiling(cfg, target, table, latency_only_options(table, request.prune.max_memory_mb))
+    against_ceiling(cfg, target, table, latency_only_options(table, request.prune.max_memory_mb,
+                                                             request.prune.export == "hf"))
 
 
 def check_plan_before_training(cfg: Any, request: PruneRequest, data: Any, plan: bool) -> None:
@@ -124,6 +125,12 @@ def check_plan_before_training(cfg: Any, request: PruneRequest, data: Any, plan:
     _genericise(architecture, torch.Generator().manual_seed(0))
     if plan:
         checked_plan(request.plan, architecture, request.prune.heal)
+        inside = [u.name for u in architecture.depth_unit_specs() if u.kind in surgery.INSIDE
+                  and u.name in request.plan.get("remove", [])]
+        if inside and request.prune.export == "hf":
+            raise ZooError(f"prune.export=hf writes a folder whose stock config has every layer's sub-layers and "
+                           f"activations; the plan removes {', '.join(inside[:4])}: remove whole layers, or export "
+                           f"with prune.export=onnx (or none; pruned.safetensors is written either way)")
     if request.prune.heal == "linear" and request.prune.heal_ridge == 0:
         batch = next(iter(data.train))[0]  # a calibration batch is a training batch
         if request.plan is not None:  # a given plan: its own gaps
@@ -222,7 +229,7 @@ def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, re
                     plan = resumed_plan(plan_file, baseline)
                 if plan is None:
                     with phase(timings, "search"):
-                        options = build_options(table, damages, p.max_memory_mb)
+                        options = build_options(table, damages, p.max_memory_mb, p.export == "hf")
                         model_inputs = model_search_inputs(cfg, baseline, table, data, options)
                         plan, result = choose_plan(cfg, target, table, options, model_inputs)
                     with phase(timings, "target_check"):
@@ -231,7 +238,7 @@ def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, re
                         plan, result, corrections = kept.plan, kept.result, [c.record() for c in tried]
                     write_json(plan_file, plan)
                 else:
-                    options = build_options(table, damages, p.max_memory_mb)
+                    options = build_options(table, damages, p.max_memory_mb, p.export == "hf")
             except BaseException as exc:  # the other ranks are told, then rank 0 raises it
                 failure = exc
         told = None if failure is None else (isinstance(failure, ZooError), f"{type(failure).__name__}: {failure}")

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import PlanError, ZooError
-from .depth import PassThrough
+from .depth import PassThrough, ZeroLike
 from .discovery import _genericise
 
 TOLERANCE = 1e-9  # float64: the removed and the zeroed network differ by at most this much of the logits' scale
@@ -52,15 +52,16 @@ class LayerProof:
     error: float | None
     reason: str = ""
     kind: str = "layer"
-    tensor_output: bool = True  # the module returns its stream as one tensor (not in a tuple, as Falcon's layers do)
+    returns: tuple[bool, ...] | None = None  # the module's stream: one tensor (None), or where it is in its tuple
 
 
-class ZeroOutput(nn.Module):
-    """A removed sub-layer: zeros shaped like its input, in the structure its module returned (a tensor, or a tuple
-    whose other entries were None: an attention's unrequested weights), computing nothing."""
+class ZeroOutput(ZeroLike):
+    """A removed sub-layer: zeros shaped like its input (given by position or as ``hidden_states``), in the structure
+    its module returned (a tensor, or a tuple whose other entries were None: an attention's unrequested weights),
+    computing nothing. A :class:`~zoo.models.depth.ZeroLike`, so the zoo knows it for a removal."""
 
-    def __init__(self, structure: tuple[bool, ...] | None):
-        super().__init__()
+    def __init__(self, structure: tuple[bool, ...] | None, like: nn.Module | None = None):
+        super().__init__(like)
         self.structure = structure  # None: a tensor; else per entry of the tuple, True where the stream was
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -72,8 +73,10 @@ class ZeroOutput(nn.Module):
 
 
 class StreamOutput(ZeroOutput):
-    """A removed decoder layer while it is proven: its input stream, in the structure the layer returned (Falcon's
-    layers return ``(hidden_states, attention_weights)``)."""
+    """A removed decoder layer: its input stream, in the structure the layer returned (Falcon's layers return
+    ``(hidden_states, attention_weights)``)."""
+
+    zeros = False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.shaped(args[0] if args else kwargs["hidden_states"])
@@ -192,7 +195,8 @@ def prove_layers(model: nn.Module, length: int = 16, seed: int = 0) -> list[Laye
         reason = "" if removable else (f"its removal is not the layer contributing nothing (they differ by "
                                        f"{error:.2g} of the logits' scale in {str(reference.dtype)[6:]}: a "
                                        f"post-norm or non-residual layer, or one that returns more than its stream)")
-        proofs.append(LayerProof(index, name, removable, error, reason, tensor_output=structure is None))
+        proofs.append(LayerProof(index, name, removable, error, reason,
+                                 returns=None if isinstance(structure, str) else structure))
     names = [f"{path}.{i}.{child}" for i, layer in enumerate(layers) for child in sublayers(layer)]
     structures = _structures(twin, names, tokens)
     for name in names:
@@ -218,7 +222,7 @@ def _prove_sublayer(twin: nn.Module, name: str, index: int, structure: Any, toke
     removable = bool(torch.isfinite(removed).all()) and error <= tolerance
     reason = "" if removable else (f"its removal is not its branch contributing nothing (they differ by {error:.2g} "
                                    f"of the logits' scale in {str(reference.dtype)[6:]})")
-    return LayerProof(index, name, removable, error, reason, "sublayer")
+    return LayerProof(index, name, removable, error, reason, "sublayer", structure)
 
 
 def remove_sublayers(model: nn.Module, names: Iterable[str], proofs: Sequence[LayerProof] | None = None

@@ -94,6 +94,15 @@ class KVState:
                   use_cache=True).logits
 
 
+def stream_first(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+    """A sub-layer called with its stream as ``hidden_states=`` gets it by position instead (the same call), so
+    that the zoo's forward hooks, which read a unit's first argument, see it."""
+    if args or "hidden_states" not in kwargs:
+        return None
+    rest = dict(kwargs)
+    return (rest.pop("hidden_states"),), rest
+
+
 class HFCausalLM(DepthMixin, nn.Module):
     """A transformers causal LM (``lm``) with the zoo's depth interface: token ids [B, T] -> logits [B, T, vocab]
     (no KV cache: the prefill of a prompt), its proven decoder layers as the depth units."""
@@ -101,12 +110,16 @@ class HFCausalLM(DepthMixin, nn.Module):
     task = "language_model"
     kv_cache = True  # its decode step's cost depends on the context held in its cache (the workload names it)
 
-    def __init__(self, lm: nn.Module, proofs: Sequence[hf_causal.LayerProof], context: int):
+    def __init__(self, lm: nn.Module, proofs: Sequence[hf_causal.LayerProof], context: int, sublayers: bool = True):
         super().__init__()
         self.lm = lm
         self.layers_path = "lm." + hf_causal.decoder_layers(lm)[0]
         self.proofs = [p for p in proofs if p.kind == "layer"]
+        self.sublayer_proofs = [p for p in proofs if p.kind == "sublayer"] if sublayers else []
         self.default_cfg = {"input_size": (context,)}
+        for proof in self.sublayer_proofs:
+            if proof.removable:
+                lm.get_submodule(proof.name).register_forward_pre_hook(stream_first, with_kwargs=True)
 
     @property
     def vocab_size(self) -> int:
@@ -133,17 +146,32 @@ class HFCausalLM(DepthMixin, nn.Module):
         return [(f"{self.layers_path}.{p.index}", 0, p.index) for p in self.proofs]
 
     def depth_unit_specs(self) -> list[DepthUnit]:
-        """Each decoder layer not removed yet: removable where its proof passed and the zoo's removal (its input
-        passed on as one tensor) is the one proven."""
+        """Each decoder layer not removed yet (removable where its proof passed) and, inside it, each proven
+        sub-layer (its attention, its MLP) not removed yet: removed as :meth:`removed_module` says, as proven."""
         layers = self.get_submodule(self.layers_path)
-        return [DepthUnit(name=f"{self.layers_path}.{p.index}", kind="block", stage=0, index=p.index,
-                          removable=p.removable and p.tensor_output)
-                for p in self.proofs if not isinstance(layers[p.index], nn.Identity)]
+        units = []
+        for proof in self.proofs:
+            if isinstance(layers[proof.index], nn.Identity):
+                continue
+            units.append(DepthUnit(name=f"lm.{proof.name}", kind="block", stage=0, index=proof.index,
+                                   removable=proof.removable))
+            units += [DepthUnit(name=f"lm.{sub.name}", kind="sublayer", stage=0, index=proof.index, removable=True,
+                                merge=(f"lm.{sub.name}",))
+                      for sub in self.sublayer_proofs if sub.index == proof.index and sub.removable
+                      and not isinstance(self.get_submodule(f"lm.{sub.name}"), nn.Identity)]
+        return units
+
+    def removed_module(self, path: str, old: nn.Module, zeros: bool = False) -> nn.Module:
+        """A removed layer (its stream) or sub-layer (zeros), in the structure its proof saw it return, taking the
+        stream by position or as ``hidden_states`` (:class:`~zoo.models.hf_causal.StreamOutput`, ``ZeroOutput``)."""
+        proof = next((p for p in [*self.proofs, *self.sublayer_proofs] if f"lm.{p.name}" == path), None)
+        if proof is None:
+            raise PlanError(f"{path} is not a decoder layer or a proven sub-layer of {type(self.lm).__name__}")
+        return (hf_causal.ZeroOutput if zeros else hf_causal.StreamOutput)(proof.returns, old)
 
     def refusals(self) -> dict[str, str]:
         """Why each decoder layer that is not removable is not."""
-        tuple_output = "it returns more than its stream (a tuple), which the zoo's removal does not pass on"
-        return {f"lm.{p.name}": p.reason or tuple_output for p in self.proofs if not (p.removable and p.tensor_output)}
+        return {f"lm.{p.name}": p.reason for p in self.proofs if not p.removable}
 
     def removed_layers(self) -> list[int]:
         layers = self.get_submodule(self.layers_path)
@@ -179,9 +207,11 @@ class HFCausalLM(DepthMixin, nn.Module):
 
 
 def build(source: str, context: int | None = None, trust_remote_code: bool = False, weights: bool = False,
-          **config: Any) -> HFCausalLM:
+          sublayers: bool = True, **config: Any) -> HFCausalLM:
     """The causal LM at `source` (random weights from its config, or its own with `weights`), `config` fields
-    overridden, its decoder layers proven. On the meta device (the registry's class lookup) nothing is proven."""
+    overridden, its decoder layers proven. `sublayers`: offer each layer's attention and MLP as units too (False:
+    whole layers only, all a stock config can say). On the meta device (the registry's class lookup) nothing is
+    proven."""
     from transformers import AutoModelForCausalLM
 
     settings = hf_causal.load_config(source, trust_remote_code, **config)
@@ -196,7 +226,7 @@ def build(source: str, context: int | None = None, trust_remote_code: bool = Fal
         path, layers = hf_causal.decoder_layers(lm)
         return HFCausalLM(lm, [hf_causal.LayerProof(i, f"{path}.{i}", False, None) for i in range(len(layers))],
                           context)
-    model = HFCausalLM(lm, hf_causal.prove_layers(lm, length=min(16, context)), context)
+    model = HFCausalLM(lm, hf_causal.prove_layers(lm, length=min(16, context)), context, sublayers)
     if weights:  # where the weights came from, as create_model records it for files it loads itself
         model.pretrained_source, model.pretrained_head_reset = source, False
     if not any(u.removable for u in model.depth_unit_specs()):

@@ -33,7 +33,7 @@ from torch import nn
 
 from ..deploy.fuse import fold_bn_into_conv
 from ..errors import PlanError
-from ..models.depth import BlockSpec, Chain, ConvOp, DepthUnit, PassThrough, check_removable, zero_branch
+from ..models.depth import BlockSpec, Chain, ConvOp, DepthUnit, PassThrough, ZeroLike, check_removable, zero_branch
 from . import healing
 from .folding import block_inputs, fold_zeros
 
@@ -358,9 +358,9 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
     kept = uncovered(units, removed)
     for name in kept:
         if units[name].kind == "sublayer":
-            zero_branch(model, units[name].merge)
+            remove_branch(model, model, units[name].merge)
         elif units[name].kind != "act":
-            model.set_submodule(name, PassThrough(model.get_submodule(name)))
+            model.set_submodule(name, removed_module(model, name, model.get_submodule(name)))
     _fold(model, [_block_of(n, block_names) for n in kept if units[n].kind == "sublayer"])
     for block_name, acts in acts_by_block.items():
         if block_name in removed:
@@ -373,6 +373,27 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
     if heal == "linear":
         model.zoo_heal, model.zoo_unhealed = healed.zoo_heal, healed.zoo_unhealed
     return model
+
+
+def removed_module(model: nn.Module, path: str, old: nn.Module, zeros: bool = False) -> nn.Module:
+    """What the module at `path` (of `model`) becomes when its unit is removed: the model's own removal where it
+    declares one (``model.removed_module(path, old, zeros)``: a transformers layer called with its stream by keyword,
+    or returning it in a tuple), else :class:`PassThrough` (its input) or, for a branch's first module (`zeros`),
+    :class:`~zoo.models.depth.ZeroLike`."""
+    own = getattr(model, "removed_module", None)
+    if own is not None:
+        return own(path, old, zeros)
+    return ZeroLike(old) if zeros else PassThrough(old)
+
+
+def remove_branch(model: nn.Module, root: nn.Module, paths: Sequence[str], prefix: str = "") -> None:
+    """Remove a residual branch (`paths`, in call order, relative to `root`, a module of `model` at `prefix`): as
+    :func:`~zoo.models.depth.zero_branch`, by the model's own removals where it declares them."""
+    if not hasattr(model, "removed_module"):
+        zero_branch(root, paths)
+        return
+    for position, path in enumerate(paths):
+        root.set_submodule(path, removed_module(model, prefix + path, root.get_submodule(path), zeros=position == 0))
 
 
 def _gap_targets(model: nn.Module, removed: list[str], calibration: Any) -> list[healing.Gap]:
@@ -482,7 +503,7 @@ def segments(model: nn.Module) -> list[Segment]:
 def build_segment(model: nn.Module, segment: Segment, removed: frozenset[str], merge: bool = True) -> nn.Module:
     """The segment's module after removing `removed` (a copy; the model is untouched)."""
     if segment.name in removed:
-        return PassThrough(model.get_submodule(segment.name))
+        return removed_module(model, segment.name, model.get_submodule(segment.name))
     module = copy.deepcopy(model.get_submodule(segment.name))
     if not removed:
         return module
@@ -490,7 +511,7 @@ def build_segment(model: nn.Module, segment: Segment, removed: frozenset[str], m
     prefix = segment.name + "."
     sublayers = [n for n in uncovered(units, removed) if units[n].kind == "sublayer"]
     for name in sublayers:
-        zero_branch(module, [m[len(prefix):] for m in units[name].merge])
+        remove_branch(model, module, [m[len(prefix):] for m in units[name].merge], prefix)
     if sublayers and (inputs := _inputs_of(model, [segment.name])):
         module = fold_zeros(module, *inputs[segment.name])
     relative = {name[len(prefix):] for name in removed if units[name].kind == "act"}
