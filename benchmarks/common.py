@@ -318,7 +318,6 @@ def compose(overrides: list[str], output_dir: Path) -> Any:
 
     from zoo.jobs.cli import register_resolvers
     from zoo.jobs.prune_config import register_configs
-
     from zoo.jobs.train_config import canonical_model_name
 
     register_configs(CONF)
