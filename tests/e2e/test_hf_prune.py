@@ -86,3 +86,15 @@ def test_sub_layers_are_searched_unless_the_run_ships_a_stock_folder_and_a_given
     assert out.returncode == 2, out.stdout[-2000:]
     assert "prune.export=hf writes a folder whose stock config" in out.stdout
     assert "training the baseline" not in out.stdout
+
+
+def test_a_lora_fine_tune_trains_adapters_only_and_ships_them_merged_into_a_stock_folder(tmp_path):
+    out = prune_in_process("model=hf", "model.name=tiny_llama", *TINY_HF_PRUNE, "finetune.lora_rank=4",
+                           "prune.target_speedup=1.2", "prune.export=hf", base=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    lora = results["finetune_lora"]
+    assert lora["rank"] == 4 and 0 < lora["lora_trainable_params"] < lora["lora_total_params"] / 5
+    assert lora["lora_merge_rel_diff"] < 1e-5 and results["export"]["passed"] is True
+    stock = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "hf")  # no adapter left in it
+    assert not any("lora" in name for name, _ in stock.named_parameters())

@@ -191,3 +191,12 @@ def test_prune_py_refuses_what_a_transformers_model_cannot_do_in_one_line_before
     assert out.returncode == 2, out.stdout[-2000:]
     assert said in out.stdout and "Traceback" not in out.stdout, out.stdout[-2000:]
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_lora_fine_tune_of_a_model_that_is_not_a_transformers_model_is_refused_before_any_work(tmp_path):
+    from ..helpers import prune_in_process
+
+    out = prune_in_process("model=mobilenetv2_035", "data.image_size=16", "finetune.lora_rank=4", "logger=none",
+                           base=tmp_path)
+    assert out.returncode == 2 and "fine-tunes a transformers model's linear layers through peft" in out.stdout
+    assert not (tmp_path / "outputs").exists()

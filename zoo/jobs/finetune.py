@@ -55,6 +55,9 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
     model = surgery.apply_plan(baseline, {**plan, "merge": False}, inplace=False, blend=fading,
                                **(healed.pop("apply") if healed else {}))
     memory: dict[str, float] = {}
+    lora = cfg.finetune.lora_rank > 0 and cfg.finetune.epochs > 0
+    if lora:
+        adapters = with_lora(model, cfg.finetune.lora_rank, cfg.finetune.lora_alpha)
     if cfg.finetune.epochs > 0:
         optim = replace(typed(cfg.optim, OptimConfig), lr=cfg.finetune.lr or cfg.optim.lr * 0.3, warmup_epochs=0)
         trainer = replace(typed(cfg.trainer, TrainerConfig), max_epochs=cfg.finetune.epochs, resume=None)
@@ -67,12 +70,42 @@ def finetune(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any, log
                    output_dir=output_dir / subdir, config=config, resume_from=resume,
                    resume_hint=" Run the same command again: fine-tuning resumes where it stopped, with the same plan.")
         memory = done.memory
+    if lora:
+        model.lora_report = {"rank": cfg.finetune.lora_rank, "alpha": cfg.finetune.lora_alpha, **adapters,
+                             **merge_lora(model)}
     model = surgery.finalize_merges(model) if cfg.prune.merge else model
     model.finetune_memory = memory  # peak training memory of the fine-tuning, for results.json
     model.heal_report = healed  # heal=linear: the patches and the one-shot metrics with and without them
     device = next(baseline.parameters()).device
     metrics = evaluate(model.to(device).eval(), data.val, task=data.task)
     return model, metrics
+
+
+def with_lora(model: nn.Module, rank: int, alpha: float) -> dict[str, float]:
+    """``finetune.lora_rank``: `model`'s transformers model (``model.lm``) wrapped by peft with LoRA adapters of
+    `rank` on every linear layer (its other weights frozen); the trainable and total parameter counts."""
+    from peft import LoraConfig, get_peft_model
+
+    model.lm = get_peft_model(model.lm, LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear"))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"lora_trainable_params": float(trainable), "lora_total_params": float(sum(p.numel() for p in
+                                                                                       model.parameters()))}
+
+
+def merge_lora(model: nn.Module) -> dict[str, float]:
+    """The LoRA adapters multiplied into the weights they adapt and peft's wrapper removed (the model is again the
+    transformers model it was, every weight trainable); the largest difference the merge made to the logits on the
+    model's example input, relative to their scale (float rounding only)."""
+    import torch
+
+    example = model.example_input(2, (16,))
+    with torch.no_grad():
+        before = model.eval()(example)
+        model.lm = model.lm.merge_and_unload()
+        after = model(example)
+    for param in model.parameters():
+        param.requires_grad_(True)
+    return {"lora_merge_rel_diff": float((after - before).abs().max() / (before.abs().max() or 1.0))}
 
 
 def heal_report(cfg: Any, baseline: nn.Module, plan: dict[str, Any], data: Any) -> dict[str, Any]:

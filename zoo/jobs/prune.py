@@ -286,6 +286,7 @@ def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, re
         results["ceiling_speedup"] = round(ceiling_speedup(table, options), 3)
         results["depth_units"] = getattr(baseline, "zoo_depth_note", "declared by the model's family")
         results["finetune_memory"] = getattr(pruned, "finetune_memory", {})
+        results["finetune_lora"] = getattr(pruned, "lora_report", None)
         if getattr(pruned, "heal_report", None) is not None:
             results["heal"] = pruned.heal_report
         results["fingerprint"] = fingerprint(config)

@@ -3,6 +3,7 @@ makes of it before any work, and what the settings decide (runtimes, timing sett
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,8 @@ class FinetuneSettings:
     qat: bool = False
     qat_epochs: int = 1
     qat_lr: float | None = None
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
 
 
 @dataclass
@@ -102,7 +105,8 @@ PRUNE_RANGES = (  # (key, lowest, highest, lowest excluded?): see zoo.jobs.train
     ("finetune.epochs", 0, None, False), ("finetune.lr", 0.0, None, True),
     ("finetune.distill_weight", 0.0, 1.0, False), ("finetune.distill_temperature", 0.0, None, True),
     ("finetune.linearise_fraction", 0.0, 1.0, False), ("finetune.qat_epochs", 1, None, False),
-    ("finetune.qat_lr", 0.0, None, True),
+    ("finetune.qat_lr", 0.0, None, True), ("finetune.lora_rank", 0, None, False),
+    ("finetune.lora_alpha", 0.0, None, True),
 )
 
 
@@ -147,6 +151,15 @@ def check_prune_choices(p: PruneSettings, finetune: FinetuneSettings, model: str
         raise ZooError("prune.heal=linear judges the search's finalists healed; prune.recovery_steps>0 judges them "
                        "after a short recovery: choose one (prune.recovery_steps=0 with heal=linear).")
     task_metrics = ("val/ppl",) if task == "language_model" else ("val/acc1", "val/acc5")
+    if finetune.lora_rank > 0 and not model.startswith("hf/"):
+        raise ZooError(f"finetune.lora_rank={finetune.lora_rank} fine-tunes a transformers model's linear layers "
+                       f"through peft (model=hf); model={model} is fine-tuned in full: set finetune.lora_rank=0.")
+    if finetune.lora_rank > 0 and importlib.util.find_spec("peft") is None:
+        raise ZooError(f"finetune.lora_rank={finetune.lora_rank} needs peft: pip install -e \".[lora]\" (or "
+                       f"finetune.lora_rank=0 to fine-tune the whole network).")
+    if finetune.lora_rank > 0 and finetune.qat:
+        raise ZooError("finetune.lora_rank>0 and finetune.qat=true: LoRA adapters are not quantisation-aware; choose "
+                       "one.")
     if finetune.qat and p.quantize is None:
         raise ZooError("finetune.qat=true trains the pruned network for the INT8 model it ships; it needs "
                        "prune.quantize=int8 (or finetune.qat=false).")
