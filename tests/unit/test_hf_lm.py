@@ -200,3 +200,20 @@ def test_a_lora_fine_tune_of_a_model_that_is_not_a_transformers_model_is_refused
                            base=tmp_path)
     assert out.returncode == 2 and "fine-tunes a transformers model's linear layers through peft" in out.stdout
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_decoder_layer_called_again_on_its_captured_decode_inputs_sees_the_same_cache():
+    """What a table does with a segment in the decode workload (timing it, its peak memory): the layer is called
+    again and again on what it received in a step; the cache must not grow between calls (Gemma-2's eager attention
+    adds a mask sized for the context: it would not even run)."""
+    model = zoo.create_model("hf/tiny_gemma2").eval()
+    seen = {}
+    layer = model.get_submodule(f"{model.layers_path}.1")
+    handle = layer.register_forward_pre_hook(lambda m, a, k: seen.update(call=(a, k)), with_kwargs=True)  # the last
+    # call: the step's (the first is the state's prefill)
+    with torch.no_grad():
+        model(TOKENS[:, :1], **model.decode_inputs(2, 24))
+        handle.remove()
+        args, kwargs = seen["call"]
+        outputs = [layer(*args, **kwargs) for _ in range(3)]
+    assert all(torch.equal(outputs[0], out) for out in outputs[1:])

@@ -56,22 +56,20 @@ def _positions(config: Any) -> int | None:
 
 class KVState:
     """A decode step's starting point: the model's own KV cache (transformers' ``DynamicCache``) holding `context`
-    tokens for every decoder layer, filled by the first step's network (a prefill of `context` tokens, on that
-    call's device). A latency table's networks share one state, each with other layers removed: the slot of a layer
-    the first network removed takes a kept layer's keys and values, so that a later network keeping that layer
-    attends over `context` tokens as it would (the step's cost; its values are another layer's). Every step appends
-    to a shallow copy: the cache stays at `context` tokens, and one step can be timed again and again (the
-    ``decode`` workload)."""
+    tokens for every decoder layer, filled when it is made (a prefill of `context` tokens by the network it is made
+    for, before any step: a hook on the network sees steps only). A latency table's networks share one state, each
+    with other layers removed: the slot of a layer this network removed takes a kept layer's keys and values, so that
+    a network keeping that layer attends over `context` tokens as it would (the step's cost; its values are another
+    layer's). Each layer appends to a throwaway copy of itself (:func:`_held`): the cache stays at `context` tokens,
+    so one step can be timed again and again (the ``decode`` workload), and a layer timed alone on its captured
+    inputs sees the same cache."""
 
-    def __init__(self, batch_size: int, context: int):
-        self.batch_size, self.context = batch_size, context
-        self.cache: Any = None
-
-    def prefill(self, lm: nn.Module, device: torch.device) -> Any:
+    def __init__(self, lm: nn.Module, batch_size: int, context: int, device: Any = None):
         from transformers import DynamicCache
 
+        self.batch_size, self.context = batch_size, context
         cache = DynamicCache(config=lm.config)
-        prompt = torch.zeros(self.batch_size, self.context, dtype=torch.long, device=device)
+        prompt = torch.zeros(batch_size, context, dtype=torch.long, device=next(lm.parameters()).device)
         with torch.no_grad():
             lm(input_ids=prompt, cache=cache, use_cache=True)
         filled = [layer for layer in cache.layers if getattr(layer, "is_initialized", False)]
@@ -81,17 +79,31 @@ class KVState:
         for index, layer in enumerate(cache.layers):  # a removed layer's slot, for a network that keeps it
             if not getattr(layer, "is_initialized", False):
                 cache.update(filled[0].keys.clone(), filled[0].values.clone(), index)
-        return cache
+        for layer in cache.layers:  # onto the device the steps run on
+            for name in ("keys", "values"):
+                if device is not None and torch.is_tensor(getattr(layer, name, None)):
+                    setattr(layer, name, getattr(layer, name).to(device))
+        cache.layers = [_held(layer) for layer in cache.layers]
+        self.cache = cache
 
     def step(self, lm: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
         """`lm`'s logits for `tokens` [B, 1] after the cached context."""
-        if self.cache is None:
-            self.cache = self.prefill(lm, tokens.device)
-        cache = copy.copy(self.cache)
-        cache.layers = [copy.copy(layer) for layer in self.cache.layers]
         positions = torch.arange(self.context, self.context + tokens.shape[1], device=tokens.device)
-        return lm(input_ids=tokens, cache=cache, position_ids=positions.expand(tokens.shape[0], -1),
+        return lm(input_ids=tokens, cache=self.cache, position_ids=positions.expand(tokens.shape[0], -1),
                   use_cache=True).logits
+
+
+def _held(layer: Any) -> Any:
+    """A cache layer whose ``update`` appends to a throwaway copy: it returns the context and the new tokens' keys
+    and values, as the layer's own update does, and keeps the context as it was (so a layer called again, alone on
+    its captured inputs or in the next step, sees the same cache)."""
+    twin = copy.copy(layer)
+    twin.update = functools.partial(_update_copy, layer)
+    return twin
+
+
+def _update_copy(layer: Any, *args: Any, **kwargs: Any) -> Any:
+    return copy.copy(layer).update(*args, **kwargs)
 
 
 def stream_first(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
@@ -134,7 +146,7 @@ class HFCausalLM(DepthMixin, nn.Module):
     def decode_inputs(self, batch_size: int, context: int | None = None, device: Any = None) -> dict[str, Any]:
         """The forward keywords of one decode step after `context` tokens (default the model's) that every call
         starts from (the ``decode`` workload)."""
-        return {"state": KVState(batch_size, context or self.default_cfg["input_size"][0])}
+        return {"state": KVState(self.lm, batch_size, context or self.default_cfg["input_size"][0], device)}
 
     def example_input(self, batch_size: int = 1, input_size: Sequence[int] | None = None) -> torch.Tensor:
         """Zero token ids [batch, T] on the model's device (T from `input_size` or the default context)."""
