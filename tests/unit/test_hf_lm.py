@@ -217,3 +217,14 @@ def test_a_decoder_layer_called_again_on_its_captured_decode_inputs_sees_the_sam
         args, kwargs = seen["call"]
         outputs = [layer(*args, **kwargs) for _ in range(3)]
     assert all(torch.equal(outputs[0], out) for out in outputs[1:])
+
+
+def test_a_sub_layer_plan_reloads_from_its_checkpoint_and_is_refused_as_a_stock_folder(tmp_path):
+    model = zoo.create_model("hf/tiny_qwen2", num_hidden_layers=3)
+    plan = {"remove": [f"{model.layers_path}.0.mlp", f"{model.layers_path}.2.self_attn"]}
+    pruned = zoo.apply_plan(model, plan, inplace=False)
+    reloaded = zoo.load(zoo.save_checkpoint(pruned, tmp_path / "pruned.safetensors"))
+    assert torch.equal(logits_of(reloaded), logits_of(pruned))
+    with pytest.raises(zoo.errors.ExportError, match="no stock config"):
+        zoo.export(pruned, tmp_path / "stock", format="hf")
+    assert not (tmp_path / "stock").exists()
