@@ -68,8 +68,19 @@ class KVState:
         from transformers import DynamicCache
 
         self.batch_size, self.context = batch_size, context
-        cache = DynamicCache(config=lm.config)
-        prompt = torch.zeros(batch_size, context, dtype=torch.long, device=next(lm.parameters()).device)
+        try:  # the prefill and one step, here, so that a cache this code cannot hold is refused before any timing
+            self.cache = self._prefilled(lm, DynamicCache(config=lm.config), device)
+            with torch.no_grad():
+                self.step(lm, torch.zeros(batch_size, 1, dtype=torch.long,
+                                          device=device or next(lm.parameters()).device))
+        except ZooError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the model's cache does not take, one answer
+            raise ZooError(f"{type(lm).__name__}'s KV cache does not take a held decode step ({type(exc).__name__}: "
+                           f"{str(exc)[:160]}): use prune.workload=forward") from None
+
+    def _prefilled(self, lm: nn.Module, cache: Any, device: Any) -> Any:
+        prompt = torch.zeros(self.batch_size, self.context, dtype=torch.long, device=next(lm.parameters()).device)
         with torch.no_grad():
             lm(input_ids=prompt, cache=cache, use_cache=True)
         filled = [layer for layer in cache.layers if getattr(layer, "is_initialized", False)]
@@ -84,7 +95,7 @@ class KVState:
                 if device is not None and torch.is_tensor(getattr(layer, name, None)):
                     setattr(layer, name, getattr(layer, name).to(device))
         cache.layers = [_held(layer) for layer in cache.layers]
-        self.cache = cache
+        return cache
 
     def step(self, lm: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
         """`lm`'s logits for `tokens` [B, 1] after the cached context."""
