@@ -75,3 +75,19 @@ def test_measure_repeat_times_a_runs_plan_at_each_round_count(tmp_path):
     assert (tmp_path / "measure_repeat.json").is_file()
     with pytest.raises(ZooError, match="no results.json"):
         main(["--run", str(tmp_path / "nothing")])
+
+
+def test_hf_census_examines_each_type_in_its_own_worker_and_counts_what_it_proved(tmp_path):
+    """Three causal LM types built small: Llama prunes with every unit rechecked, its decode step equal to the whole
+    sequence's and its stock folder reloading equal; a post-norm-free OPT too; Mamba has no KV cache, said in its row
+    (prefill only); the summary counts the rows."""
+    from studies.hf_census import run
+
+    result = run(["llama", "opt", "mamba"], str(tmp_path), jobs=2)
+    rows = {r["type"]: r for r in result["rows"]}
+    assert rows["llama"]["step"] == "done" and rows["llama"]["recheck_failed"] == []
+    assert rows["llama"]["decode"] == "equal" and rows["llama"]["stock_error"] <= 1e-5
+    assert rows["mamba"]["decode"].startswith("refused") and "no KV cache" in rows["mamba"]["decode"]
+    summary = result["summary"]
+    assert summary["types"] == 3 and summary["units_failing_recheck"] == 0
+    assert summary["prunable"] == sum(r["step"] == "done" for r in rows.values())
