@@ -132,6 +132,30 @@ def report_runtimes(cfg: Any, request: Any, table: Any, measured: dict[str, dict
     return rows
 
 
+def report_workloads(cfg: Any, request: Any, table: Any, measured: dict[str, dict[str, float]],
+                     baseline: nn.Module, pruned: nn.Module, plan: dict[str, Any], data: Any
+                     ) -> dict[str, dict[str, Any]]:
+    """Per workload the model's family supports (a language model's prefill, ``forward``, and its ``decode`` step):
+    the chosen plan (chosen in ``prune.workload``) measured and predicted there, the other workload with its own
+    (cached) table and its own side-by-side timing, in the planning runtime."""
+    from omegaconf import open_dict
+
+    rows = {cfg.prune.workload: {**runtime_row(table, plan, measured), "chosen_here": True}}
+    for workload in request.family.supported("workload"):
+        if workload == cfg.prune.workload or request.family.refusal("workload", workload, {}) is not None:
+            continue
+        _log.info("workload report: the plan in the %s workload", workload)
+        other_cfg = copy.deepcopy(cfg)
+        with open_dict(other_cfg):
+            other_cfg.prune.workload = workload
+        other = build_job_table(other_cfg, baseline, data)
+        timed = measure_side_by_side(other, {"baseline": baseline, "pruned": pruned.eval()}, request.measure,
+                                     unfused=False)
+        rows[workload] = {**runtime_row(other, plan, timed), "chosen_here": False,
+                          "condition_workload": other.condition["workload"]}
+    return rows
+
+
 def export_pruned(cfg: Any, pruned: nn.Module, data: Any, output_dir: Path) -> dict[str, Any]:
     """``prune.export``: the pruned model as ``pruned.onnx`` or ``pruned.pt2`` with a dynamic batch axis at the data's
     input size (dynamic height and width too with ``prune.export_dynamic_size``; for ``prune.workload=decode``, a

@@ -24,7 +24,14 @@ from ..pruning import surgery
 from ..training.logger import PrefixedLogger
 from ..weights.checkpoint import save_checkpoint
 from .baseline import baseline_health, evaluate_baseline, load_or_train_baseline
-from .final_timing import build_job_table, export_pruned, heal_latency, measure_side_by_side, report_runtimes
+from .final_timing import (
+    build_job_table,
+    export_pruned,
+    heal_latency,
+    measure_side_by_side,
+    report_runtimes,
+    report_workloads,
+)
 from .finetune import finetune, qat_finetune
 from .plan import (
     Target,
@@ -273,6 +280,9 @@ def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, re
                 measured.pop("unhealed_eager")
         with phase(timings, "runtime_report"):
             runtimes = report_runtimes(cfg, request, table, measured, baseline, pruned, plan, data)
+        if request.entry.task == "language_model":  # an LM is served in both: its plan measured in each
+            with phase(timings, "workload_report"):
+                workloads = report_workloads(cfg, request, table, measured, baseline, pruned, plan, data)
         checkpoint = save_checkpoint(pruned, output_dir / "pruned.safetensors", metrics=pruned_metrics,
                                      baseline=str(baseline_path), target_speedup=p.target_speedup)
         results = assemble_results(cfg, table, plan, result, baseline, pruned, base_metrics, pruned_metrics,
@@ -280,6 +290,8 @@ def prune_in(cfg: Any, request: PruneRequest, config: dict, output_dir: Path, re
         results["baseline"].update(source=str(baseline_path), metrics_cached=base_cached,
                                    tag=getattr(baseline, "zoo_tag", None), health=health)
         results["runtimes"] = runtimes
+        if request.entry.task == "language_model":
+            results["workloads"] = workloads
         results["target_check"] = target_check(target, results, corrections)
         results["world_size"] = dist.world
         results["threads"] = threads
