@@ -35,6 +35,9 @@ def test_a_local_folder_prunes_from_its_own_weights_and_ships_as_a_stock_folder(
     removed = results["plan"]["remove"]
     assert removed and all(name.startswith("lm.model.layers.") for name in removed)
     assert results["measured_speedup"] > 1.0 and results["export"]["passed"] is True
+    workloads = results["workloads"]  # the plan measured where an LM is served: its prefill and its decode step
+    assert workloads["forward"]["chosen_here"] and workloads["decode"]["condition_workload"] == "decode@32"
+    assert workloads["decode"]["baseline_ms"] > 0 and workloads["decode"]["pruned_ms"] > 0
     stock = transformers.AutoModelForCausalLM.from_pretrained(run / "hf").eval()
     assert stock.config.num_hidden_layers == config.num_hidden_layers - len(removed)
     pruned = zoo.load(run / "pruned.safetensors").eval()
