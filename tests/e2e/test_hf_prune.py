@@ -89,6 +89,11 @@ def test_sub_layers_are_searched_unless_the_run_ships_a_stock_folder_and_a_given
     assert out.returncode == 2, out.stdout[-2000:]
     assert "prune.export=hf writes a folder whose stock config" in out.stdout
     assert "training the baseline" not in out.stdout
+    out = prune_in_process("model=hf", "model.name=tiny_llama", *TINY_HF_PRUNE, f"prune.plan={plan}",
+                           "prune.export=onnx", base=tmp_path / "c")  # the same plan as ONNX: written and checked
+    assert out.returncode == 0, out.stdout[-3000:]
+    export = json.loads((tmp_path / "c" / "run" / "results.json").read_text())["export"]
+    assert export["passed"] is True and export["checked_shapes"] == [[[2, 32]], [[3, 32]]]
 
 
 def test_a_lora_fine_tune_trains_adapters_only_and_ships_them_merged_into_a_stock_folder(tmp_path):

@@ -291,11 +291,9 @@ def packaged() -> list[str]:
 
 _EAGER = ("a transformers model is timed in eager PyTorch here: use prune.runtime=eager (and serve the stock folder, "
           "prune.export=hf, in the runtime you use)")
-_STOCK = ("a transformers model ships as its stock folder: use prune.export=hf (then export it with the tools "
-          "transformers has for that format)")
 HF_DEPLOY = {
     "runtime": {"eager": None, "compile": _EAGER, "onnxruntime": _EAGER, "tensorrt": _EAGER},
-    "export": {"onnx": _STOCK, "torch_export": _STOCK, "hf": None},
+    "export": {"onnx": None, "torch_export": None, "hf": None},
     "quantize": {"int8": "prune.quantize=int8 covers image classifiers: use prune.quantize=null"},
     "workload": {"forward": None, "decode": None},
 }
