@@ -37,6 +37,7 @@ from .discovery import _genericise
 
 TOLERANCE = 1e-9  # float64: the removed and the zeroed network differ by at most this much of the logits' scale
 SAVE_TOLERANCE = 1e-5  # the reloaded stock folder's logits against the pruned model's (float32)
+TRUST = "with trust_remote_code=True (prune.py, train.py: +model.overrides.trust_remote_code=true)"
 INDEX_LISTS = ("mlp_only_layers",)  # config lists that hold layer indices (renumbered), not one value per layer
 
 
@@ -374,7 +375,7 @@ def load_config(name_or_folder: str | Path, trust_remote_code: bool = False, **o
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
             raise ZooError(f"{source} needs its own code from the hub (its config's auto_map); run it only if you "
-                           f"trust it, with trust_remote_code=True") from exc
+                           f"trust it, {TRUST}") from exc
         raise ZooError(f"{source}: {str(exc)[:300]}") from exc
     except OSError as exc:
         offline = " (HF_HUB_OFFLINE=1: only the local cache is read)" if _offline() else ""
@@ -382,7 +383,7 @@ def load_config(name_or_folder: str | Path, trust_remote_code: bool = False, **o
                        f"{str(exc)[:200]}") from exc
     if getattr(config, "auto_map", None) and not trust_remote_code:
         raise ZooError(f"{source} needs its own code (auto_map {sorted(config.auto_map)}); run it only if you trust "
-                       f"it, with trust_remote_code=True")
+                       f"it, {TRUST}")
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(config, "auto_map", None):
         raise ZooError(f"{source} is a {config.model_type!r} model, not a causal language model "
                        f"(AutoModelForCausalLM builds: {', '.join(sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)[:12])}, "
