@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import CommandLine, count, machine, out_folder, results_dir, write_result
+from benchmarks.common import CommandLine, count, machine, names_from, out_folder, results_dir, write_result
 from zoo.errors import run_command
 
 SMALL = {"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -167,8 +167,11 @@ def run(types: list[str] | None = None, out: str | None = None, jobs: int = 2) -
 
 def command_line() -> CommandLine:
     parser = CommandLine("studies.hf_census", __doc__)
-    parser.add_argument("--types", type=lambda text: [t for t in text.split(",") if t], default=None,
-                        help="comma-separated model types (default: every causal LM type transformers knows)")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    parser.add_argument("--types", type=names_from(sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), "causal LM type"),
+                        default=None, help="comma-separated model types (default: every causal LM type transformers "
+                        "knows)")
     parser.add_argument("--jobs", type=count, default=2, help="model types examined at a time (worker processes)")
     parser.add_argument("--out", type=out_folder, default=None)
     return parser
