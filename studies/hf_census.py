@@ -107,9 +107,9 @@ def examine(model_type: str) -> dict[str, Any]:
         row["recheck_failed"] = failing
         step = "decode"
         try:
-            token = tokens[:, -1:]
-            stepped = _logits(model, token, **model.decode_inputs(2, 7))
-            whole = _logits(model, torch.cat([torch.zeros_like(tokens[:, :7]), token], 1))[:, -1:]
+            token, inputs = tokens[:, -1:], model.decode_inputs(2, 7)  # (its own check: refused where not equal)
+            stepped = _logits(model, token, **inputs)
+            whole = _logits(model, torch.cat([inputs["state"].prompt, token], 1))[:, -1:]
             row["decode"] = "equal" if _close(stepped, whole) else "differs"
         except Exception as exc:  # noqa: BLE001 - a model without a usable KV cache: prefill only, said so
             row["decode"] = f"refused: {type(exc).__name__}: {str(exc)[:160]}"

@@ -4,7 +4,7 @@ A homogeneous decoder's layers cost nearly the same, so a plan could be read off
 ``prune.py``'s own latency table (:func:`zoo.jobs.final_timing.build_job_table`, whole networks timed in context) for
 each packaged tiny config (``hf/tiny_llama``, ``tiny_qwen2``, ``tiny_gpt2``, ``tiny_gemma2``: 6 layers; Gemma-2
 alternates sliding-window and full attention) in three workloads: the prefill of 64 tokens, and one decode step
-after 64 and after 256 tokens in the model's KV cache. Per table it reports each layer's saving when removed
+after 64 and after 192 tokens in the model's KV cache. Per table it reports each layer's saving when removed
 whole, how far the savings spread (against the noise of the records they come from), the share of the network that
 no removal touches (embeddings, final norm, LM head), and for each target (1.3x, 1.5x) the whole layers the table
 needs against what a count of layers predicts (``ceil(L (1 - 1/target))``, as if the layers were the whole network).
@@ -30,7 +30,7 @@ from benchmarks.common import CommandLine, compose, machine, out_folder, results
 from zoo.errors import run_command
 
 FAMILIES = ("tiny_llama", "tiny_qwen2", "tiny_gpt2", "tiny_gemma2")
-WORKLOADS = (("forward", 64), ("decode", 64), ("decode", 256))
+WORKLOADS = (("forward", 64), ("decode", 64), ("decode", 192))
 TARGETS = (1.3, 1.5)
 TABLE = "++prune.table={warmup_s: 0.5, min_rounds: 10, max_rounds: 30}"
 

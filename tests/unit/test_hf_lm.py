@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 import zoo  # noqa: E402
 from zoo.errors import ZooError  # noqa: E402
 from zoo.jobs.runs import fingerprint, with_inputs  # noqa: E402
+from zoo.models import hf_lm  # noqa: E402
 
 from .test_hf_causal import CONFIGS, build  # noqa: E402
 
@@ -141,12 +142,12 @@ def test_a_decode_step_after_the_cached_context_is_the_next_tokens_logits_also_w
     saved(family, tmp_path / "m")
     model = zoo.create_model(f"hf/{tmp_path / 'm'}", pretrained=True)
     context = 8  # beyond gemma2's sliding window of 4
-    prompt, token = torch.zeros(2, context, dtype=torch.long), TOKENS[:, :1]
+    token = TOKENS[:, :1]
     for net in (model, zoo.apply_plan(model, {"remove": [f"{model.layers_path}.0"]}, inplace=False)):
         inputs = net.decode_inputs(2, context)
         with torch.no_grad():
             first, again = net(token, **inputs), net(token, **inputs)
-            whole = net(torch.cat([prompt, token], dim=1))[:, -1:]
+            whole = net(torch.cat([inputs["state"].prompt, token], dim=1))[:, -1:]
         assert torch.equal(first, again) and close(first, whole), family
 
 
@@ -228,3 +229,23 @@ def test_a_sub_layer_plan_reloads_from_its_checkpoint_and_is_refused_as_a_stock_
     with pytest.raises(zoo.errors.ExportError, match="no stock config"):
         zoo.export(pruned, tmp_path / "stock", format="hf")
     assert not (tmp_path / "stock").exists()
+
+
+def test_a_decode_step_that_is_not_the_next_tokens_logits_is_refused(tmp_path):
+    """A model whose step after cached tokens is not the whole sequence's last token has no decode workload (refused
+    with why): here Llama with its cached keys perturbed after the prefill (what a cache a model does not fill as
+    its step reads it would give); the same model unperturbed steps."""
+    model = zoo.create_model("hf/tiny_llama", num_hidden_layers=2)
+    assert model.decode_inputs(2, 8)["state"].context == 8
+    original = hf_lm._held
+
+    def perturbed(layer):
+        layer.keys = layer.keys + 1.0
+        return original(layer)
+
+    hf_lm._held = perturbed
+    try:
+        with pytest.raises(ZooError, match="not the next token's logits"):
+            model.decode_inputs(2, 8)
+    finally:
+        hf_lm._held = original

@@ -36,6 +36,7 @@ FAMILY = "hf"
 PACKAGED = Path(__file__).parent / "hf_configs"  # configs shipped with the zoo: hf/<name> for each folder
 CONTEXT = 128  # the default prompt length a model is built, proven and timed at (at most its positions)
 EXPORT_TOLERANCE = hf_causal.SAVE_TOLERANCE
+STEP_TOLERANCE = 1e-3  # a decode step's logits against the whole sequence's last token (float32, of their scale)
 
 
 def source_of(name: str) -> str:
@@ -68,21 +69,35 @@ class KVState:
         from transformers import DynamicCache
 
         self.batch_size, self.context = batch_size, context
+        limit = _positions(lm.config)
+        if limit is not None and context + 1 > limit:
+            raise ZooError(f"a decode step after {context} tokens needs {context + 1} positions and "
+                           f"{type(lm).__name__} has {limit}: use data.seq_len={limit - 1} or less")
         try:  # the prefill and one step, here, so that a cache this code cannot hold is refused before any timing
-            self.cache = self._prefilled(lm, DynamicCache(config=lm.config), device)
+            tokens = torch.randint(0, lm.config.vocab_size, (batch_size, context + 1),
+                                   generator=torch.Generator().manual_seed(0))  # random: zeros hide a model that
+            # attends both ways (every position would see the same token)
+            self.prompt = tokens[:, :-1]  # what the cache holds
+            self.cache = self._prefilled(lm, DynamicCache(config=lm.config), self.prompt, device)
             with torch.no_grad():
-                self.step(lm, torch.zeros(batch_size, 1, dtype=torch.long,
-                                          device=device or next(lm.parameters()).device))
+                stepped = self.step(lm, tokens[:, -1:].to(device or next(lm.parameters()).device)).float()
+                whole = lm(input_ids=tokens.to(next(lm.parameters()).device), use_cache=False).logits[:, -1:].float()
         except ZooError:
             raise
         except Exception as exc:  # noqa: BLE001 - whatever the model's cache does not take, one answer
             raise ZooError(f"{type(lm).__name__}'s KV cache does not take a held decode step ({type(exc).__name__}: "
                            f"{str(exc)[:160]}): use prune.workload=forward") from None
+        error = float((stepped - whole).abs().max()) / (float(whole.abs().max()) or 1.0)
+        allowed = STEP_TOLERANCE if next(lm.parameters()).dtype == torch.float32 else 0.05  # (half precision)
+        if not error <= allowed:
+            raise ZooError(f"{type(lm).__name__}'s decode step after {context} cached tokens is not the next token's "
+                           f"logits (it differs from the whole sequence's by {error:.2g} of their scale; a model that "
+                           f"attends both ways, such as an encoder with a causal LM head, has no decode step): use "
+                           f"prune.workload=forward")
 
-    def _prefilled(self, lm: nn.Module, cache: Any, device: Any) -> Any:
-        prompt = torch.zeros(self.batch_size, self.context, dtype=torch.long, device=next(lm.parameters()).device)
+    def _prefilled(self, lm: nn.Module, cache: Any, prompt: torch.Tensor, device: Any) -> Any:
         with torch.no_grad():
-            lm(input_ids=prompt, cache=cache, use_cache=True)
+            lm(input_ids=prompt.to(next(lm.parameters()).device), cache=cache, use_cache=True)
         filled = [layer for layer in cache.layers if getattr(layer, "is_initialized", False)]
         if not filled:
             raise ZooError(f"{type(lm).__name__} keeps no KV cache in a forward with use_cache=True, so it has no "
