@@ -12,6 +12,14 @@ Computed per table: ``counting_misjudges`` (the count asks for fewer layers than
 ``layers_differ`` (the spread of savings beyond twice the records' noise; where it is not, which layers go is the
 quality's choice alone). Random weights (a latency does not depend on them); batch 1, one thread.
 
+Then the output a user serves (``stock``): per family, the whole layers its prefill table needs for 1.5x removed
+from the zoo model, written by ``save_stock`` as a stock folder (reloaded by ``AutoModelForCausalLM`` with the pruned
+model's logits, or refused), and the stock original and the stock pruned model timed side by side in plain
+transformers, no zoo code in the loop: the prefill of 64 tokens, and decoding 16 tokens one at a time after a
+64-token prompt in transformers' own ``DynamicCache`` (the cache grows as it does when serving). Reported beside the
+zoo tables' predicted speed-ups of the same plan; ``within_noise``: the stock speed-up within twice the measured
+noise of the prediction.
+
     python -m studies.hf_layer_costs --out results     # about 5 minutes on 2 cores
 """
 
@@ -20,6 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -73,14 +82,72 @@ def layer_costs(family: str, workload: str, context: int, cache: Path) -> dict[s
             "plans": plans}
 
 
+STOCK_TARGET, PROMPT, DECODED, ROUNDS = 1.5, 64, 16, 15
+
+
+def _timed(step: Any, rounds: list[list[float]], index: int) -> None:
+    started = time.perf_counter()
+    step()
+    rounds[index].append(time.perf_counter() - started)
+
+
+def stock_speed(family: str, rows: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
+    """The stock folders' own speed (module docstring), for the whole layers `rows`' prefill table needs."""
+    import transformers
+
+    import zoo
+
+    forward = next(r for r in rows if r["family"] == family and r["workload"] == "forward")
+    decode = next(r for r in rows if r["family"] == family and r["workload"] == "decode" and r["context"] == PROMPT)
+    model = zoo.create_model(f"hf/{family}").eval()
+    layers = [u.name for u in model.depth_unit_specs() if u.kind == "block"]
+    order = sorted(range(len(layers)), key=lambda i: -forward["layer_savings_ms"][i])
+    drop = sorted(order[:forward["plans"][str(STOCK_TARGET)]["needed_by_table"] or 1])
+    plan = {"remove": [layers[i] for i in drop]}
+    model.lm.save_pretrained(folder / "original")
+    pruned = zoo.apply_plan(model, plan, inplace=False).eval()
+    _, error = pruned.save_stock(folder / "pruned")
+    nets = [transformers.AutoModelForCausalLM.from_pretrained(folder / name).eval() for name in ("original", "pruned")]
+    prompt = torch.randint(0, model.lm.config.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    prefill, decoding = [[], []], [[], []]
+    with torch.no_grad():
+        for _ in range(ROUNDS + 2):  # two rounds of warm-up, dropped
+            for i, net in enumerate(nets):
+                _timed(lambda net=net: net(prompt, use_cache=False), prefill, i)
+                cache = transformers.DynamicCache(config=net.config)
+                out = net(prompt, past_key_values=cache, use_cache=True)
+                token = out.logits[:, -1:].argmax(-1)
+
+                def steps(net=net, cache=cache, token=token) -> None:
+                    for position in range(PROMPT, PROMPT + DECODED):
+                        logits = net(token, past_key_values=cache, use_cache=True,
+                                     position_ids=torch.tensor([[position]])).logits
+                        token = logits[:, -1:].argmax(-1)
+                _timed(steps, decoding, i)
+    measured = {}
+    for name, times, row in (("prefill", prefill, forward), ("decode", decoding, decode)):
+        base, cut = (statistics.median(t[2:]) for t in times)
+        spread = [statistics.quantiles(t[2:], n=4) for t in times]
+        noise = math.hypot(*((q[2] - q[0]) / statistics.median(t[2:]) for q, t in zip(spread, times)))
+        predicted = row["network_ms"] / (row["network_ms"] - sum(row["layer_savings_ms"][i] for i in drop))
+        speedup = base / cut
+        measured[name] = {"original_ms": round(1e3 * base, 4), "pruned_ms": round(1e3 * cut, 4),
+                          "stock_speedup": round(speedup, 4), "table_predicted_speedup": round(predicted, 4),
+                          "noise": round(noise, 4), "within_noise": abs(speedup / predicted - 1) <= 2 * noise}
+    return {"family": family, "plan": plan, "layers": len(layers), "logits_rel_diff": error, **measured}
+
+
 def run(out: str | None = None) -> dict[str, Any]:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as cache:
         rows = [layer_costs(family, workload, context, Path(cache))
                 for family in FAMILIES for workload, context in WORKLOADS]
+        stock = [stock_speed(family, rows, Path(cache) / "stock" / family) for family in FAMILIES]
     result = {"suite": "hf_layer_costs", "targets": list(TARGETS), "machine": machine("cpu"), "rows": rows,
               "counting_misjudges": sum(any(p["counting_misjudges"] for p in r["plans"].values()) for r in rows),
-              "layers_differ": sum(r["layers_differ"] for r in rows), "tables": len(rows)}
+              "layers_differ": sum(r["layers_differ"] for r in rows), "tables": len(rows), "stock": stock,
+              "stock_faster": sum(s["prefill"]["stock_speedup"] > 1 and s["decode"]["stock_speedup"] > 1
+                                  for s in stock)}
     write_result("hf_layer_costs", result, out)
     return result
 
@@ -94,7 +161,15 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{100 * r['fixed_share']:.0f} % | {100 * r['spread']:.0f} % | {100 * r['record_noise']:.0f} % | "
                      f"{r['layers_differ']} | {plans[0]} | {plans[1]} |")
     lines.append(f"\ncounting misjudges the layers needed in {result['counting_misjudges']} of {result['tables']} "
-                 f"tables; the layers' savings differ beyond noise in {result['layers_differ']}.")
+                 f"tables; the layers' savings differ beyond noise in {result['layers_differ']}.\n")
+    lines += ["| family | layers removed | logits diff | prefill: stock / predicted | decode: stock / predicted |",
+              "|---|---|---:|---|---|"]
+    for s in result.get("stock", []):
+        cells = [f"{s[w]['stock_speedup']:.2f}x / {s[w]['table_predicted_speedup']:.2f}x "
+                 f"({'within' if s[w]['within_noise'] else 'beyond'} noise {100 * s[w]['noise']:.0f} %)"
+                 for w in ("prefill", "decode")]
+        lines.append(f"| {s['family']} | {len(s['plan']['remove'])} of {s['layers']} | {s['logits_rel_diff']:.1e} | "
+                     f"{cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
 

@@ -85,17 +85,18 @@ def test_a_train_sweep_runs_on_slurm(tmp_path):
     assert len(results) == 2 and all(r["steps"] == 4 and r["threads"]["threads"] == 1 for r in results)
 
 
-# A longer job than TINY_PRUNE (about 90 s on one core), on a fixed plan: the search's latencies are measured, so
-# only a fixed plan makes two runs comparable; everything else (training, fine-tuning) is seeded. Its limit: 3
-# minutes, signalled 100 s before, which SLURM may do up to 60 s earlier still: 20 to 80 s after the start (a
-# signal before submitit's handler is in place, in the first seconds, would kill the job instead).
-REQUEUED = [*TINY_PRUNE, "trainer.limit_train_batches=null", "trainer.max_epochs=8", "finetune.epochs=8"]
-TIME_LIMIT = ["hydra.launcher.timeout_min=3", "hydra.launcher.signal_delay_s=100", "hydra.launcher.max_num_timeout=8"]
+# A longer job than TINY_PRUNE (about 130 s on one core of CI's machine, longer here), on a fixed plan: the search's
+# latencies are measured, so only a fixed plan makes two runs comparable; everything else (training, fine-tuning) is
+# seeded. Its limit: 4 minutes, signalled 150 s before, which SLURM may do up to 60 s earlier still: 30 to 90 s after
+# the start, so the job is still running (a signal before submitit's handler is in place, in the first seconds, would
+# kill the job instead; a job done before 90 s would never be cut, as 8 epochs were on CI's machine).
+REQUEUED = [*TINY_PRUNE, "trainer.limit_train_batches=null", "trainer.max_epochs=20", "finetune.epochs=20"]
+TIME_LIMIT = ["hydra.launcher.timeout_min=4", "hydra.launcher.signal_delay_s=150", "hydra.launcher.max_num_timeout=8"]
 PLAN = {"remove": ["blocks.3.1", "blocks.3.2", "blocks.4.1.bn1.act"], "merge": True}
 
 
 def test_a_job_requeued_at_its_time_limit_ends_as_an_uninterrupted_one(tmp_path):
-    """A three-minute time limit: SLURM signals the job before it, submitit requeues it (max_num_timeout), and the
+    """A four-minute time limit: SLURM signals the job before it, submitit requeues it (max_num_timeout), and the
     requeued job resumes from the stages its run directory holds. Its plan, baseline and pruned metrics and pruned
     weights equal those of the same job run without a limit."""
     plan = tmp_path / "plan.json"

@@ -18,6 +18,7 @@ from zoo.errors import ZooError  # noqa: E402
 from zoo.jobs.runs import fingerprint, with_inputs  # noqa: E402
 from zoo.models import hf_lm  # noqa: E402
 
+from .test_healing import explicit_maps  # noqa: E402
 from .test_hf_causal import CONFIGS, build  # noqa: E402
 
 TOKENS = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(5))
@@ -249,3 +250,30 @@ def test_a_decode_step_that_is_not_the_next_tokens_logits_is_refused(tmp_path):
             model.decode_inputs(2, 8)
     finally:
         hf_lm._held = original
+
+
+def test_a_transformers_decoder_heals_sub_layers_and_layers_where_its_stream_is_their_sum():
+    """Llama's decoder layer is its input plus its attention and MLP outputs: a removed MLP heals into the same
+    layer's o_proj, a removed layer into the MLP before it (down_proj), the fused model computing the explicit maps'
+    logits. Gemma-2 normalises each branch after it (a sandwich norm): neither a sub-layer nor a layer has an op that
+    reaches the stream by a per-channel factor, so both are left unhealed with why."""
+    generator = torch.Generator().manual_seed(3)
+    for family in ("tiny_llama", "tiny_gemma2"):
+        torch.manual_seed(0)
+        model = zoo.create_model(f"hf/{family}").eval()
+        layers = [u.name for u in model.depth_unit_specs() if u.kind == "block"]
+        calibration = [torch.randint(0, model.lm.config.vocab_size, (8, 32), generator=generator) for _ in range(4)]
+        plan = {"remove": [f"{layers[1]}.mlp", layers[3]]}
+        healed = zoo.apply_plan(model, plan, inplace=False, heal="linear", calibration=calibration, strict=False)
+        if family == "tiny_gemma2":
+            assert healed.zoo_heal == []
+            assert "not its input plus its sub-layers" in healed.zoo_unhealed[plan["remove"][0]]
+            assert "no Linear or full Conv" in healed.zoo_unhealed[layers[3]]
+            continue
+        assert healed.zoo_unhealed == {}
+        assert [(p["gap"], p["into"]) for p in healed.zoo_heal] == [
+            ([f"{layers[1]}.mlp"], f"{layers[1]}.self_attn.o_proj"), ([layers[3]], f"{layers[2]}.mlp.down_proj")]
+        assert all(p["error_healed"] < p["error_unhealed"] for p in healed.zoo_heal)
+        with torch.no_grad():
+            ours, theirs = logits_of(healed), logits_of(explicit_maps(model, plan, calibration))
+        assert close(ours, theirs, 1e-4)

@@ -115,20 +115,26 @@ def runtime_row(table: Any, plan: dict[str, Any], measured: dict[str, dict[str, 
             "runtime_version": table.condition["runtime_version"]}
 
 
+def plan_in_table(other: Any, request: Any, baseline: nn.Module, pruned: nn.Module, plan: dict[str, Any]
+                  ) -> dict[str, Any]:
+    """The chosen plan in a table it was not chosen in (another runtime, another workload): baseline and pruned
+    timed side by side there (deploy forms), beside that table's predictions."""
+    timed = measure_side_by_side(other, {"baseline": baseline, "pruned": pruned.eval()}, request.measure,
+                                 unfused=False)
+    return {**runtime_row(other, plan, timed), "chosen_here": False}
+
+
 def report_runtimes(cfg: Any, request: Any, table: Any, measured: dict[str, dict[str, float]], baseline: nn.Module,
                     pruned: nn.Module, plan: dict[str, Any], data: Any) -> dict[str, dict[str, Any]]:
     """Per runtime of the job's `request` (:class:`~zoo.jobs.prune_request.PruneRequest`): the chosen plan (chosen in
     the planning runtime) measured and predicted there. The planning runtime comes first, from the final measurement;
     each other runtime (:func:`~zoo.jobs.prune_config.reported_runtimes`: with
     ``prune.quantize=int8`` onnxruntime's float32 and INT8 forms, then ``prune.runtime_report``) gets its own
-    (cached) table and its own side-by-side timing of the baseline and the pruned network, deploy forms."""
+    (cached) table and its own side-by-side timing (:func:`plan_in_table`)."""
     rows = {request.planning_runtime: {**runtime_row(table, plan, measured), "chosen_here": True}}
     for runtime in request.reported_runtimes:
         _log.info("runtime report: the plan in %s", runtime)
-        other = build_job_table(cfg, baseline, data, runtime)
-        timed = measure_side_by_side(other, {"baseline": baseline, "pruned": pruned.eval()}, request.measure,
-                                     unfused=False)
-        rows[runtime] = {**runtime_row(other, plan, timed), "chosen_here": False}
+        rows[runtime] = plan_in_table(build_job_table(cfg, baseline, data, runtime), request, baseline, pruned, plan)
     return rows
 
 
@@ -137,7 +143,7 @@ def report_workloads(cfg: Any, request: Any, table: Any, measured: dict[str, dic
                      ) -> dict[str, dict[str, Any]]:
     """Per workload the model's family supports (a language model's prefill, ``forward``, and its ``decode`` step):
     the chosen plan (chosen in ``prune.workload``) measured and predicted there, the other workload with its own
-    (cached) table and its own side-by-side timing, in the planning runtime."""
+    (cached) table and its own side-by-side timing (:func:`plan_in_table`), in the planning runtime."""
     from omegaconf import open_dict
 
     rows = {cfg.prune.workload: {**runtime_row(table, plan, measured), "chosen_here": True}}
@@ -149,9 +155,7 @@ def report_workloads(cfg: Any, request: Any, table: Any, measured: dict[str, dic
         with open_dict(other_cfg):
             other_cfg.prune.workload = workload
         other = build_job_table(other_cfg, baseline, data)
-        timed = measure_side_by_side(other, {"baseline": baseline, "pruned": pruned.eval()}, request.measure,
-                                     unfused=False)
-        rows[workload] = {**runtime_row(other, plan, timed), "chosen_here": False,
+        rows[workload] = {**plan_in_table(other, request, baseline, pruned, plan),
                           "condition_workload": other.condition["workload"]}
     return rows
 

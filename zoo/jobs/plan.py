@@ -17,6 +17,7 @@ from ..errors import ZooError, first_line
 from ..pruning import surgery
 from ..pruning.importance import (
     HealedLoss,
+    HealedPlanLoss,
     PlanLoss,
     PlanRecovery,
     angular_distance,
@@ -179,9 +180,20 @@ def budget_for(target: Target, table: Any) -> tuple[float, float]:
 
 def plan_loss(cfg: Any, baseline: nn.Module, table: Any, batches: list) -> PlanLoss:
     """The real calibration loss of whole plans a search scores with: at its best temperature when
-    ``prune.importance=tempered`` (the damages and the plans then measure the same thing)."""
+    ``prune.importance=tempered`` (the damages and the plans then measure the same thing); with
+    ``prune.heal=linear``, each plan healed by its gaps' maps (:class:`zoo.pruning.importance.HealedPlanLoss`)."""
+    if cfg.prune.heal == "linear":
+        return HealedPlanLoss(baseline, table.segments, batches, merge=cfg.prune.merge,
+                              tempered=cfg.prune.importance == "tempered", ridge=cfg.prune.heal_ridge)
     return PlanLoss(baseline, table.segments, batches, merge=cfg.prune.merge,
                     tempered=cfg.prune.importance == "tempered")
+
+
+def plans_scored_by(cfg: Any) -> str | None:
+    """What the configured search scores whole plans by (None: it scores none)."""
+    if "loss_of" not in SEARCHES[cfg.prune.search].needs:
+        return None
+    return "healed_plan_loss" if cfg.prune.heal == "linear" else "plan_loss"
 
 
 def model_search_inputs(cfg: Any, baseline: nn.Module, table: Any, data: Any, options: list[list[Choice]]

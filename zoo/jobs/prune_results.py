@@ -10,6 +10,7 @@ from typing import Any
 from torch import nn
 
 from ..pruning.search import pareto_front
+from .plan import plans_scored_by
 
 
 def count_params(model: nn.Module) -> int:
@@ -44,6 +45,7 @@ def assemble_results(cfg: Any, table: Any, plan: dict, result: Any, baseline: nn
         "plan": plan,
         "search_result": None if result is None else {"latency_ms": result.latency, "damage": result.damage,
                                                       "method": result.method, "recovered": result.recovered,
+                                                      "plans_scored_by": plans_scored_by(cfg),
                                                       "finalists_judged_by": None if result.recovered is None else
                                                       "healed_loss" if cfg.prune.heal == "linear" else
                                                       "recovered_loss"},

@@ -1,25 +1,31 @@
 """Healing a removal for free: a fitted linear map on channels, fused into a weight that is already there.
 
-A plan's removed residual units (blocks; RetNet's retention and FFN sub-layers: units whose module outputs the
-stream) form **gaps** (runs of them next to each other in forward order). For a gap, the kept unit right before it
-(`before`) hands the stream on; with the gap removed the stream after `before` is what the next
-module gets, where the unpruned network gave it the stream after the gap. The patch is a channel map ``T = I + D``
-applied to the output of the last weighted linear op of `before` (``into``: a Linear, or a Conv with groups 1),
-fitted by ridge least squares on calibration batches so that the stream after `before` matches the stream after the
-gap (ReplaceMe's algebra, REFERENCE section 12, on any residual network). ``T`` is then multiplied into ``into``'s
-weight and bias, so the pruned network has no new parameter and no new op.
+The stream of a residual network passes a row of residual additions (**edges**), in forward order: a unit whose
+module outputs the stream after its addition (a block; RetNet's retention and FFN sub-layers), or a sub-layer whose
+branch adds its last module's output to the stream inside its block (a discovered transformer block's attention and
+MLP; a transformers decoder layer's). A block whose sub-layers are units is a row of their edges wherever its output
+is, on the calibration input, its input plus its sub-layers' outputs (checked, not assumed: a post-norm or a sandwich
+norm fails it, and the block stays one edge). A plan's removed units form **gaps** (runs of removed edges). For a
+gap, the kept edge right before it (`before`) hands the stream on; with the gap removed the stream after `before` is
+what follows, where the unpruned network gave it the stream after the gap. The patch is a channel map ``T = I + D``
+applied to the output of the last weighted linear op of `before`'s modules (``into``: a Linear, or a Conv with groups
+1), fitted by ridge least squares on calibration batches so that the stream after `before` matches the stream after
+the gap (ReplaceMe's algebra, REFERENCE section 12, on any residual network). ``T`` is then multiplied into
+``into``'s weight and bias, so the pruned network has no new parameter and no new op.
 
 Every patch is **proven exact before it is fitted**: on the calibration input, a random change ``E`` of ``into``'s
-output must change `before`'s output by exactly ``g * E`` for a per-channel ``g`` (1 for a branch that ends in the
-op; a BatchNorm's or a layer scale's factor otherwise), and the gap's first block must take `before`'s output as
-its input. Where no op of `before` passes (an activation after the addition, as in ResNet's basic blocks; a
-depthwise conv last), the gap is refused, with that reason: no layer is ever added.
+output must change the stream after `before` by exactly ``g * E`` for a per-channel ``g`` (1 for a branch that ends
+in the op; a BatchNorm's or a layer scale's factor otherwise), and the gap must start from the stream `before` hands
+on. Where no op of `before` passes (an activation after the addition, as in ResNet's basic blocks; a depthwise conv
+last), or a removed sub-layer is no edge (its block is not its input plus its sub-layers), the gap is refused with
+that reason: no layer is ever added.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,7 +36,8 @@ from ..errors import PlanError
 
 RIDGE = 1e-3  # the ridge, relative to the mean eigenvalue of the op's output covariance
 HEALS = ("none", "linear")
-RESIDUAL_KINDS = ("block", "retention", "ffn")  # units whose module's output is the stream (gaps are runs of them)
+STREAM_KINDS = ("block", "retention", "ffn")  # units whose module outputs the stream after their addition
+SUB_KINDS = ("sublayer",)  # units whose module is a branch added to the stream inside their block
 
 
 class HealError(PlanError):
@@ -55,27 +62,122 @@ class Patch:
         return {**asdict(self), "gap": list(self.gap)}
 
 
-def gaps(model: nn.Module, removed: Iterable[str]) -> list[tuple[str, list[str]]]:
-    """(the kept unit before, the run of removed units) for each run of removed residual units (blocks; RetNet's
-    retention and FFN sub-layers) next to each other in forward order."""
-    blocks = [u.name for u in model.depth_unit_specs() if u.kind in RESIDUAL_KINDS]
-    removed = set(removed)
-    runs: list[tuple[str, list[str]]] = []
-    for i, name in enumerate(blocks):
-        if name not in removed:
+@dataclass(frozen=True)
+class Edge:
+    """One residual addition on the stream: a unit whose module outputs the stream (``block`` empty), or a sub-layer
+    of `block` whose branch (`modules`, in call order) adds its last module's output to the stream, after the
+    branches of `prior` (the ends of the block's sub-layers before it)."""
+
+    name: str
+    modules: tuple[str, ...]
+    block: str = ""
+    prior: tuple[str, ...] = ()
+
+    @property
+    def end(self) -> str:
+        return self.modules[-1]
+
+
+def _owner(name: str, blocks: Sequence[str]) -> str:
+    """The block a sub-layer lives in: the innermost block unit around it, else its parent module (for a sub-layer
+    named by its addition, ``owner:add``, that owner)."""
+    if ":" in name:
+        return name.partition(":")[0]
+    around = [b for b in blocks if name.startswith(b + ".")]
+    return max(around, key=len) if around else name.rpartition(".")[0]
+
+
+def residual_edges(model: nn.Module, x: torch.Tensor) -> tuple[list[Edge], dict[str, list[str]], dict[str, str]]:
+    """The stream's edges in forward order; each unit that is a row of edges (a block whose sub-layers are units)
+    with their names; and the sub-layer units that are no edge, with why. A block is a row of its sub-layers' edges
+    only where, on `x`, its output is its input plus their branches' outputs."""
+    specs = model.depth_unit_specs()
+    blocks = [u.name for u in specs if u.kind in STREAM_KINDS]
+    children: dict[str, list[Any]] = {}
+    for unit in specs:
+        if unit.kind in SUB_KINDS:
+            children.setdefault(_owner(unit.name, blocks), []).append(unit)
+    split, reasons = _additive(model, children, x), {}
+    for block, subs in children.items():
+        if block not in split:
+            reasons.update({u.name: split_reason(u.name, block) for u in subs})
+    edges: list[Edge] = []
+    rows: dict[str, list[str]] = {}
+    done: set[str] = set()
+    for unit in specs:
+        owner = unit.name if unit.kind in STREAM_KINDS else _owner(unit.name, blocks) if unit.kind in SUB_KINDS \
+            else None
+        if owner is None or owner in done:
             continue
-        if runs and blocks[i - 1] in removed and runs[-1][1][-1] == blocks[i - 1]:
-            runs[-1][1].append(name)
+        if owner in split:
+            done.add(owner)
+            ends: list[str] = []
+            for sub in children[owner]:
+                branch = tuple(sub.merge) or (sub.name,)
+                edges.append(Edge(sub.name, branch, owner, tuple(ends)))
+                ends.append(branch[-1])
+            rows[owner] = [sub.name for sub in children[owner]]
+        elif unit.kind in STREAM_KINDS:
+            done.add(owner)
+            edges.append(Edge(unit.name, (unit.name,)))
+    return edges, rows, reasons
+
+
+def split_reason(name: str, block: str) -> str:
+    return (f"{name} is a sub-layer of {block or 'the model'}, whose output is not its input plus its sub-layers' "
+            f"outputs (a norm or scale after an addition): only whole units of its kind are healed there")
+
+
+def _additive(model: nn.Module, children: dict[str, list[Any]], x: torch.Tensor) -> set[str]:
+    """The blocks whose output equals, on `x`, their input plus their sub-layers' branch outputs."""
+    capture = _Capture(model)
+    for block, subs in children.items():
+        if not block or any(":" in u.name for u in subs):
+            continue
+        capture.input(block, f"{block}/in")
+        capture.output(block, f"{block}/out")
+        for i, sub in enumerate(subs):
+            capture.output((tuple(sub.merge) or (sub.name,))[-1], f"{block}/{i}")
+    seen = capture.run(x)
+    split = set()
+    for block, subs in children.items():
+        parts = [seen.get(f"{block}/{i}") for i in range(len(subs))]
+        out, inp = seen.get(f"{block}/out"), seen.get(f"{block}/in")
+        if out is None or inp is None or any(p is None or p.shape != out.shape for p in parts) or inp.shape != \
+                out.shape:
+            continue
+        total = inp.double() + sum(p.double() for p in parts)
+        if float((total - out.double()).abs().max()) <= 1e-5 * (float(out.abs().max()) or 1.0):
+            split.add(block)
+    return split
+
+
+def gaps(edges: Sequence[Edge], rows: dict[str, list[str]], removed: Iterable[str]
+         ) -> list[tuple[Edge | None, list[Edge]]]:
+    """(the kept edge before, the run of removed edges) for each run of removed edges next to each other in forward
+    order; a removed unit that is a row of edges removes all of them."""
+    gone = {name for unit in removed for name in rows.get(unit, [unit])}
+    runs: list[tuple[Edge | None, list[Edge]]] = []
+    for i, edge in enumerate(edges):
+        if edge.name not in gone:
+            continue
+        if runs and i and edges[i - 1].name in gone and runs[-1][1][-1] is edges[i - 1]:
+            runs[-1][1].append(edge)
         else:
-            runs.append((blocks[i - 1] if i else "", [name]))
+            runs.append((edges[i - 1] if i else None, [edge]))
     return runs
 
 
-def not_healed(kinds: dict[str, str], removed: Iterable[str]) -> dict[str, str]:
-    """The removed units no gap covers (a discovered block's sub-layer: its branch ends inside the block), with why,
-    from each unit's kind (of the unpruned model); they stay removed, unhealed."""
-    return {name: f"{name} is a sub-layer of its block ({kinds[name]}): only runs of whole residual units are healed"
-            for name in removed if kinds.get(name) == "sublayer"}
+def shown(run: Sequence[Edge], rows: dict[str, list[str]], removed: Iterable[str]) -> list[str]:
+    """A run's names as the plan gave them: a removed unit that is a row of edges by its own name."""
+    names = {e.name for e in run}
+    out: list[str] = []
+    for unit in removed:
+        covered = rows.get(unit, [unit])
+        if set(covered) <= names and unit not in out:
+            out.append(unit)
+    order = {e.name: i for i, e in enumerate(run)}
+    return sorted(out, key=lambda u: order[rows.get(u, [u])[0]])
 
 
 def _first(value: Any) -> torch.Tensor:
@@ -93,32 +195,70 @@ def _rows(value: torch.Tensor, axis: int) -> torch.Tensor:
     return value.detach().movedim(axis, -1).reshape(-1, value.shape[axis]).double()
 
 
-def _candidates(block: nn.Module) -> tuple[list[str], list[Any]]:
-    """Hooks that list, in call order, `block`'s weighted linear ops a full channel map folds into."""
+def _candidates(model: nn.Module, paths: Sequence[str]) -> tuple[list[str], list[Any]]:
+    """Hooks that list, in call order, the weighted linear ops under `paths` a full channel map folds into."""
     order: list[str] = []
-    names = {id(m): n for n, m in block.named_modules()}
-    ops = [m for m in block.modules() if isinstance(m, nn.Linear) or (
-        isinstance(m, (nn.Conv1d, nn.Conv2d)) and m.groups == 1)]
-    handles = [m.register_forward_hook(lambda m, a, o: order.append(names[id(m)])) for m in ops]
+    handles = []
+    for path in paths:
+        for name, module in model.get_submodule(path).named_modules(prefix=path):
+            if isinstance(module, nn.Linear) or (isinstance(module, (nn.Conv1d, nn.Conv2d)) and module.groups == 1):
+                handles.append(module.register_forward_hook(lambda m, a, o, name=name: order.append(name)))
     return order, handles
 
 
+def _stream_arg(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The stream a block is called with: its first tensor argument, or ``hidden_states`` by keyword."""
+    for value in (*args, kwargs.get("hidden_states"), *kwargs.values()):
+        if torch.is_tensor(value):
+            return value
+    return None
+
+
 class _Capture:
-    """Forward hooks that keep named modules' inputs or outputs."""
+    """Forward hooks that keep named modules' inputs or outputs, and the stream after (or before) an edge. A module
+    that is not there or does not run (a removed branch folded away) leaves no value: it adds nothing."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model, self.values, self.handles = model, {}, []
+
+    def _module(self, path: str) -> nn.Module | None:
+        try:
+            return self.model.get_submodule(path)
+        except AttributeError:
+            return None
 
     def output(self, path: str, key: str, change: torch.Tensor | None = None) -> None:
         def hook(module: nn.Module, args: tuple, output: Any) -> Any:
             self.values[key] = _first(output).detach()
             return output + change.to(output) if change is not None else output
-        self.handles.append(self.model.get_submodule(path).register_forward_hook(hook))
+        if (module := self._module(path)) is not None:
+            self.handles.append(module.register_forward_hook(hook))
 
     def input(self, path: str, key: str) -> None:
-        def hook(module: nn.Module, args: tuple) -> None:
-            self.values[key] = args[0].detach()
-        self.handles.append(self.model.get_submodule(path).register_forward_pre_hook(hook))
+        def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+            value = _stream_arg(args, kwargs)
+            if value is not None:
+                self.values[key] = value.detach()
+        if (module := self._module(path)) is not None:
+            self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+
+    def stream(self, edge: Edge, key: str, after: bool = True) -> None:
+        """Keep the stream after `edge` (`after`) or before it, as ``stream_value(edge, key, after)`` reads it."""
+        if not edge.block:
+            (self.output if after else self.input)(edge.name, key)
+            return
+        self.input(edge.block, f"{key}/in")
+        for i, end in enumerate((*edge.prior, edge.end) if after else edge.prior):
+            self.output(end, f"{key}/{i}")
+
+    def stream_value(self, edge: Edge, key: str, after: bool = True) -> torch.Tensor:
+        if not edge.block:
+            return self.values[key]
+        total = self.values[f"{key}/in"]
+        for i in range(len(edge.prior) + after):
+            if f"{key}/{i}" in self.values:
+                total = total + self.values[f"{key}/{i}"]
+        return total
 
     def run(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         self.values = {}
@@ -132,20 +272,22 @@ class _Capture:
         return self.values
 
 
-def _gain(model: nn.Module, before: str, into: str, x: torch.Tensor) -> torch.Tensor | None:
-    """The per-channel factor by which a change of `into`'s output reaches `before`'s output, exactly; None when it
-    does not reach it that way (an activation after the addition, a layout change, a mix of channels)."""
+def _gain(model: nn.Module, before: Edge, into: str, x: torch.Tensor) -> torch.Tensor | None:
+    """The per-channel factor by which a change of `into`'s output reaches the stream after `before`, exactly; None
+    when it does not reach it that way (an activation after the addition, a layout change, a mix of channels)."""
     capture = _Capture(model)
     capture.output(into, "op")
-    capture.output(before, "out")
-    base = capture.run(x)
-    if base["op"].shape != base["out"].shape:
+    capture.stream(before, "out")
+    capture.run(x)
+    op, out = capture.values["op"], capture.stream_value(before, "out")
+    if op.shape != out.shape:
         return None
     axis = _channel_axis(model.get_submodule(into))
-    change = torch.randn(base["op"].shape, generator=torch.Generator().manual_seed(0)).to(base["op"])
+    change = torch.randn(op.shape, generator=torch.Generator().manual_seed(0)).to(op)
     capture.output(into, "op", change)
-    capture.output(before, "out")
-    moved = capture.run(x)["out"] - base["out"]
+    capture.stream(before, "out")
+    capture.run(x)
+    moved = capture.stream_value(before, "out") - out
     e, r = _rows(change, axis), _rows(moved, axis)
     gain = (e * r).sum(0) / (e * e).sum(0)
     scale = float(r.abs().max()) or 1.0
@@ -154,59 +296,66 @@ def _gain(model: nn.Module, before: str, into: str, x: torch.Tensor) -> torch.Te
     return gain
 
 
-def _target(model: nn.Module, before: str, x: torch.Tensor) -> tuple[str, torch.Tensor] | str:
+def _target(model: nn.Module, before: Edge, x: torch.Tensor) -> tuple[str, torch.Tensor] | str:
     """The op of `before` a patch folds into and its gain, or why none."""
-    block = model.get_submodule(before)
-    order, handles = _candidates(block)
+    order, handles = _candidates(model, before.modules)
     try:
         with torch.no_grad():
             model(x)
     finally:
         for handle in handles:
             handle.remove()
-    for name in reversed(list(dict.fromkeys(order))):
-        path = f"{before}.{name}" if name else before
+    for path in reversed(list(dict.fromkeys(order))):
         gain = _gain(model, before, path, x)
         if gain is not None:
             return path, gain
-    return (f"no Linear or full Conv of {before} reaches its output unchanged (an activation after its addition, a "
-            f"depthwise or no weighted op last)")
+    return (f"no Linear or full Conv of {before.name} reaches the stream after it unchanged (an activation after its "
+            f"addition, a depthwise or no weighted op last)")
 
 
 @dataclass
 class Gap:
-    """A run of removed residual units, the kept unit before it, and what the unpruned network's stream was after
-    the run on each calibration input (the target), or why it cannot be healed."""
+    """A run of removed edges (`edges`; `blocks`: their names as the plan gave them), the kept edge before it, and
+    what the unpruned network's stream was after the run on each calibration input (the target), or why it cannot
+    be healed."""
 
-    before: str
+    before: Edge | None
+    edges: list[Edge]
     blocks: list[str]
     targets: list[torch.Tensor]
     reason: str = ""
 
 
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and float((a - b).abs().max()) <= 1e-5 * (float(b.abs().max()) or 1.0)
+
+
 def gap_targets(model: nn.Module, removed: Sequence[str], calibration: Sequence[torch.Tensor]) -> list[Gap]:
-    """Every gap of `removed` with its targets, on the unpruned `model`."""
-    found = [Gap(before, blocks, []) for before, blocks in gaps(model, removed)]
+    """Every gap of `removed` with its targets, on the unpruned `model`; a removed sub-layer that is no edge is a gap
+    with its reason."""
+    edges, rows, reasons = residual_edges(model, calibration[0])
+    found = [Gap(before, run, shown(run, rows, removed), []) for before, run in gaps(edges, rows, removed)]
     for gap in found:
-        if not gap.before:
-            gap.reason = f"the gap {gap.blocks[0]}.. starts the network: no kept block before it to fold a patch into"
+        if gap.before is None:
+            gap.reason = f"the gap {gap.blocks[0]}.. starts the network: no kept unit before it to fold a patch into"
     live = [g for g in found if not g.reason]
     for x in calibration:
         capture = _Capture(model)
         for i, gap in enumerate(live):
-            capture.output(gap.before, f"after{i}")
-            capture.input(gap.blocks[0], f"in{i}")
-            capture.output(gap.blocks[-1], f"out{i}")
-        seen = capture.run(x)
+            capture.stream(gap.before, f"after{i}")
+            capture.stream(gap.edges[0], f"in{i}", after=False)
+            capture.stream(gap.edges[-1], f"out{i}")
+        capture.run(x)
         for i, gap in enumerate(live):
-            if not torch.equal(seen[f"in{i}"], seen[f"after{i}"]):
-                gap.reason = (f"its first block does not take {gap.before}'s output as its input (a module between "
-                              f"them)")
-            gap.targets.append(seen[f"out{i}"])
+            if not _close(capture.stream_value(gap.edges[0], f"in{i}", after=False),
+                          capture.stream_value(gap.before, f"after{i}")):
+                gap.reason = f"it does not start from the stream {gap.before.name} hands on (a module between them)"
+            gap.targets.append(capture.stream_value(gap.edges[-1], f"out{i}"))
     for gap in found:
         if gap.reason and not gap.reason.startswith("the gap"):
             gap.reason = f"cannot heal the gap {', '.join(gap.blocks)}: {gap.reason}"
-    return found
+    return found + [Gap(None, [], [name], [], f"cannot heal {name}: {reasons[name]}") for name in removed
+                    if name in reasons]
 
 
 def fit_patch(pruned: nn.Module, gap: Gap, calibration: Sequence[torch.Tensor], ridge: float = RIDGE
@@ -226,35 +375,117 @@ def fit_patch(pruned: nn.Module, gap: Gap, calibration: Sequence[torch.Tensor], 
     for x, target in zip(calibration, gap.targets):
         capture = _Capture(pruned)
         capture.output(into, "z")
-        capture.output(gap.before, "after")
-        seen = capture.run(x)
-        if seen["after"].shape != target.shape:
-            raise HealError(f"cannot heal the gap {', '.join(gap.blocks)}: {gap.before}'s output is shaped "
-                            f"{tuple(seen['after'].shape)}, the stream after the gap {tuple(target.shape)}")
-        zs.append(_rows(seen["z"], axis))
-        wants.append(_rows(target - seen["after"], axis))  # the change wanted in the stream
+        capture.stream(gap.before, "after")
+        capture.run(x)
+        after = capture.stream_value(gap.before, "after")
+        if after.shape != target.shape:
+            raise HealError(f"cannot heal the gap {', '.join(gap.blocks)}: the stream after {gap.before.name} is "
+                            f"shaped {tuple(after.shape)}, the stream after the gap {tuple(target.shape)}")
+        zs.append(_rows(capture.values["z"], axis))
+        wants.append(_rows(target - after, axis))  # the change wanted in the stream
         ys.append(_rows(target, axis))
     z, want, y = torch.cat(zs), torch.cat(wants), torch.cat(ys)
-    d = want / gain  # the change wanted at the op's output
-    channels = z.shape[1]
-    if ridge <= 0 and z.shape[0] < channels:
-        raise HealError(_too_few(z.shape[0], channels))
-    gram = z.T @ z
+    patch_map, unhealed, healed = solve_map(z, want, y, gain, ridge, into, ", ".join(gap.blocks))
+    patch = Patch(tuple(gap.blocks), gap.before.name, into, z.shape[0], unhealed, healed, time.perf_counter() - started)
+    return patch, patch_map
+
+
+def solve_map(z: torch.Tensor, want: torch.Tensor, y: torch.Tensor, gain: torch.Tensor, ridge: float, into: str,
+              gap: str) -> tuple[torch.Tensor, float, float]:
+    """The ridge least squares of a gap's map ``T = I + D`` (rows: the op's outputs `z`, the change `want` wanted in
+    the stream, the stream `y` it is measured against; `gain`: the op's per-channel factor to the stream), with the
+    stream's relative error without and with it."""
+    patch_map = _solve(z.T @ z, z.T @ want / gain, z.shape[0], ridge, into, gap)
+    delta = patch_map - torch.eye(z.shape[1], dtype=z.dtype, device=z.device)
+    norm = float(y.norm()) or 1.0
+    return patch_map, float(want.norm()) / norm, float((want - (z @ delta.T) * gain).norm()) / norm
+
+
+def _solve(gram: torch.Tensor, cross: torch.Tensor, rows: int, ridge: float, into: str, gap: str) -> torch.Tensor:
+    """``I + D`` from the op outputs' Gram matrix ``z^T z`` and ``z^T d`` (`d`: the change wanted at the op's output)
+    over `rows` rows: ``D^T = (z^T z + damp I)^-1 z^T d``, `damp` the ridge relative to the mean eigenvalue."""
+    channels = gram.shape[0]
+    if ridge <= 0 and rows < channels:
+        raise HealError(_too_few(rows, channels))
     if ridge <= 0 and (rank := int(torch.linalg.matrix_rank(gram))) < channels:
-        raise HealError(f"cannot heal the gap {', '.join(gap.blocks)}: its calibration rows span {rank} of the "
-                        f"{channels} channels of {into}, so the plain least squares has no unique map; use a ridge "
-                        f"(heal_ridge > 0) or more varied calibration batches")
+        raise HealError(f"cannot heal the gap {gap}: its calibration rows span {rank} of the {channels} channels of "
+                        f"{into}, so the plain least squares has no unique map; use a ridge (heal_ridge > 0) or more "
+                        f"varied calibration batches")
     damp = ridge * float(torch.trace(gram)) / channels
     eye = torch.eye(channels, dtype=gram.dtype, device=gram.device)
     try:
-        delta = torch.linalg.solve(gram + damp * eye, z.T @ d).T  # D: out = z @ D.T
+        return eye + torch.linalg.solve(gram + damp * eye, cross).T  # D: out = z @ D.T
     except torch.linalg.LinAlgError as exc:
-        raise HealError(f"cannot heal the gap {', '.join(gap.blocks)}: the least squares for {into} is singular "
-                        f"({exc}); use a ridge (heal_ridge > 0)") from exc
-    norm = float(y.norm()) or 1.0
-    unhealed, healed = float(want.norm()) / norm, float((want - (z @ delta.T) * gain).norm()) / norm
-    patch = Patch(tuple(gap.blocks), gap.before, into, z.shape[0], unhealed, healed, time.perf_counter() - started)
-    return patch, eye + delta
+        raise HealError(f"cannot heal the gap {gap}: the least squares for {into} is singular ({exc}); use a ridge "
+                        f"(heal_ridge > 0)") from exc
+
+
+class GapMaps:
+    """Each gap's map fitted on the unpruned network alone (its op's outputs, the stream after the kept edge and after
+    the gap, all of `model` as it is), so that it depends only on the gap's two ends and is fitted once however many
+    plans contain that gap: what a search scores plans healed with (the plan it ships is healed gap by gap, each fit
+    seeing the patches before it). A fit accumulates ``z^T z`` and ``z^T d`` over the calibration batches in one
+    pass (no activation is kept); a gap that cannot be healed maps to None."""
+
+    def __init__(self, model: nn.Module, calibration: Sequence[torch.Tensor], ridge: float = RIDGE):
+        self.model, self.calibration, self.ridge = model, list(calibration), ridge
+        with _evaluating(model):
+            self.edges, self.rows, _ = residual_edges(model, self.calibration[0])
+        self.targets: dict[str, tuple[str, torch.Tensor] | str] = {}
+        self.maps: dict[tuple[str, ...], tuple[str, torch.Tensor] | None] = {}
+
+    def patches(self, removed: Iterable[str]) -> list[tuple[str, torch.Tensor]]:
+        """(the op, its map) for every gap of `removed` that can be healed."""
+        found = []
+        for before, run in gaps(self.edges, self.rows, removed):
+            if before is None:
+                continue
+            key = (before.name, *(e.name for e in run))
+            if key not in self.maps:
+                with _evaluating(self.model):
+                    self.maps[key] = self._fit(before, run[-1])
+            if self.maps[key] is not None:
+                found.append(self.maps[key])
+        return found
+
+    def _fit(self, before: Edge, last: Edge) -> tuple[str, torch.Tensor] | None:
+        if before.name not in self.targets:
+            self.targets[before.name] = _target(self.model, before, self.calibration[0])
+        target = self.targets[before.name]
+        if isinstance(target, str):
+            return None
+        into, gain = target
+        axis = _channel_axis(self.model.get_submodule(into))
+        gram = cross = None
+        rows = 0
+        for x in self.calibration:
+            capture = _Capture(self.model)
+            capture.output(into, "z")
+            capture.stream(before, "after")
+            capture.stream(last, "y")
+            capture.run(x)
+            after, y = capture.stream_value(before, "after"), capture.stream_value(last, "y")
+            if after.shape != y.shape:
+                return None
+            z = _rows(capture.values["z"], axis)
+            d = _rows(y - after, axis) / gain
+            gram, cross = (z.T @ z, z.T @ d) if gram is None else (gram + z.T @ z, cross + z.T @ d)
+            rows += z.shape[0]
+        try:
+            return into, _solve(gram, cross, rows, self.ridge, into, last.name)
+        except HealError:
+            return None
+
+
+@contextlib.contextmanager
+def _evaluating(model: nn.Module) -> Iterator[None]:
+    """`model` in eval mode inside, its own mode after."""
+    mode = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(mode)
 
 
 def fuse(model: nn.Module, into: str, patch_map: torch.Tensor) -> None:
@@ -332,15 +563,15 @@ def _rows_of(model: nn.Module, into: str, calibration: Sequence[torch.Tensor]) -
 
 def rows_problem(model: nn.Module, batch: torch.Tensor, batches: int) -> str | None:
     """With a ridge of 0, whether `batches` calibration batches like `batch` give every gap a search may choose at
-    least as many rows as its op has channels (None: they do), for each kept unit a gap could follow."""
-    units = [u.name for u in model.depth_unit_specs() if u.kind in RESIDUAL_KINDS]
-    for before in dict.fromkeys(units[:-1]):
+    least as many rows as its op has channels (None: they do), for each kept edge a gap could follow."""
+    edges, _, _ = residual_edges(model, batch)
+    for before in edges[:-1]:
         found = _target(model, before, batch)
         if isinstance(found, str):
             continue  # a gap after it is left unhealed: no rows needed
         channels, rows = _rows_of(model, found[0], [batch] * batches)
         if rows < channels:
-            return f"a gap after {before}: {_too_few(rows, channels)}"
+            return f"a gap after {before.name}: {_too_few(rows, channels)}"
     return None
 
 

@@ -264,6 +264,68 @@ class PlanLoss:
         return tally.value()
 
 
+class HealedPlanLoss(PlanLoss):
+    """:class:`PlanLoss` with each gap of a plan patched as ``prune.heal=linear`` would, by its map fitted once on
+    the unpruned network (:class:`zoo.pruning.healing.GapMaps`: a map depends only on its gap's two ends, so every
+    plan containing a gap reuses it), so that the whole search scores plans healed and healing can change which
+    units go. The maps are fused into the working copy's ops for one forward and taken out again; a plan whose gaps
+    none can heal is scored as :class:`PlanLoss` does (replaying where it can). The plan that ships is healed gap by
+    gap (each fit seeing the patches before it), which :class:`HealedLoss` judges the search's finalists by."""
+
+    def __init__(self, model: nn.Module, segments: Sequence[Segment], batches: Sequence[Batch], merge: bool = True,
+                 tempered: bool = False, ridge: float | None = None):
+        from .healing import RIDGE, GapMaps
+
+        super().__init__(model, segments, batches, merge=merge, tempered=tempered)
+        self.maps = GapMaps(model, [inputs for inputs, _ in batches], RIDGE if ridge is None else ridge)
+        self.healed_plans = 0  # plans scored with at least one patch in
+
+    def __call__(self, removed: frozenset[str] | Sequence[str]) -> float:
+        removed = frozenset(removed)
+        if removed in self.memo:
+            return self.memo[removed]
+        patches = self.maps.patches(removed)
+        if not patches:
+            return super().__call__(removed)
+        for i, (seg, variant) in enumerate(zip(self.segments, self.variants(removed))):
+            if variant != self.installed[i]:
+                self.work.set_submodule(seg.name, self._module(i, variant))
+                self.installed[i] = variant
+        ops = [(op, patch_map) for into, patch_map in patches if (op := self._op(into)) is not None]
+        if not ops:
+            return super().__call__(removed)
+        kept = [(op, op.weight.detach().clone(), None if op.bias is None else op.bias.detach().clone())
+                for op, _ in ops]
+        try:
+            with torch.no_grad():
+                for op, patch_map in ops:
+                    t = patch_map.to(op.weight)
+                    op.weight.copy_(torch.einsum("oc,c...->o...", t, op.weight))
+                    if op.bias is not None:
+                        op.bias.copy_(t @ op.bias)
+                loss = calibration_loss(self.work, self.batches, self.tempered)
+        finally:
+            with torch.no_grad():
+                for op, weight, bias in kept:
+                    op.weight.copy_(weight)
+                    if bias is not None:
+                        op.bias.copy_(bias)
+        self.memo[removed] = loss if math.isfinite(loss) else math.inf
+        self.evaluations += 1
+        self.healed_plans += 1
+        return self.memo[removed]
+
+    def _op(self, into: str) -> nn.Module | None:
+        """The op at `into` in the working copy as its variants stand, when it is still the unpruned one's shape (a
+        merged variant may have folded it away)."""
+        try:
+            op = self.work.get_submodule(into)
+        except AttributeError:
+            return None
+        original = self.model.get_submodule(into)
+        return op if type(op) is type(original) and op.weight.shape == original.weight.shape else None
+
+
 class PlanRecovery:
     """The calibration loss of a whole plan after a short recovery: the plan applied as the fine-tune starts it
     (removed activations linearised, convs not yet merged, BatchNorm trainable), ``steps`` SGD steps on

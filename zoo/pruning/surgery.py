@@ -344,7 +344,7 @@ def apply_plan(model: nn.Module, plan: dict[str, Any], inplace: bool = True, ble
         patches, unhealed = healing.heal(healed, gaps, list(calibration), ridge, strict)
         set_linearisation(healed, 0.0)  # fading activations start where a fresh plan's do
         healed.zoo_heal = [patch.to_dict() for patch, _ in patches]
-        healed.zoo_unhealed = {**unhealed, **healing.not_healed({n: u.kind for n, u in units.items()}, removed)}
+        healed.zoo_unhealed = unhealed
         if not inplace:
             return healed
     if not inplace:

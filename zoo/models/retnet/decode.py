@@ -18,16 +18,14 @@ from .ops import (
 
 class RecurrentStep(nn.Module):
     """One decode step through the public API, ``model(token, mode="recurrent", state=...)``, as a module: token ids
-    [B, 1] -> their logits [B, vocab]. `advance`: each call continues the previous one's state (decoding);
-    otherwise every call starts from the same `state` (one step timed again and again: the ``decode`` workload)."""
+    [B, 1] -> their logits [B, vocab], each call continuing the previous one's state (decoding). One step timed again
+    and again from the same state (the ``decode`` workload) is :class:`zoo.jobs.final_timing.DecodeStep`'s."""
 
-    def __init__(self, model: nn.Module, state: RetNetState, advance: bool = True):
+    def __init__(self, model: nn.Module, state: RetNetState):
         super().__init__()
-        self.model, self.state, self.advance = model, state, advance
+        self.model, self.state = model, state
 
     def forward(self, token: torch.Tensor) -> torch.Tensor:
-        if not self.advance:
-            return self.model(token, mode="recurrent", state=self.state)[:, -1]
         logits, self.state = self.model(token, mode="recurrent", state=self.state, return_state=True)
         return logits[:, -1]
 
