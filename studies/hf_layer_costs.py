@@ -20,7 +20,8 @@ transformers, no zoo code in the loop: the prefill of 64 tokens, and decoding 16
 zoo tables' predicted speed-ups of the same plan; ``within_noise``: the stock speed-up within twice the measured
 noise of the prediction.
 
-    python -m studies.hf_layer_costs --out results     # about 5 minutes on 2 cores
+    python -m studies.hf_layer_costs --out results     # about 8 minutes on 2 cores
+    python -m studies.hf_layer_costs --quick            # one family, the prefill and one decode table (a smoke)
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def _timed(step: Any, rounds: list[list[float]], index: int) -> None:
     rounds[index].append(time.perf_counter() - started)
 
 
-def stock_speed(family: str, rows: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
+def stock_speed(family: str, rows: list[dict[str, Any]], folder: Path, rounds: int = ROUNDS) -> dict[str, Any]:
     """The stock folders' own speed (module docstring), for the whole layers `rows`' prefill table needs."""
     import transformers
 
@@ -111,7 +112,7 @@ def stock_speed(family: str, rows: list[dict[str, Any]], folder: Path) -> dict[s
     prompt = torch.randint(0, model.lm.config.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(0))
     prefill, decoding = [[], []], [[], []]
     with torch.no_grad():
-        for _ in range(ROUNDS + 2):  # two rounds of warm-up, dropped
+        for _ in range(rounds + 2):  # two rounds of warm-up, dropped
             for i, net in enumerate(nets):
                 _timed(lambda net=net: net(prompt, use_cache=False), prefill, i)
                 cache = transformers.DynamicCache(config=net.config)
@@ -129,26 +130,29 @@ def stock_speed(family: str, rows: list[dict[str, Any]], folder: Path) -> dict[s
         base, cut = (statistics.median(t[2:]) for t in times)
         spread = [statistics.quantiles(t[2:], n=4) for t in times]
         noise = math.hypot(*((q[2] - q[0]) / statistics.median(t[2:]) for q, t in zip(spread, times)))
-        predicted = row["network_ms"] / (row["network_ms"] - sum(row["layer_savings_ms"][i] for i in drop))
-        speedup = base / cut
+        predicted = round(row["network_ms"] / (row["network_ms"] - sum(row["layer_savings_ms"][i] for i in drop)), 4)
+        speedup, noise = round(base / cut, 4), round(noise, 4)
         measured[name] = {"original_ms": round(1e3 * base, 4), "pruned_ms": round(1e3 * cut, 4),
-                          "stock_speedup": round(speedup, 4), "table_predicted_speedup": round(predicted, 4),
-                          "noise": round(noise, 4), "within_noise": abs(speedup / predicted - 1) <= 2 * noise}
+                          "stock_speedup": speedup, "table_predicted_speedup": predicted, "noise": noise,
+                          "within_noise": abs(speedup / predicted - 1) <= 2 * noise}
     return {"family": family, "plan": plan, "layers": len(layers), "logits_rel_diff": error, **measured}
 
 
-def run(out: str | None = None) -> dict[str, Any]:
+def run(out: str | None = None, quick: bool = False) -> dict[str, Any]:
     torch.set_num_threads(1)
+    families, workloads = (FAMILIES[:1], WORKLOADS[:2]) if quick else (FAMILIES, WORKLOADS)
     with tempfile.TemporaryDirectory() as cache:
         rows = [layer_costs(family, workload, context, Path(cache))
-                for family in FAMILIES for workload, context in WORKLOADS]
-        stock = [stock_speed(family, rows, Path(cache) / "stock" / family) for family in FAMILIES]
-    result = {"suite": "hf_layer_costs", "targets": list(TARGETS), "machine": machine("cpu"), "rows": rows,
+                for family in families for workload, context in workloads]
+        stock = [stock_speed(family, rows, Path(cache) / "stock" / family, 3 if quick else ROUNDS)
+                 for family in families]
+    result = {"suite": "hf_layer_costs_quick" if quick else "hf_layer_costs", "targets": list(TARGETS),
+              "machine": machine("cpu"), "rows": rows,
               "counting_misjudges": sum(any(p["counting_misjudges"] for p in r["plans"].values()) for r in rows),
               "layers_differ": sum(r["layers_differ"] for r in rows), "tables": len(rows), "stock": stock,
               "stock_faster": sum(s["prefill"]["stock_speedup"] > 1 and s["decode"]["stock_speedup"] > 1
                                   for s in stock)}
-    write_result("hf_layer_costs", result, out)
+    write_result(result["suite"], result, out)
     return result
 
 
@@ -176,12 +180,13 @@ def markdown(result: dict[str, Any]) -> str:
 def command_line() -> CommandLine:
     parser = CommandLine("studies.hf_layer_costs", __doc__)
     parser.add_argument("--out", type=out_folder, default=None)
+    parser.add_argument("--quick", action="store_true", help="one family, the prefill and one decode table")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = command_line().parse_args(argv)
-    print(markdown(run(args.out)))
+    print(markdown(run(args.out, args.quick)))
     print(f"result: {results_dir(args.out)}")
 
 

@@ -91,3 +91,23 @@ def test_hf_census_examines_each_type_in_its_own_worker_and_counts_what_it_prove
     summary = result["summary"]
     assert summary["types"] == 3 and summary["units_failing_recheck"] == 0
     assert summary["prunable"] == sum(r["step"] == "done" for r in rows.values())
+
+
+def test_hf_layer_costs_quick_builds_the_tables_and_times_the_stock_folders(tmp_path):
+    """One packaged tiny LM: its prefill and decode tables give a saving per layer and the plans a count and the table
+    need, and the whole layers the table needs for 1.5x, removed and written as a stock folder, reload with the pruned
+    model's logits and are timed in plain transformers beside the original (smoke: no timing asserted)."""
+    from studies.hf_layer_costs import markdown, run
+
+    result = run(str(tmp_path), quick=True)
+    assert [(r["workload"], r["context"]) for r in result["rows"]] == [("forward", 64), ("decode", 64)]
+    for row in result["rows"]:
+        assert len(row["layer_savings_ms"]) == 6 and 0 < row["fixed_share"] < 1 and set(row["plans"]) == {"1.3", "1.5"}
+    (stock,) = result["stock"]
+    assert stock["plan"]["remove"] and stock["logits_rel_diff"] <= 1e-5
+    for workload in ("prefill", "decode"):
+        timed = stock[workload]
+        assert timed["original_ms"] > 0 and timed["pruned_ms"] > 0 and timed["table_predicted_speedup"] > 1
+        assert timed["within_noise"] == (abs(timed["stock_speedup"] / timed["table_predicted_speedup"] - 1)
+                                         <= 2 * timed["noise"])
+    assert "stock / predicted" in markdown(result) and (tmp_path / "hf_layer_costs_quick.json").is_file()

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,17 @@ TIME_LIMIT = ["hydra.launcher.timeout_min=4", "hydra.launcher.signal_delay_s=150
 PLAN = {"remove": ["blocks.3.1", "blocks.3.2", "blocks.4.1.bn1.act"], "merge": True}
 
 
+def job_record(job: str, wait_s: float = 120) -> str:
+    """``scontrol show job``'s record once the job has ended: the sweep collects a job's result as soon as its
+    result file is written, while SLURM may still show the job RUNNING for a few seconds after."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
+        if "JobState=RUNNING" not in shown and "JobState=COMPLETING" not in shown or time.monotonic() > deadline:
+            return shown
+        time.sleep(2)
+
+
 def test_a_job_requeued_at_its_time_limit_ends_as_an_uninterrupted_one(tmp_path):
     """A four-minute time limit: SLURM signals the job before it, submitit requeues it (max_num_timeout), and the
     requeued job resumes from the stages its run directory holds. Its plan, baseline and pruned metrics and pruned
@@ -110,7 +122,7 @@ def test_a_job_requeued_at_its_time_limit_ends_as_an_uninterrupted_one(tmp_path)
     cut.mkdir()
     _, sweep_dir = sweep("prune", cut, *REQUEUED, f"prune.plan={plan}", *ON_SLURM, *TIME_LIMIT)
     (job,) = [p.name for p in sweep_dir.glob(".submitit/*") if p.name.isdigit()]
-    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30).stdout
+    shown = job_record(job)
     # SLURM's own record says it was cut and started again (the job's log file cannot: a requeued job truncates it)
     assert int(shown.split("Restarts=")[1].split()[0]) >= 1 and "JobState=COMPLETED" in shown, shown
     (cut_result,) = results_of(sweep_dir)  # ... and finished after its requeue
