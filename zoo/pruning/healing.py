@@ -87,6 +87,11 @@ def _owner(name: str, blocks: Sequence[str]) -> str:
     return max(around, key=len) if around else name.rpartition(".")[0]
 
 
+def _branch(unit: Any) -> tuple[str, ...]:
+    """A sub-layer unit's branch modules, in call order (its own module where discovery lists none)."""
+    return tuple(unit.merge) or (unit.name,)
+
+
 def residual_edges(model: nn.Module, x: torch.Tensor) -> tuple[list[Edge], dict[str, list[str]], dict[str, str]]:
     """The stream's edges in forward order; each unit that is a row of edges (a block whose sub-layers are units)
     with their names; and the sub-layer units that are no edge, with why. A block is a row of its sub-layers' edges
@@ -113,7 +118,7 @@ def residual_edges(model: nn.Module, x: torch.Tensor) -> tuple[list[Edge], dict[
             done.add(owner)
             ends: list[str] = []
             for sub in children[owner]:
-                branch = tuple(sub.merge) or (sub.name,)
+                branch = _branch(sub)
                 edges.append(Edge(sub.name, branch, owner, tuple(ends)))
                 ends.append(branch[-1])
             rows[owner] = [sub.name for sub in children[owner]]
@@ -137,17 +142,15 @@ def _additive(model: nn.Module, children: dict[str, list[Any]], x: torch.Tensor)
         capture.input(block, f"{block}/in")
         capture.output(block, f"{block}/out")
         for i, sub in enumerate(subs):
-            capture.output((tuple(sub.merge) or (sub.name,))[-1], f"{block}/{i}")
+            capture.output(_branch(sub)[-1], f"{block}/{i}")
     seen = capture.run(x)
     split = set()
     for block, subs in children.items():
         parts = [seen.get(f"{block}/{i}") for i in range(len(subs))]
         out, inp = seen.get(f"{block}/out"), seen.get(f"{block}/in")
-        if out is None or inp is None or any(p is None or p.shape != out.shape for p in parts) or inp.shape != \
-                out.shape:
+        if out is None or inp is None or any(p is None or p.shape != out.shape for p in (inp, *parts)):
             continue
-        total = inp.double() + sum(p.double() for p in parts)
-        if float((total - out.double()).abs().max()) <= 1e-5 * (float(out.abs().max()) or 1.0):
+        if _close(inp.double() + sum(p.double() for p in parts), out.double()):
             split.add(block)
     return split
 
@@ -429,7 +432,7 @@ class GapMaps:
 
     def __init__(self, model: nn.Module, calibration: Sequence[torch.Tensor], ridge: float = RIDGE):
         self.model, self.calibration, self.ridge = model, list(calibration), ridge
-        with _evaluating(model):
+        with evaluating(model):
             self.edges, self.rows, _ = residual_edges(model, self.calibration[0])
         self.targets: dict[str, tuple[str, torch.Tensor] | str] = {}
         self.maps: dict[tuple[str, ...], tuple[str, torch.Tensor] | None] = {}
@@ -442,7 +445,7 @@ class GapMaps:
                 continue
             key = (before.name, *(e.name for e in run))
             if key not in self.maps:
-                with _evaluating(self.model):
+                with evaluating(self.model):
                     self.maps[key] = self._fit(before, run[-1])
             if self.maps[key] is not None:
                 found.append(self.maps[key])
@@ -478,14 +481,16 @@ class GapMaps:
 
 
 @contextlib.contextmanager
-def _evaluating(model: nn.Module) -> Iterator[None]:
-    """`model` in eval mode inside, its own mode after."""
-    mode = model.training
-    model.eval()
+def evaluating(*models: nn.Module) -> Iterator[None]:
+    """`models` in eval mode inside, each in its own mode after."""
+    modes = [model.training for model in models]
+    for model in models:
+        model.eval()
     try:
         yield
     finally:
-        model.train(mode)
+        for model, mode in zip(models, modes):
+            model.train(mode)
 
 
 def fuse(model: nn.Module, into: str, patch_map: torch.Tensor) -> None:
@@ -505,10 +510,8 @@ def heal(pruned: nn.Module, found: Sequence[Gap], calibration: Sequence[torch.Te
     before any patch is fused)."""
     if strict and (bad := next((g for g in found if g.reason), None)) is not None:
         raise HealError(bad.reason)
-    mode = pruned.training
-    pruned.eval()
     patches, unhealed = [], {}
-    try:
+    with evaluating(pruned):
         for gap in found:
             try:
                 patch, patch_map = fit_patch(pruned, gap, calibration, ridge)
@@ -519,8 +522,6 @@ def heal(pruned: nn.Module, found: Sequence[Gap], calibration: Sequence[torch.Te
                 continue
             fuse(pruned, patch.into, patch_map)
             patches.append((patch, patch_map))
-    finally:
-        pruned.train(mode)
     return patches, unhealed
 
 
@@ -530,10 +531,7 @@ def check_healable(model: nn.Module, pruned: nn.Module, removed: Sequence[str], 
     that block and the gap, no op of that block (in `pruned`, the model with the plan applied) to fold a patch into
     and, with a `ridge` of 0, fewer calibration rows than the op has channels. Fits nothing; both models are left in
     the mode they were in."""
-    modes = model.training, pruned.training
-    try:
-        model.eval()
-        pruned.eval()
+    with evaluating(model, pruned):
         for gap in gap_targets(model, removed, calibration[:1]):
             if gap.reason:
                 raise HealError(gap.reason)
@@ -544,9 +542,6 @@ def check_healable(model: nn.Module, pruned: nn.Module, removed: Sequence[str], 
                 channels, rows = _rows_of(pruned, found[0], calibration)
                 if rows < channels:
                     raise HealError(f"cannot heal the gap {', '.join(gap.blocks)}: {_too_few(rows, channels)}")
-    finally:
-        model.train(modes[0])
-        pruned.train(modes[1])
 
 
 def _rows_of(model: nn.Module, into: str, calibration: Sequence[torch.Tensor]) -> tuple[int, int]:

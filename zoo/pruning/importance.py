@@ -210,11 +210,7 @@ class PlanLoss:
     def __call__(self, removed: frozenset[str] | Sequence[str]) -> float:
         removed = frozenset(removed)
         if removed not in self.memo:
-            variants = self.variants(removed)
-            for i, (seg, variant) in enumerate(zip(self.segments, variants)):
-                if variant != self.installed[i]:
-                    self.work.set_submodule(seg.name, self._module(i, variant))
-                    self.installed[i] = variant
+            variants = self._install(removed)
             shared = 0
             if self.anchor is not None:
                 while shared < len(variants) and variants[shared] == self.anchor[0][shared]:
@@ -223,6 +219,15 @@ class PlanLoss:
             self.evaluations += 1
             self.replayed += bool(shared)
         return self.memo[removed]
+
+    def _install(self, removed: frozenset[str]) -> list[frozenset[str]]:
+        """Swap into the working copy each segment's variant for `removed` where it differs; returns the variants."""
+        variants = self.variants(removed)
+        for i, (seg, variant) in enumerate(zip(self.segments, variants)):
+            if variant != self.installed[i]:
+                self.work.set_submodule(seg.name, self._module(i, variant))
+                self.installed[i] = variant
+        return variants
 
     @torch.no_grad()
     def _anchored(self, variants: list[frozenset[str]]) -> float:
@@ -287,22 +292,18 @@ class HealedPlanLoss(PlanLoss):
         patches = self.maps.patches(removed)
         if not patches:
             return super().__call__(removed)
-        for i, (seg, variant) in enumerate(zip(self.segments, self.variants(removed))):
-            if variant != self.installed[i]:
-                self.work.set_submodule(seg.name, self._module(i, variant))
-                self.installed[i] = variant
-        ops = [(op, patch_map) for into, patch_map in patches if (op := self._op(into)) is not None]
-        if not ops:
+        from .healing import fuse
+
+        self._install(removed)
+        fused = [(into, patch_map) for into, patch_map in patches if self._op(into) is not None]
+        if not fused:
             return super().__call__(removed)
         kept = [(op, op.weight.detach().clone(), None if op.bias is None else op.bias.detach().clone())
-                for op, _ in ops]
+                for op in (self.work.get_submodule(into) for into, _ in fused)]
         try:
+            for into, patch_map in fused:
+                fuse(self.work, into, patch_map)
             with torch.no_grad():
-                for op, patch_map in ops:
-                    t = patch_map.to(op.weight)
-                    op.weight.copy_(torch.einsum("oc,c...->o...", t, op.weight))
-                    if op.bias is not None:
-                        op.bias.copy_(t @ op.bias)
                 loss = calibration_loss(self.work, self.batches, self.tempered)
         finally:
             with torch.no_grad():

@@ -399,11 +399,8 @@ def remove_branch(model: nn.Module, root: nn.Module, paths: Sequence[str], prefi
 def _gap_targets(model: nn.Module, removed: list[str], calibration: Any) -> list[healing.Gap]:
     """The unpruned model's stream after each gap of `removed` on the calibration inputs (eval mode; the model's mode
     is kept)."""
-    mode = model.training
-    try:
-        return healing.gap_targets(model.eval(), removed, list(calibration))
-    finally:
-        model.train(mode)
+    with healing.evaluating(model):
+        return healing.gap_targets(model, removed, list(calibration))
 
 
 def _inputs_of(model: nn.Module, names: list[str]) -> dict[str, tuple[tuple, dict]]:
