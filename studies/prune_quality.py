@@ -117,6 +117,13 @@ VARIANTS: dict[str, list[str]] = {  # named tasks beside the families' own (``--
     # RetNet with 8 layers (16 removable sub-layers), declared before its run: the 4-layer task had no plans near 1.5x
     # or 2.0x (measured gaps 1.22-1.54x and 1.69-2.14x in the 2026-12-04 run), so its comparisons read lines across them
     "retnet_tiny8": [o.replace("depth=4", "depth=8") for o in TUNED["retnet"][1]],
+    # a ViT that only discovery knows (timm's vit_tiny_patch16_224 at 16 px, 4 px patches, 8 blocks: 16 attention and
+    # MLP sub-layers, each a residual edge), trained on digits like the CNN families (issue 60's discovered ViT)
+    "vit_tiny8_16px": [
+        "model=timm", "model.name=vit_tiny_patch16_224", "++model.overrides.img_size=16",
+        "++model.overrides.patch_size=4", "++model.overrides.depth=8", "data=digits", "data.image_size=16",
+        "data.train_samples=300", "data.batch_size=32", "data.shift=1", "optim.lr=1e-3", "trainer.max_epochs=120",
+        "trainer.patience=12", "prune.batch_size=8", "finetune.epochs=6"],
 }
 # transformers causal LMs (issue 61): the packaged tiny configs of four families, 6 decoder layers each (Gemma-2 with
 # sliding-window and full-attention layers in turn), trained on the embedded bytes corpus; each timed in the prefill
@@ -152,8 +159,11 @@ CONFIRMATORY: dict[str, Any] = {"families": ["mobilenetv2_050", "resnetv2_50x1_b
 # The healing run (``--healing``), declared 2026-12-07 before it ran (docs/studies.md, "Healing"): the same four
 # tasks, fresh seeds 16-20; the default (its search unhealed) against the same search healed (``interaction_healed``:
 # the primary comparison, healed vs unhealed at the measured target) and against greedy, random and SLEB, paired over
-# seeds with Holm's correction within each family, one-shot and after the short fine-tune
-HEALING: dict[str, Any] = {"families": CONFIRMATORY["families"], "first_seed": 16, "seeds": 5, "device": "cpu",
+# seeds with Holm's correction within each family, one-shot and after the short fine-tune. Amended 2026-12-08, before
+# any family ran on the current healing code: the discovered ViT the issue names added as a fifth task, and the
+# families no earlier code ran put first
+HEALING: dict[str, Any] = {"families": ["mobilenetv2_050", "retnet_tiny8", "vit_tiny8_16px", "resnetv2_50x1_bit_w0.5",
+                                        "tresnet_m_w0.125"], "first_seed": 16, "seeds": 5, "device": "cpu",
                            "default": "interaction_tempered",
                            "rules": ["interaction_healed", "greedy", "random", "sleb"],
                            "name": "prune_quality_healing_cpu"}

@@ -6,6 +6,7 @@ logits. Tiny random models of the families of test_hf_causal, saved here (no dow
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 
 import pytest
@@ -163,6 +164,27 @@ def test_a_decode_state_shared_by_networks_of_other_removals_holds_the_context_i
         model(TOKENS[:, :1], **inputs)
     cache = inputs["state"].cache
     assert [cache.get_seq_length(i) for i in range(4)] == [12] * 4
+
+
+def test_a_decode_state_made_by_any_whole_layer_removal_holds_what_the_unpruned_model_holds_in_every_slot():
+    """Gemma-2 alternates sliding-window and full-attention layers, and sizes each kind's attention mask from one
+    slot of that kind: for every set of whole layers removed, the state the pruned network makes (its own step checked
+    against the whole sequence when made) holds, slot by slot, as many tokens as the unpruned model's own prefill, so a
+    removed full-attention layer's slot is not filled from a sliding window (found by the declared LM study: every
+    plan without the first full-attention layer had no decode step)."""
+    model = zoo.create_model("hf/tiny_gemma2", num_hidden_layers=4)
+    context = 24  # beyond the packaged config's sliding window of 16
+
+    def held(net: torch.nn.Module) -> list[tuple[int, ...]]:
+        cache = net.decode_inputs(2, context)["state"].cache
+        return [(*layer.keys.shape, getattr(layer, "cumulative_length", context)) for layer in cache.layers]
+
+    unpruned = held(model)
+    assert len({shape[2] for shape in unpruned}) == 2  # both kinds of slot, holding different lengths
+    for size in (1, 2, 3):
+        for removed in itertools.combinations(range(4), size):
+            plan = {"remove": [f"{model.layers_path}.{i}" for i in removed]}
+            assert held(zoo.apply_plan(model, plan, inplace=False)) == unpruned, removed
 
 
 DOOR = ["data=bytes", "data.seq_len=16", "logger=none", "trainer.progress=false"]

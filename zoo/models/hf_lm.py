@@ -59,11 +59,11 @@ class KVState:
     """A decode step's starting point: the model's own KV cache (transformers' ``DynamicCache``) holding `context`
     tokens for every decoder layer, filled when it is made (a prefill of `context` tokens by the network it is made
     for, before any step: a hook on the network sees steps only). A latency table's networks share one state, each
-    with other layers removed: the slot of a layer this network removed takes a kept layer's keys and values, so that
-    a network keeping that layer attends over `context` tokens as it would (the step's cost; its values are another
-    layer's). Each layer appends to a throwaway copy of itself (:func:`_held`): the cache stays at `context` tokens,
-    so one step can be timed again and again (the ``decode`` workload), and a layer timed alone on its captured
-    inputs sees the same cache."""
+    with other layers removed: the slot of a layer this network removed takes the keys and values of a kept layer of
+    its kind (full or sliding-window attention) for `context` tokens, so that a network keeping that layer attends
+    over what it would (the step's cost; its values are another layer's). Each layer appends to a throwaway copy of
+    itself (:func:`_held`): the cache stays at `context` tokens, so one step can be timed again and again (the
+    ``decode`` workload), and a layer timed alone on its captured inputs sees the same cache."""
 
     def __init__(self, lm: nn.Module, batch_size: int, context: int, device: Any = None):
         from transformers import DynamicCache
@@ -104,7 +104,7 @@ class KVState:
                            f"decode step to time: use prune.workload=forward")
         for index, layer in enumerate(cache.layers):  # a removed layer's slot, for a network that keeps it
             if not getattr(layer, "is_initialized", False):
-                cache.update(filled[0].keys.clone(), filled[0].values.clone(), index)
+                cache.update(*_context_of(filled, layer, prompt.shape[1]), index)
         for layer in cache.layers:  # onto the device the steps run on
             for name in ("keys", "values"):
                 if device is not None and torch.is_tensor(getattr(layer, name, None)):
@@ -117,6 +117,18 @@ class KVState:
         positions = torch.arange(self.context, self.context + tokens.shape[1], device=tokens.device)
         return lm(input_ids=tokens, cache=self.cache, position_ids=positions.expand(tokens.shape[0], -1),
                   use_cache=True).logits
+
+
+def _context_of(filled: list[Any], slot: Any, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of `context` tokens for an empty cache slot, from a filled layer of the slot's own kind where
+    there is one (repeated along the tokens where that layer keeps fewer, as a sliding window does): the slot's own
+    update then holds what its kind holds after `context` tokens (all of them, or its window), so the attention masks
+    the model sizes from that slot, and a layer that attends over it, see the context they would."""
+    same = [layer for layer in filled if type(layer) is type(slot)
+            and getattr(layer, "sliding_window", None) == getattr(slot, "sliding_window", None)]
+    source = (same or filled)[0]
+    tokens = torch.arange(context, device=source.keys.device) % source.keys.shape[-2]
+    return source.keys[..., tokens, :].clone(), source.values[..., tokens, :].clone()
 
 
 def _held(layer: Any) -> Any:
