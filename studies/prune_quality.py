@@ -427,7 +427,8 @@ def files_digest(*paths: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-SEARCH_CODE = ("zoo.pruning.search", "zoo.pruning.importance", "zoo.jobs.plan")  # what a plan depends on
+# what a plan depends on (a healed search scores plans through healing's fits)
+SEARCH_CODE = ("zoo.pruning.search", "zoo.pruning.importance", "zoo.jobs.plan", "zoo.pruning.healing")
 # what a plan's quality depends on, besides training
 QUALITY_CODE = ("zoo.pruning.surgery", "zoo.pruning.healing", "zoo.jobs.finetune")
 

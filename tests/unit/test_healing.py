@@ -261,3 +261,47 @@ def test_the_search_scores_every_plan_healed_by_maps_fitted_once_per_gap():
     score(frozenset([blocks[2], f"{blocks[3]}.mlp"]))  # two gaps, both fitted before
     assert len(score.maps.maps) == fitted and score.healed_plans == 4
     assert score(frozenset()) == pytest.approx(calibration_loss(model, labelled), rel=1e-6)
+
+
+def test_a_patch_leaves_the_batchnorm_after_its_op_holding_its_new_inputs_statistics(mobilenet):
+    """MobileNetV2's patch goes into a projection conv a BatchNorm follows: that BatchNorm's running statistics become
+    those of its patched input on the calibration batches, its affine absorbing the change, so it normalises that
+    input in training mode (a fine-tune) as in eval mode, and the healed network's eval function is unchanged."""
+    blocks = removable_blocks(mobilenet)
+    plan = {"remove": [blocks[1], blocks[-2]]}
+    calibration = batches(3, seed=1)
+    healed = zoo.apply_plan(mobilenet, plan, inplace=False, heal="linear", calibration=calibration).eval()
+    unsettled = zoo.apply_plan(mobilenet, plan, inplace=False).eval()  # the same maps fused, statistics as they were
+    ops = [patch["into"] for patch in healed.zoo_heal]
+    for op in ops:
+        unsettled.get_submodule(op).load_state_dict(healed.get_submodule(op).state_dict())
+    assert healing.settle_norms(unsettled, [], calibration) == []  # nothing patched: nothing settled
+    norms = healing._norms_fed_by(healed, ops, calibration[0])
+    assert norms  # the projection convs feed BatchNorms
+    x = torch.cat(calibration)
+    for name in norms:
+        inputs = []
+        handle = healed.get_submodule(name).register_forward_hook(lambda m, a, out, seen=inputs: seen.append(a[0]))
+        with torch.no_grad():
+            healed(x)
+        handle.remove()
+        for model, equal in ((healed, True), (unsettled, False)):
+            norm = copy.deepcopy(model.get_submodule(name))
+            with torch.no_grad():
+                evaluated, trained = norm.eval()(inputs[0]), norm.train()(inputs[0])
+            scale = float(evaluated.abs().max())
+            assert (float((evaluated - trained).abs().max()) <= 1e-3 * scale) == equal, (name, equal)
+    fresh = batches(1, seed=9)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(healed(fresh), unsettled(fresh), rtol=1e-4, atol=1e-4)
+
+
+def test_an_op_whose_forward_transforms_its_weight_is_refused_with_why():
+    """BiT's blocks end in a weight-standardised conv, which re-normalises each output channel's weight in its
+    forward: a map multiplied into that weight is not the map on its output, so the gap is refused (found by
+    computing the fused op against the map, not by the op's type)."""
+    torch.manual_seed(0)
+    model = zoo.create_model("resnetv2_50x1_bit", width_factor=0.5, num_classes=10).eval()
+    block = [u.name for u in model.depth_unit_specs() if u.kind == "block" and u.removable][1]
+    with pytest.raises(HealError, match="weight-standardised"):
+        zoo.apply_plan(model, {"remove": [block]}, inplace=False, heal="linear", calibration=batches(2, seed=1))

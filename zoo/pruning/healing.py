@@ -16,14 +16,19 @@ the gap (ReplaceMe's algebra, REFERENCE section 12, on any residual network). ``
 Every patch is **proven exact before it is fitted**: on the calibration input, a random change ``E`` of ``into``'s
 output must change the stream after `before` by exactly ``g * E`` for a per-channel ``g`` (1 for a branch that ends
 in the op; a BatchNorm's or a layer scale's factor otherwise), and the gap must start from the stream `before` hands
-on. Where no op of `before` passes (an activation after the addition, as in ResNet's basic blocks; a depthwise conv
-last), or a removed sub-layer is no edge (its block is not its input plus its sub-layers), the gap is refused with
-that reason: no layer is ever added.
+on; and the op must be one a map multiplied into its weight and bias is that map on its output (computed with a
+random map on the op's own input: a weight-standardised conv, as BiT's, re-normalises its weight and fails). Where
+no op of `before` passes (an activation after the addition, as in ResNet's basic blocks; a depthwise conv last; a
+weight-standardised conv), or a removed sub-layer is no edge (its block is not its input plus its sub-layers), the
+gap is refused with that reason: no layer is ever added. A BatchNorm fed by a patched op is left holding its new
+input's statistics (its affine absorbing the change, its eval function the same), so that a fine-tune, which
+normalises by batch statistics, keeps the patch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -308,12 +313,48 @@ def _target(model: nn.Module, before: Edge, x: torch.Tensor) -> tuple[str, torch
     finally:
         for handle in handles:
             handle.remove()
+    not_fusable = []
     for path in reversed(list(dict.fromkeys(order))):
         gain = _gain(model, before, path, x)
-        if gain is not None:
+        if gain is None:
+            continue
+        if _fusable(model, path, x):
             return path, gain
+        not_fusable.append(path)
+    if not_fusable:
+        return (f"{not_fusable[0]} of {before.name} reaches the stream, but a map multiplied into its weight is not "
+                f"that map on its output (its forward transforms the weight, as a weight-standardised conv does)")
     return (f"no Linear or full Conv of {before.name} reaches the stream after it unchanged (an activation after its "
             f"addition, a depthwise or no weighted op last)")
+
+
+def _on_channels(t: torch.Tensor, value: torch.Tensor, axis: int) -> torch.Tensor:
+    """`t` (out, in channels) applied to `value` along its channel `axis`."""
+    return (value.movedim(axis, -1) @ t.T.to(value)).movedim(-1, axis)
+
+
+def _fusable(model: nn.Module, into: str, x: torch.Tensor) -> bool:
+    """Whether a channel map multiplied into `into`'s weight and bias (:func:`fuse`) is that map applied to its
+    output, computed on the op's own input with a random map: not so where the forward transforms the weight (weight
+    standardisation re-normalises each output channel's weight)."""
+    op = model.get_submodule(into)
+    seen: dict[str, Any] = {}
+    handle = op.register_forward_hook(lambda m, args, out: seen.update(args=args, out=out))
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        handle.remove()
+    if "out" not in seen:
+        return False
+    axis = _channel_axis(op)
+    channels = seen["out"].shape[axis]
+    t = torch.eye(channels) + torch.randn(channels, channels, generator=torch.Generator().manual_seed(1)) / channels
+    trial = copy.deepcopy(op)
+    fuse(trial, "", t)
+    with torch.no_grad():
+        fused, wanted = trial(*seen["args"]), _on_channels(t, seen["out"], axis)
+    return _close(fused, wanted, 1e-4)
 
 
 @dataclass
@@ -329,8 +370,8 @@ class Gap:
     reason: str = ""
 
 
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and float((a - b).abs().max()) <= 1e-5 * (float(b.abs().max()) or 1.0)
+def _close(a: torch.Tensor, b: torch.Tensor, tolerance: float = 1e-5) -> bool:
+    return a.shape == b.shape and float((a - b).abs().max()) <= tolerance * (float(b.abs().max()) or 1.0)
 
 
 def gap_targets(model: nn.Module, removed: Sequence[str], calibration: Sequence[torch.Tensor]) -> list[Gap]:
@@ -522,7 +563,57 @@ def heal(pruned: nn.Module, found: Sequence[Gap], calibration: Sequence[torch.Te
                 continue
             fuse(pruned, patch.into, patch_map)
             patches.append((patch, patch_map))
+        settle_norms(pruned, [patch.into for patch, _ in patches], calibration)
     return patches, unhealed
+
+
+def settle_norms(model: nn.Module, ops: Sequence[str], calibration: Sequence[torch.Tensor]) -> list[str]:
+    """Make each BatchNorm fed by a patched op's output hold its new input's statistics, its function in eval mode
+    unchanged: the running mean and variance become those of its input on the calibration batches (a map mixes
+    channels, so the old ones no longer describe it), and its affine absorbs the change. Without this a fine-tune,
+    which normalises by batch statistics, would undo the patch's scales. Returns the BatchNorms settled."""
+    fed = _norms_fed_by(model, ops, calibration[0])
+    if not fed:
+        return []
+    inputs: dict[str, list[torch.Tensor]] = {name: [] for name in fed}
+    handles = [model.get_submodule(name).register_forward_hook(
+        lambda m, args, out, name=name: inputs[name].append(_rows(args[0], 1))) for name in fed]
+    try:
+        with evaluating(model), torch.no_grad():
+            for x in calibration:
+                model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for name in fed:
+        norm, rows = model.get_submodule(name), torch.cat(inputs[name])
+        mean, var = rows.mean(0), rows.var(0, unbiased=False)
+        old_scale, new_scale = (norm.running_var.double() + norm.eps).sqrt(), (var + norm.eps).sqrt()
+        with torch.no_grad():  # gamma (x - m') / s' + beta' = gamma_old (x - m) / s + beta_old, for every x
+            norm.bias.copy_(norm.bias.double() + norm.weight.double() * (mean - norm.running_mean.double()) / old_scale)
+            norm.weight.copy_(norm.weight.double() * new_scale / old_scale)
+            norm.running_mean.copy_(mean)
+            norm.running_var.copy_(var)
+    return fed
+
+
+def _norms_fed_by(model: nn.Module, ops: Sequence[str], x: torch.Tensor) -> list[str]:
+    """The BatchNorms (with running statistics and an affine to absorb their change) whose input is one of `ops`'
+    outputs (the same tensor), on input `x`."""
+    outputs: list[torch.Tensor] = []
+    fed: list[str] = []
+    handles = [model.get_submodule(op).register_forward_hook(lambda m, a, out: outputs.append(out)) for op in ops]
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats and module.affine:
+            handles.append(module.register_forward_hook(lambda m, args, out, name=name: fed.append(name) if any(
+                args[0] is seen for seen in outputs) else None))
+    try:
+        with evaluating(model), torch.no_grad():
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return list(dict.fromkeys(fed))
 
 
 def check_healable(model: nn.Module, pruned: nn.Module, removed: Sequence[str], calibration: Sequence[torch.Tensor],
